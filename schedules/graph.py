@@ -1,0 +1,296 @@
+"""TrainingGraph: one training step as a DAG of forward, loss and backward nodes.
+
+Nodes are numbered ``0..T-1`` in a topological order that is also POET's stage
+order: stage ``t`` computes node ``t`` (and may recompute earlier ones).  Every
+node carries the cost figures the planner needs; the fixed bytes (parameters,
+gradients, optimizer state) are kept apart because they are resident for the
+whole step and do not count against the activation budget.
+
+Two on-disk shapes are read:
+
+* our own versioned format (``{"format": "poet-edge/training-graph", "version": 1, ...}``);
+* the POET reference graphs (``{"T": ..., "edges": ..., "backward": ...}``), unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, replace
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Iterable, Literal
+
+from schedules.canonical import canonical_json, finite_number, read_json_object
+from schedules.errors import FormatError, UnsupportedVersionError
+
+NodeKind = Literal["forward", "loss", "backward"]
+NODE_KINDS: tuple[str, ...] = ("forward", "loss", "backward")
+GRAPH_FORMAT = "poet-edge/training-graph"
+GRAPH_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node of the training graph.
+
+    ``compute_j``, ``pagein_j`` and ``pageout_j`` are ``None`` until a device
+    profile has priced the node (see :func:`schedules.device.price_graph`).
+    """
+
+    name: str
+    kind: NodeKind
+    segment: str
+    compute_ms: float
+    bytes: int
+    compute_j: float | None = None
+    pagein_j: float | None = None
+    pageout_j: float | None = None
+
+
+@dataclass(frozen=True)
+class TrainingGraph:
+    """A training step's DAG with per-node costs; see the module docstring."""
+
+    nodes: tuple[Node, ...]
+    edges: tuple[tuple[int, int], ...]
+    fixed_bytes: int = 0
+    model: str = ""
+    source: str = ""
+    version: int = GRAPH_VERSION
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    # -- structure ---------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        """Number of nodes ``T`` (and of stages)."""
+        return len(self.nodes)
+
+    @cached_property
+    def predecessors(self) -> tuple[tuple[int, ...], ...]:
+        """``predecessors[v]``: the nodes whose values ``v`` consumes, ascending."""
+        preds: list[list[int]] = [[] for _ in self.nodes]
+        for u, v in self.edges:
+            preds[v].append(u)
+        return tuple(tuple(sorted(p)) for p in preds)
+
+    @cached_property
+    def successors(self) -> tuple[tuple[int, ...], ...]:
+        """``successors[u]``: the nodes that consume ``u``'s value, ascending."""
+        succs: list[list[int]] = [[] for _ in self.nodes]
+        for u, v in self.edges:
+            succs[u].append(v)
+        return tuple(tuple(sorted(s)) for s in succs)
+
+    @cached_property
+    def backward_nodes(self) -> frozenset[int]:
+        """Ids of the backward (gradient) nodes."""
+        return frozenset(i for i, n in enumerate(self.nodes) if n.kind == "backward")
+
+    def is_backward(self, i: int) -> bool:
+        """True when node ``i`` computes a gradient (it is never recomputed)."""
+        return self.nodes[i].kind == "backward"
+
+    @cached_property
+    def last_use(self) -> tuple[int, ...]:
+        """``last_use[i]``: the last stage at which node ``i``'s value can be needed.
+
+        A backward consumer needs it at its own stage; a forward consumer can be
+        recomputed as late as its own last use.  A node nobody consumes is
+        needed only at its own stage.
+        """
+        last = list(range(self.size))
+        for i in reversed(range(self.size)):
+            for j in self.successors[i]:
+                last[i] = max(last[i], j if self.is_backward(j) else last[j])
+        return tuple(last)
+
+    # -- totals ------------------------------------------------------------------
+    @property
+    def total_compute_ms(self) -> float:
+        """Compute time of one plain step (every node once), milliseconds."""
+        return sum(n.compute_ms for n in self.nodes)
+
+    @property
+    def forward_activation_bytes(self) -> int:
+        """Bytes of all forward and loss values: what store-all keeps at its peak."""
+        return sum(n.bytes for n in self.nodes if n.kind != "backward")
+
+    @property
+    def has_energy(self) -> bool:
+        """True when every node carries compute, page-in and page-out energies."""
+        return all(n.compute_j is not None and n.pagein_j is not None and n.pageout_j is not None for n in self.nodes)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """SHA-256 over what a schedule's validity depends on: names, kinds, bytes, edges.
+
+        Timings and energies are left out on purpose: re-profiling the same model
+        on another device changes them but does not invalidate a schedule.
+        """
+        shape = {
+            "nodes": [[n.name, n.kind, n.segment, n.bytes] for n in self.nodes],
+            "edges": [list(e) for e in self.edges],
+        }
+        return "sha256:" + hashlib.sha256(canonical_json(shape)).hexdigest()
+
+    def with_nodes(self, nodes: Iterable[Node]) -> "TrainingGraph":
+        """Return a copy with ``nodes`` replaced (same structure, new costs)."""
+        return replace(self, nodes=tuple(nodes))
+
+    # -- files -------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Our versioned JSON shape."""
+        return {
+            "format": GRAPH_FORMAT,
+            "version": self.version,
+            "model": self.model,
+            "source": self.source,
+            "fixed_bytes": self.fixed_bytes,
+            "nodes": [_node_to_dict(n) for n in self.nodes],
+            "edges": [list(e) for e in self.edges],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrainingGraph":
+        """Build from our format or from a POET reference graph; validates everything."""
+        if not isinstance(data, dict):
+            raise FormatError("a training graph must be a JSON object")
+        if "format" not in data and {"T", "edges", "backward"} <= data.keys():
+            return _from_reference(data)
+        if data.get("format") != GRAPH_FORMAT:
+            raise FormatError(
+                f"not a training graph: expected format {GRAPH_FORMAT!r} (or a POET reference graph "
+                f"with T/edges/backward), found {data.get('format')!r}"
+            )
+        if data.get("version") != GRAPH_VERSION:
+            raise UnsupportedVersionError(
+                f"training graph version {data.get('version')!r} is not supported (this release reads "
+                f"version {GRAPH_VERSION}); re-extract the graph with this release"
+            )
+        nodes = data.get("nodes")
+        if not isinstance(nodes, list) or not nodes:
+            raise FormatError("training graph needs a non-empty 'nodes' list")
+        return cls(
+            nodes=tuple(_node_from_dict(n, i) for i, n in enumerate(nodes)),
+            edges=_edges_from(data.get("edges")),
+            fixed_bytes=int(finite_number(data.get("fixed_bytes", 0), "fixed_bytes")),
+            model=str(data.get("model", "")),
+            source=str(data.get("source", "")),
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> "TrainingGraph":
+        """Load a graph file (ours or a POET reference graph)."""
+        data = read_json_object(path, "training graph")
+        try:
+            return cls.from_dict(data)
+        except FormatError as exc:
+            raise type(exc)(f"{path}: {exc}") from exc
+
+    def save(self, path: str | Path) -> None:
+        """Write the graph in our versioned format."""
+        Path(path).write_bytes(canonical_json(self.to_dict()) + b"\n")
+
+
+def _node_to_dict(n: Node) -> dict[str, Any]:
+    return {
+        "name": n.name, "kind": n.kind, "segment": n.segment, "compute_ms": n.compute_ms,
+        "bytes": n.bytes, "compute_j": n.compute_j, "pagein_j": n.pagein_j, "pageout_j": n.pageout_j,
+    }
+
+
+def _node_from_dict(d: Any, i: int) -> Node:
+    if not isinstance(d, dict):
+        raise FormatError(f"node {i} must be an object")
+    kind = d.get("kind")
+    if kind not in NODE_KINDS:
+        raise FormatError(f"node {i}: kind must be one of {NODE_KINDS}, got {kind!r}")
+
+    def energy(key: str) -> float | None:
+        return None if d.get(key) is None else finite_number(d[key], f"node {i} {key}")
+
+    return Node(
+        name=str(d.get("name", f"n{i}")),
+        kind=kind,
+        segment=str(d.get("segment", "")),
+        compute_ms=finite_number(d.get("compute_ms"), f"node {i} compute_ms"),
+        bytes=int(finite_number(d.get("bytes"), f"node {i} bytes")),
+        compute_j=energy("compute_j"),
+        pagein_j=energy("pagein_j"),
+        pageout_j=energy("pageout_j"),
+    )
+
+
+def _edges_from(raw: Any) -> tuple[tuple[int, int], ...]:
+    if not isinstance(raw, list):
+        raise FormatError("'edges' must be a list of [u, v] pairs")
+    edges = []
+    for e in raw:
+        if not (isinstance(e, (list, tuple)) and len(e) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in e)):
+            raise FormatError(f"edge {e!r} is not a pair of node ids")
+        edges.append((e[0], e[1]))
+    return tuple(edges)
+
+
+def _from_reference(d: dict[str, Any]) -> TrainingGraph:
+    """Read a POET reference graph; its last forward node is the loss."""
+    T = d["T"]
+    if not isinstance(T, int) or T <= 0:
+        raise FormatError(f"reference graph: T must be a positive integer, got {T!r}")
+    backward = set(d["backward"]) if isinstance(d["backward"], list) else None
+    if backward is None or not all(isinstance(b, int) and 0 <= b < T for b in backward):
+        raise FormatError("reference graph: 'backward' must list node ids in 0..T-1")
+    columns = {k: d.get(k) for k in ("cost_cpu_ms", "cost_ram_bytes", "compute_j", "pagein_j", "pageout_j")}
+    for key, col in columns.items():
+        if not isinstance(col, list) or len(col) != T:
+            raise FormatError(f"reference graph: {key!r} must be a list of T={T} numbers")
+    forward = [i for i in range(T) if i not in backward]
+    loss = max(forward) if forward else None
+    nodes = []
+    for i in range(T):
+        kind: NodeKind = "backward" if i in backward else ("loss" if i == loss else "forward")
+        nodes.append(Node(
+            name=f"{kind[0]}{i}", kind=kind, segment=str(i),
+            compute_ms=finite_number(columns["cost_cpu_ms"][i], f"cost_cpu_ms[{i}]"),
+            bytes=int(finite_number(columns["cost_ram_bytes"][i], f"cost_ram_bytes[{i}]")),
+            compute_j=finite_number(columns["compute_j"][i], f"compute_j[{i}]"),
+            pagein_j=finite_number(columns["pagein_j"][i], f"pagein_j[{i}]"),
+            pageout_j=finite_number(columns["pageout_j"][i], f"pageout_j[{i}]"),
+        ))
+    # Every reference graph lists its (loss, first backward) edge twice; one
+    # dependency is one edge, so duplicates are dropped here (the dense reference
+    # formulation in benchmarks/ reads the raw list and keeps them).
+    edges = tuple(dict.fromkeys(_edges_from(d["edges"])))
+    return TrainingGraph(
+        nodes=tuple(nodes), edges=edges,
+        fixed_bytes=int(finite_number(d.get("param_bytes", 0), "param_bytes")),
+        model=str(d.get("model", "")), source=f"poet-reference:{d.get('platform', '')}",
+    )
+
+
+def _validate(g: TrainingGraph) -> None:
+    T = len(g.nodes)
+    if T == 0:
+        raise FormatError("training graph has no nodes")
+    if g.version != GRAPH_VERSION:
+        raise UnsupportedVersionError(f"training graph version {g.version} is not supported")
+    seen: set[tuple[int, int]] = set()
+    for u, v in g.edges:
+        if not (0 <= u < T and 0 <= v < T):
+            raise FormatError(f"edge ({u}, {v}) names a node outside 0..{T - 1}")
+        if u >= v:
+            raise FormatError(f"edge ({u}, {v}) goes backwards: nodes must be numbered in topological order")
+        if (u, v) in seen:
+            raise FormatError(f"edge ({u}, {v}) appears twice")
+        seen.add((u, v))
+    kinds = [n.kind for n in g.nodes]
+    first_backward = next((i for i, k in enumerate(kinds) if k == "backward"), T)
+    if any(k != "backward" for k in kinds[first_backward:]):
+        raise FormatError("every forward and loss node must come before the first backward node")
+    if kinds.count("loss") > 1:
+        raise FormatError(f"a training graph has at most one loss node, found {kinds.count('loss')}")
+    for i, n in enumerate(g.nodes):
+        if n.bytes < 0 or n.compute_ms < 0:
+            raise FormatError(f"node {i} ({n.name}): bytes and compute_ms must be non-negative")

@@ -1,0 +1,201 @@
+"""``plan()``: one entry point for POET and every baseline, one result type.
+
+An infeasible budget is an answer (``PlanResult(feasible=False)``), not an
+exception.  Every schedule returned has been replayed by the simulator against
+its budgets, so a feasible result is a checked result.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from schedules.baselines import HEURISTIC_BASELINES, BaselineProblem
+from schedules.device import DeviceProfile, paging_time_ms, price_graph
+from schedules.errors import PlannerError, ScheduleViolation, UnknownNameError
+from schedules.graph import TrainingGraph
+from schedules.matrices import Matrices, to_instructions
+from schedules.milp import MilpOutcome, SolveProgress, solve_poet_milp
+from schedules.schedule import Schedule, SolverInfo
+from schedules.simulate import SimulationReport, simulate
+
+# Methods solved by the MILP, with the (paging, remat) switches they use.
+MILP_METHODS: dict[str, tuple[bool, bool]] = {"poet": (True, True), "remat-only": (False, True), "paging-only": (True, False)}
+METHODS: tuple[str, ...] = (*MILP_METHODS, *HEURISTIC_BASELINES)
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """The answer of :func:`plan`.
+
+    ``status`` is ``optimal``, ``feasible`` (best found, see ``gap``),
+    ``infeasible`` or ``no_solution`` (stopped before finding one).
+    ``objective_j`` is the method's own objective (the MILP's, or the
+    simulated energy for heuristics); ``schedule.predicted_energy_j`` is what
+    the simulator predicts for the instructions, never more than it.
+    """
+
+    feasible: bool
+    status: str
+    objective_j: float | None
+    gap: float | None
+    solve_seconds: float
+    schedule: Schedule | None
+    method: str
+    bound_j: float | None = None
+    simulation: SimulationReport | None = None
+    message: str = ""
+
+
+def plan(
+    graph: TrainingGraph,
+    device: DeviceProfile | str | None = None,
+    memory_budget: float | None = None,
+    runtime_budget: float | None = None,
+    method: str = "poet",
+    solver: str = "highs",
+    time_limit: float | None = None,
+    gap: float = 1e-4,
+    threads: int = 1,
+    warm_start: bool = True,
+    relax_and_round: bool = False,
+    count_paging_time: bool = False,
+    progress: Callable[[SolveProgress], None] | None = None,
+) -> PlanResult:
+    """Plan one training step of ``graph`` within the budgets.
+
+    Parameters
+    ----------
+    graph:
+        The training graph; node energies already present are used as they are,
+        missing ones are priced with ``device``.
+    device:
+        A :class:`DeviceProfile` or a built-in name (``rpi4``, ...).  Needed when
+        the graph has no energies, for ``count_paging_time`` and for the
+        paging-aware baselines.
+    memory_budget:
+        Activation bytes allowed in RAM; ``None`` means unconstrained.
+    runtime_budget:
+        Allowed step time as a multiple of one plain step's compute time
+        (``graph.total_compute_ms``); ``None`` means no limit.
+    method:
+        ``"poet"`` or a baseline name from :data:`METHODS`.
+    solver, time_limit, gap, threads, warm_start, relax_and_round:
+        MILP controls: ``highs`` or ``cbc``; seconds; relative MIP gap; solver
+        threads; start from the best feasible heuristic; LP relaxation plus
+        rounding for graphs beyond exact reach.
+    count_paging_time:
+        Count paging time in the runtime budget (devices whose paging does not
+        overlap compute); off by default, as in the published formulation.
+    progress:
+        Called with :class:`SolveProgress` while the MILP runs.
+    """
+    if method not in METHODS:
+        raise UnknownNameError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    profile = DeviceProfile.builtin(device) if isinstance(device, str) else device
+    graph = _priced(graph, profile)
+    paging_ms = paging_time_ms(graph, profile) if profile is not None else None
+    if count_paging_time and paging_ms is None:
+        raise PlannerError("count_paging_time needs a device profile to know paging times; pass device=")
+    runtime_ms = None if runtime_budget is None else runtime_budget * graph.total_compute_ms
+    problem = BaselineProblem(graph, memory_budget, runtime_ms, paging_ms if count_paging_time else None, paging_ms)
+    context = _Context(graph, profile, problem, count_paging_time, method, solver)
+    if method in HEURISTIC_BASELINES:
+        return _plan_heuristic(context, method)
+    paging, remat = MILP_METHODS[method]
+    start = _best_heuristic(context) if warm_start else None
+    outcome = solve_poet_milp(
+        graph, memory_budget=memory_budget, runtime_budget_ms=runtime_ms, paging=paging, remat=remat,
+        solver=solver, time_limit=time_limit, gap=gap, threads=threads, warm_start=start,
+        relax_and_round=relax_and_round, paging_time_ms=problem.counted_paging_ms, progress=progress,
+    )
+    return _from_milp(context, outcome)
+
+
+@dataclass(frozen=True)
+class _Context:
+    graph: TrainingGraph
+    device: DeviceProfile | None
+    problem: BaselineProblem
+    count_paging_time: bool
+    method: str
+    solver: str
+
+
+def _priced(graph: TrainingGraph, device: DeviceProfile | None) -> TrainingGraph:
+    if graph.has_energy:
+        return graph
+    if device is None:
+        raise PlannerError(
+            "the graph carries no energy costs; pass device= (a DeviceProfile or a built-in name such as 'rpi4') "
+            "so they can be priced")
+    return price_graph(graph, device)
+
+
+def _plan_heuristic(ctx: _Context, method: str) -> PlanResult:
+    started = time.perf_counter()
+    matrices = HEURISTIC_BASELINES[method](ctx.problem)
+    seconds = time.perf_counter() - started
+    if matrices is None:
+        return PlanResult(False, "infeasible", None, None, seconds, None, method,
+                          message=f"{method} has no schedule within these budgets")
+    return _checked_result(ctx, matrices, status="feasible", objective=None, gap=None, bound=None, seconds=seconds)
+
+
+def _best_heuristic(ctx: _Context) -> Matrices | None:
+    """The heuristic schedule of least energy that fits the budgets: the MILP's warm start."""
+    best: tuple[float, Matrices] | None = None
+    for name, baseline in HEURISTIC_BASELINES.items():
+        matrices = baseline(ctx.problem)
+        if matrices is None:
+            continue
+        try:
+            report = _simulate(ctx, matrices)
+        except ScheduleViolation:
+            continue
+        if best is None or report.energy_j < best[0]:
+            best = (report.energy_j, matrices)
+    return None if best is None else best[1]
+
+
+def _from_milp(ctx: _Context, outcome: MilpOutcome) -> PlanResult:
+    if outcome.matrices is None:
+        message = ("the memory/runtime budgets admit no schedule" if outcome.status == "infeasible"
+                   else "the solver stopped before finding any schedule; raise the time limit")
+        return PlanResult(False, outcome.status, None, None, outcome.solve_seconds, None, ctx.method,
+                          bound_j=outcome.bound_j, message=message)
+    return _checked_result(ctx, outcome.matrices, status=outcome.status, objective=outcome.objective_j,
+                           gap=outcome.gap, bound=outcome.bound_j, seconds=outcome.solve_seconds)
+
+
+def _simulate(ctx: _Context, matrices: Matrices) -> SimulationReport:
+    return simulate(ctx.graph, to_instructions(ctx.graph, matrices), memory_budget=ctx.problem.memory_budget,
+                    runtime_budget_ms=ctx.problem.runtime_budget_ms, paging_time_ms=ctx.problem.counted_paging_ms)
+
+
+def _checked_result(ctx: _Context, matrices: Matrices, *, status: str, objective: float | None,
+                    gap: float | None, bound: float | None, seconds: float) -> PlanResult:
+    instructions = to_instructions(ctx.graph, matrices)
+    try:
+        report = _simulate(ctx, matrices)
+    except ScheduleViolation as exc:
+        return PlanResult(False, "infeasible", None, None, seconds, None, ctx.method,
+                          message=f"{ctx.method} does not fit the budgets: {exc}")
+    objective = report.energy_j if objective is None else objective
+    schedule = Schedule(
+        instructions=tuple(instructions),
+        graph_fingerprint=ctx.graph.fingerprint,
+        graph_size=ctx.graph.size,
+        model=ctx.graph.model,
+        device=ctx.device.name if ctx.device is not None else ctx.graph.source or "graph-costs",
+        memory_budget=None if ctx.problem.memory_budget is None else int(ctx.problem.memory_budget),
+        runtime_budget_ms=ctx.problem.runtime_budget_ms,
+        predicted_peak_bytes=report.peak_bytes,
+        predicted_runtime_ms=report.runtime_ms,
+        predicted_energy_j=report.energy_j,
+        solver=SolverInfo(method=ctx.method, solver=ctx.solver if ctx.method in MILP_METHODS else "heuristic",
+                          status=status, objective_j=objective, gap=gap, seconds=seconds),
+        count_paging_time=ctx.count_paging_time,
+    )
+    return PlanResult(True, status, objective, gap, seconds, schedule, ctx.method, bound_j=bound, simulation=report)

@@ -1,0 +1,102 @@
+"""Ed25519 keys and schedule signatures.
+
+The operator's server holds the private key and signs each schedule it
+publishes; devices hold the public key and refuse anything that does not
+verify.  The signature covers the canonical JSON of every schedule field but
+itself, so changing one instruction, budget or prediction breaks it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from schedules.canonical import canonical_json
+from schedules.errors import FormatError, SignatureError
+from schedules.schedule import Schedule
+
+ALGORITHM = "ed25519"
+
+
+def generate_keypair(directory: str | Path, name: str = "schedule-signing") -> tuple[Path, Path]:
+    """Write ``NAME.key`` (private, mode 0600) and ``NAME.pub`` in ``directory``; refuse to overwrite."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    private_path, public_path = directory / f"{name}.key", directory / f"{name}.pub"
+    for path in (private_path, public_path):
+        if path.exists():
+            raise FileExistsError(f"{path} already exists; move it away or choose another --name")
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(pem)
+    public_path.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    return private_path, public_path
+
+
+def load_private_key(path: str | Path) -> Ed25519PrivateKey:
+    """Read a PEM Ed25519 private key written by :func:`generate_keypair`."""
+    key = _load(path, serialization.load_pem_private_key, password=None)
+    if not isinstance(key, Ed25519PrivateKey):
+        raise FormatError(f"{path} is not an Ed25519 private key; make one with `poet-edge keys`")
+    return key
+
+
+def load_public_key(path: str | Path) -> Ed25519PublicKey:
+    """Read a PEM Ed25519 public key written by :func:`generate_keypair`."""
+    key = _load(path, serialization.load_pem_public_key)
+    if not isinstance(key, Ed25519PublicKey):
+        raise FormatError(f"{path} is not an Ed25519 public key; use the .pub file made by `poet-edge keys`")
+    return key
+
+
+def key_id(public_key: Ed25519PublicKey) -> str:
+    """Short, stable name of a public key: the first 16 hex digits of its SHA-256."""
+    raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def sign(schedule: Schedule, private_key: Ed25519PrivateKey) -> Schedule:
+    """Return ``schedule`` carrying an Ed25519 signature over its payload."""
+    value = private_key.sign(canonical_json(schedule.payload()))
+    return schedule.with_signature({
+        "algorithm": ALGORITHM,
+        "key_id": key_id(private_key.public_key()),
+        "value": base64.b64encode(value).decode("ascii"),
+    })
+
+
+def verify(schedule: Schedule, public_key: Ed25519PublicKey) -> None:
+    """Raise :class:`SignatureError` unless ``schedule`` is signed by ``public_key`` and unchanged."""
+    sig = schedule.signature
+    if sig is None:
+        raise SignatureError("schedule is not signed; sign it with `poet-edge solve --sign KEY` or get it from the server")
+    if sig["algorithm"] != ALGORITHM:
+        raise SignatureError(f"unsupported signature algorithm {sig['algorithm']!r} (expected {ALGORITHM})")
+    if sig["key_id"] != key_id(public_key):
+        raise SignatureError(
+            f"schedule was signed by key {sig['key_id']}, not by the trusted key {key_id(public_key)}: "
+            "it comes from another server, or the device has the wrong public key"
+        )
+    try:
+        public_key.verify(base64.b64decode(sig["value"], validate=True), canonical_json(schedule.payload()))
+    except (InvalidSignature, ValueError) as exc:
+        raise SignatureError("schedule signature does not verify: the file was modified after signing") from exc
+
+
+def _load(path: str | Path, loader, **kwargs):
+    try:
+        return loader(Path(path).read_bytes(), **kwargs)
+    except OSError as exc:
+        raise FormatError(f"cannot read key file {path}: {exc.strerror or exc}") from exc
+    except (ValueError, TypeError) as exc:
+        raise FormatError(f"{path} is not a PEM key file: {exc}") from exc

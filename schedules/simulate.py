@@ -1,0 +1,175 @@
+"""Replay a schedule on its graph, check every rule, and measure what it predicts.
+
+Rules (each broken rule raises :class:`ScheduleViolation` naming the instruction):
+
+* ``compute i`` needs every predecessor of ``i`` resident and ``i`` not resident;
+* ``free i`` and ``page_out i`` need ``i`` resident; ``page_out`` of a value
+  already on flash is refused (it would write it twice);
+* ``page_in i`` needs a flash copy and ``i`` not resident;
+* resident bytes never exceed the memory budget;
+* every backward node is computed exactly once (gradients are accumulated);
+* the total runtime stays within the runtime budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from schedules.errors import ScheduleViolation
+from schedules.graph import TrainingGraph
+from schedules.matrices import Instruction
+from schedules.schedule import Schedule
+
+# Floating-point slack for budget comparisons made on sums of measured times.
+_RUNTIME_RTOL = 1e-9
+
+
+@dataclass(frozen=True)
+class SimulationReport:
+    """What replaying a schedule predicts.
+
+    ``resident_bytes[k]`` is the activation bytes in RAM after instruction ``k``.
+    """
+
+    peak_bytes: int
+    runtime_ms: float
+    energy_j: float
+    compute_energy_j: float
+    pagein_energy_j: float
+    pageout_energy_j: float
+    bytes_paged_out: int
+    bytes_paged_in: int
+    recomputed_nodes: int
+    resident_bytes: tuple[int, ...]
+
+
+def simulate(
+    graph: TrainingGraph,
+    schedule: Schedule | Sequence[Instruction],
+    *,
+    memory_budget: float | None = None,
+    runtime_budget_ms: float | None = None,
+    paging_time_ms: tuple[Sequence[float], Sequence[float]] | None = None,
+) -> SimulationReport:
+    """Replay ``schedule`` on ``graph`` and return its predicted peak, runtime and energy.
+
+    A :class:`Schedule` is checked against the graph's fingerprint and its own
+    budgets; explicit ``memory_budget`` / ``runtime_budget_ms`` override them.
+    ``paging_time_ms`` (page-in, page-out milliseconds per node) adds paging
+    time to the runtime, for devices whose paging does not overlap compute.
+    """
+    if isinstance(schedule, Schedule):
+        schedule.check_graph(graph)
+        memory_budget = schedule.memory_budget if memory_budget is None else memory_budget
+        runtime_budget_ms = schedule.runtime_budget_ms if runtime_budget_ms is None else runtime_budget_ms
+        instructions: Sequence[Instruction] = schedule.instructions
+    else:
+        instructions = schedule
+    replay = _Replay(graph, memory_budget, paging_time_ms)
+    for position, (op, node) in enumerate(instructions):
+        replay.step(position, op, node)
+    replay.finish(runtime_budget_ms)
+    return replay.report()
+
+
+class _Replay:
+    """The state of one replay: resident set, flash set, counters."""
+
+    def __init__(self, graph: TrainingGraph, budget: float | None, paging_time_ms) -> None:
+        self.g = graph
+        self.budget = budget
+        self.paging_time_ms = paging_time_ms
+        self.resident: set[int] = set()
+        self.on_flash: set[int] = set()
+        self.computed = [0] * graph.size
+        self.current = self.peak = 0
+        self.runtime_ms = 0.0
+        self.energy = {"compute": 0.0, "page_in": 0.0, "page_out": 0.0}
+        self.paged = {"page_in": 0, "page_out": 0}
+        self.trace: list[int] = []
+
+    def step(self, position: int, op: str, node: int) -> None:
+        if not 0 <= node < self.g.size:
+            raise ScheduleViolation(f"instruction {position}: node {node} is not in the graph", position)
+        handler = getattr(self, f"_{op}", None)
+        if handler is None:
+            raise ScheduleViolation(f"instruction {position}: unknown op {op!r}", position)
+        handler(position, node)
+        self.trace.append(self.current)
+        if self.budget is not None and self.current > self.budget:
+            raise ScheduleViolation(
+                f"instruction {position} ({op} {node}): {self.current} resident bytes exceed the budget of "
+                f"{int(self.budget)}", position)
+        self.peak = max(self.peak, self.current)
+
+    def _compute(self, position: int, node: int) -> None:
+        missing = [p for p in self.g.predecessors[node] if p not in self.resident]
+        if missing:
+            raise ScheduleViolation(
+                f"instruction {position} (compute {node}): inputs {missing} are not resident", position)
+        self._need(node not in self.resident, position, f"compute {node}: value is already resident")
+        if self.g.is_backward(node) and self.computed[node]:
+            raise ScheduleViolation(
+                f"instruction {position} (compute {node}): backward node computed a second time "
+                "(its gradient would be accumulated twice)", position)
+        n = self.g.nodes[node]
+        self.computed[node] += 1
+        self.runtime_ms += n.compute_ms
+        self.energy["compute"] += n.compute_j or 0.0
+        self._add(node)
+
+    def _free(self, position: int, node: int) -> None:
+        self._need(node in self.resident, position, f"free {node}: value is not resident")
+        self.resident.discard(node)
+        self.current -= self.g.nodes[node].bytes
+
+    def _page_out(self, position: int, node: int) -> None:
+        self._need(node in self.resident, position, f"page_out {node}: value is not resident")
+        self._need(node not in self.on_flash, position, f"page_out {node}: value is already on flash")
+        self.on_flash.add(node)
+        self._count_paging("page_out", node, 1)
+
+    def _page_in(self, position: int, node: int) -> None:
+        self._need(node in self.on_flash, position, f"page_in {node}: value was never paged out")
+        self._need(node not in self.resident, position, f"page_in {node}: value is already resident")
+        self._count_paging("page_in", node, 0)
+        self._add(node)
+
+    def _count_paging(self, op: str, node: int, column: int) -> None:
+        n = self.g.nodes[node]
+        self.paged[op] += n.bytes
+        self.energy[op] += (n.pagein_j if op == "page_in" else n.pageout_j) or 0.0
+        if self.paging_time_ms is not None:
+            self.runtime_ms += self.paging_time_ms[column][node]
+
+    def _add(self, node: int) -> None:
+        self.resident.add(node)
+        self.current += self.g.nodes[node].bytes
+
+    @staticmethod
+    def _need(condition: bool, position: int, message: str) -> None:
+        if not condition:
+            raise ScheduleViolation(f"instruction {position} ({message})", position)
+
+    def finish(self, runtime_budget_ms: float | None) -> None:
+        never = sorted(b for b in self.g.backward_nodes if self.computed[b] == 0)
+        if never:
+            raise ScheduleViolation(f"backward nodes {never[:10]} are never computed: the gradients are incomplete")
+        if runtime_budget_ms is not None and self.runtime_ms > runtime_budget_ms * (1 + _RUNTIME_RTOL):
+            raise ScheduleViolation(
+                f"runtime {self.runtime_ms:.6g} ms exceeds the runtime budget of {runtime_budget_ms:.6g} ms")
+
+    def report(self) -> SimulationReport:
+        return SimulationReport(
+            peak_bytes=self.peak,
+            runtime_ms=self.runtime_ms,
+            energy_j=sum(self.energy.values()),
+            compute_energy_j=self.energy["compute"],
+            pagein_energy_j=self.energy["page_in"],
+            pageout_energy_j=self.energy["page_out"],
+            bytes_paged_out=self.paged["page_out"],
+            bytes_paged_in=self.paged["page_in"],
+            recomputed_nodes=sum(c - 1 for c in self.computed if c > 1),
+            resident_bytes=tuple(self.trace),
+        )
