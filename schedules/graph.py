@@ -253,7 +253,9 @@ def _from_reference(d: dict[str, Any]) -> TrainingGraph:
         kind: NodeKind = "backward" if i in backward else ("loss" if i == loss else "forward")
         nodes.append(Node(
             name=f"{kind[0]}{i}", kind=kind, segment=str(i),
-            compute_ms=finite_number(columns["cost_cpu_ms"][i], f"cost_cpu_ms[{i}]"),
+            # The reference computes this column as FLOPs / (FLOP/s): seconds despite
+            # its name (4,734,976 FLOPs at 2 GFLOP/s is stored as 0.002367488).
+            compute_ms=1000.0 * finite_number(columns["cost_cpu_ms"][i], f"cost_cpu_ms[{i}]"),
             bytes=int(finite_number(columns["cost_ram_bytes"][i], f"cost_ram_bytes[{i}]")),
             compute_j=finite_number(columns["compute_j"][i], f"compute_j[{i}]"),
             pagein_j=finite_number(columns["pagein_j"][i], f"pagein_j[{i}]"),

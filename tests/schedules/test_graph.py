@@ -27,6 +27,8 @@ def test_reference_graphs_load_unchanged(poet_graphs):
         assert set(g.edges) == {tuple(e) for e in raw["edges"]}  # each listed dependency, once
         assert sorted(g.backward_nodes) == sorted(raw["backward"])
         assert [n.compute_j for n in g.nodes] == raw["compute_j"]
+        # cost_cpu_ms holds seconds (FLOPs / FLOP/s); we keep milliseconds.
+        assert [n.compute_ms for n in g.nodes] == [1000.0 * c for c in raw["cost_cpu_ms"]]
         assert [n.kind for n in g.nodes].count("loss") == 1
         assert g.fixed_bytes == int(raw["param_bytes"])
         assert g.has_energy
