@@ -103,10 +103,10 @@ class SampledMeter:
     def start(self) -> None:
         """Take the first sample (errors surface here) and start the sampling thread."""
         with self._start_lock:
-            if self._started:
-                return
             if self._stop.is_set():
                 raise MeterReadError(f"{self.source}: this meter was closed; open a new one")
+            if self._started:
+                return
             self.sample_now()
             with self._state_lock:  # the counter starts here, not at an earlier probe
                 self._integral = self._reported = 0.0
