@@ -5,17 +5,51 @@ Each heuristic takes a :class:`BaselineProblem` and returns decision matrices
 turns them into a checked schedule.  The MILP-based baselines (remat-only,
 i.e. Checkmate, and paging-only) live in :mod:`schedules.plan` as switches of
 the MILP.
+
+The heuristics:
+
+* ``store-all``: plain backpropagation, every value kept until its last consumer.
+* ``checkpoint-all``: Checkmate's "checkpoint all articulation points": keep
+  only the forward values no forward edge jumps over (the cut points that
+  split the network into segments); drop the rest after the forward pass and
+  recompute each segment once, from its checkpoint, when the backward pass
+  first needs it.  On a plain chain every node is a cut point, so this is
+  store-all.
+* ``sqrt-n``: Chen et al. (2016) as Checkmate implements it: the same policy
+  keeping only every ``floor(sqrt(k))``-th of the ``k`` cut points.
+* ``capuchin``: a Capuchin-like greedy that adapts to the memory budget:
+  starting from store-all, evict a value from the peak stage until the peak
+  fits, paging it when the transfer hides behind compute, recomputing it
+  otherwise (see :func:`capuchin`).
+
+store-all, checkpoint-all and sqrt-n are fixed policies: they ignore the
+budgets and :func:`schedules.plan` reports them infeasible when they do not fit.
+
+Every matrix set produced here satisfies the POET MILP's constraints (R[t,t]
+= 1, triangular structure, dependencies, persistence, MOut only of values
+resident at stage start, MIn only of values on flash), so any of them can warm
+start the MILP.  Memory is a subtler matter: the MILP's accounting
+(:func:`milp_peak_bytes`) charges a value paged out during stage ``t`` for all
+of stage ``t``, while the instruction list frees it right after the page-out.
+The fixed policies never page, so both accountings agree on them; capuchin
+checks its peak under the MILP's accounting by default so that what it calls
+feasible is feasible for the MILP too (``accounting="simulator"`` lifts that).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Sequence
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Literal, Sequence
 
 import numpy as np
 
+from schedules.errors import ScheduleViolation
 from schedules.graph import TrainingGraph
-from schedules.matrices import Matrices
+from schedules.matrices import Matrices, to_instructions
+from schedules.simulate import simulate
+
+Accounting = Literal["milp", "simulator"]
 
 
 @dataclass(frozen=True)
@@ -34,18 +68,328 @@ class BaselineProblem:
     paging_ms: tuple[Sequence[float], Sequence[float]] | None = None
 
 
-def store_all(problem: BaselineProblem) -> Matrices:
-    """Plain backpropagation: compute every node once and keep it until its last use."""
-    g = problem.graph
-    m = Matrices.empty(g.size)
-    for i in range(g.size):
-        m.R[i, i] = True
-        m.SRam[i + 1 : g.last_use[i] + 1, i] = True
+# -- shared building blocks ------------------------------------------------------------
+
+
+def use_stages(graph: TrainingGraph, R: np.ndarray, i: int) -> list[int]:
+    """Stages at which value ``i`` is touched: computed there, or read by a node computed there."""
+    touched = R[:, i].copy()
+    for j in graph.successors[i]:
+        touched |= R[:, j]
+    return np.flatnonzero(touched).tolist()
+
+
+def keep_until_used(graph: TrainingGraph, R: np.ndarray) -> Matrices:
+    """The least-memory matrices for a given compute plan ``R`` with no paging.
+
+    Each read of value ``i`` at stage ``u`` is served by the latest computation
+    of ``i`` at a stage ``c <= u``; ``i`` stays resident from ``c + 1`` to its
+    last read served that way, so nothing is kept that no later stage reads
+    (this is also what keeps the MILP's and the simulator's memory accounting
+    equal on these matrices).
+    """
+    m = Matrices(R.copy(), *(np.zeros_like(R) for _ in range(4)))
+    for i in range(graph.size):
+        computed = np.flatnonzero(R[:, i]).tolist()
+        for u in use_stages(graph, R, i):
+            c = max((s for s in computed if s <= u), default=None)
+            if c is not None and c < u:
+                m.SRam[c + 1 : u + 1, i] = True
     return m
+
+
+def milp_stage_peaks(graph: TrainingGraph, m: Matrices) -> list[int]:
+    """Peak bytes of each stage as the POET MILP's ``U`` variables account them.
+
+    ``U[t,0] = R[t,0] m_0 + sum_i SRam[t,i] m_i`` and
+    ``U[t,k+1] = U[t,k] + R[t,k+1] m_{k+1} - sum_{(i,k)} m_i FreeE[t,(i,k)]``,
+    where ``FreeE`` frees input ``i`` after its last consumer computed in stage
+    ``t`` unless ``SRam[t+1,i]`` keeps it.  Unlike the instruction list, a
+    value resident at the start of ``t`` that no node of stage ``t`` reads
+    (one being paged out, say) counts for the whole stage, and so does a value
+    computed in ``t`` that nothing in ``t`` reads.
+    """
+    sizes = [n.bytes for n in graph.nodes]
+    T = graph.size
+    peaks = []
+    for t in range(T):
+        current = sum(sizes[i] for i in np.flatnonzero(m.SRam[t]))
+        peak = current
+        for k in np.flatnonzero(m.R[t]).tolist():
+            current += sizes[k]
+            peak = max(peak, current)
+            kept = m.SRam[t + 1] if t + 1 < T else np.zeros(T, dtype=bool)
+            for i in graph.predecessors[k]:
+                if not kept[i] and not any(m.R[t, j] for j in graph.successors[i] if j > k):
+                    current -= sizes[i]
+        peaks.append(peak)
+    return peaks
+
+
+def milp_peak_bytes(graph: TrainingGraph, m: Matrices) -> int:
+    """The largest ``U[t,k]`` the POET MILP would assign to these matrices (see :func:`milp_stage_peaks`)."""
+    return max(milp_stage_peaks(graph, m))
+
+
+def simulated_stage_peaks(graph: TrainingGraph, m: Matrices) -> list[int]:
+    """Peak resident bytes of each stage when the matrices' instruction list is replayed.
+
+    Raises :class:`ScheduleViolation` when the matrices are inconsistent.  An
+    instruction belongs to the stage whose own node (``compute t``, always
+    present) is the next one computed; a page-in at the end of stage ``t``
+    therefore counts in stage ``t + 1``, where the MILP counts it too.
+    """
+    instructions = to_instructions(graph, m)
+    trace = simulate(graph, instructions).resident_bytes
+    peaks = [0] * graph.size
+    stage = 0
+    for (op, node), resident in zip(instructions, trace):
+        if op == "free":  # frees only lower the count; skipping them keeps stage boundaries unambiguous
+            continue
+        peaks[min(stage, graph.size - 1)] = max(peaks[min(stage, graph.size - 1)], resident)
+        if op == "compute" and node == stage:
+            stage += 1
+    return peaks
+
+
+def compute_ms(graph: TrainingGraph, R: np.ndarray) -> float:
+    """Compute time of a plan: every (re)computation counted, as in the MILP's runtime constraint."""
+    times = np.array([n.compute_ms for n in graph.nodes])
+    return float((R * times[None, :]).sum())
+
+
+# -- fixed policies ------------------------------------------------------------------
+
+
+def store_all(problem: BaselineProblem) -> Matrices:
+    """Plain backpropagation: compute every node once and keep it until its last consumer."""
+    return keep_until_used(problem.graph, np.eye(problem.graph.size, dtype=bool))
+
+
+def cut_points(graph: TrainingGraph) -> list[int]:
+    """Forward (and loss) nodes that no forward edge jumps over, ascending.
+
+    In a DAG numbered in topological order these are the articulation points
+    that split the forward pass into segments: every value a segment reads
+    from earlier comes through its first cut point.
+    """
+    forward = [i for i in range(graph.size) if not graph.is_backward(i)]
+    jumped = set()
+    for u, v in graph.edges:
+        if not graph.is_backward(v):
+            jumped.update(range(u + 1, v))
+    return [i for i in forward if i not in jumped]
+
+
+def checkpointed(graph: TrainingGraph, checkpoints: set[int]) -> Matrices:
+    """Keep ``checkpoints`` (and the last segment); recompute other forward values once, when first needed.
+
+    A dropped value is recomputed during the backward stage that first reads
+    it, together with whatever dropped values it needs in turn, and then kept
+    until its last reader, so each segment is recomputed once (Chen et al.).
+    The forward values after the last checkpoint are kept from the forward
+    pass: recomputing them right away would only cost energy.
+    """
+    T = graph.size
+    last = max(checkpoints, default=-1)
+    forward = [i for i in range(T) if not graph.is_backward(i)]
+    dropped = {i for i in forward if i not in checkpoints and i < last}
+    R = np.eye(T, dtype=bool)
+    recomputed: set[int] = set()
+    for t in sorted(graph.backward_nodes):
+        pending = [p for p in graph.predecessors[t] if p in dropped and p not in recomputed]
+        while pending:
+            p = pending.pop()
+            if p in recomputed:
+                continue
+            R[t, p] = True
+            recomputed.add(p)
+            pending += [q for q in graph.predecessors[p] if q in dropped and q not in recomputed]
+    return keep_until_used(graph, R)
+
+
+def checkpoint_all(problem: BaselineProblem) -> Matrices:
+    """Checkmate's checkpoint-all-articulation-points baseline (see the module docstring)."""
+    return checkpointed(problem.graph, set(cut_points(problem.graph)))
+
+
+def sqrt_n(problem: BaselineProblem) -> Matrices:
+    """Chen et al.'s sqrt(n) checkpointing: every ``floor(sqrt(k))``-th of the ``k`` cut points."""
+    candidates = cut_points(problem.graph)
+    every = max(1, math.isqrt(len(candidates)))
+    return checkpointed(problem.graph, {v for idx, v in enumerate(candidates) if (idx + 1) % every == 0})
+
+
+# -- capuchin ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Eviction:
+    """Value ``value`` leaves RAM after stage ``out`` begins and is back when stage ``use`` begins."""
+
+    value: int
+    out: int
+    use: int
+
+
+@dataclass(frozen=True)
+class _GreedyPlan:
+    """Capuchin's state: store-all's compute plan plus recomputations, and the paged gaps."""
+
+    R: np.ndarray
+    paged: tuple[_Eviction, ...] = field(default=())
+
+    def on_flash(self, v: int) -> bool:
+        """True once ``v`` has been paged out: its flash copy stays valid, later gaps only page in."""
+        return any(e.value == v for e in self.paged)
+
+    def matrices(self, graph: TrainingGraph) -> Matrices:
+        """Store-all residency for ``R``, with each paged gap cut out of it."""
+        m = keep_until_used(graph, self.R)
+        for e in self.paged:
+            m.SRam[e.out + 1 : e.use, e.value] = False
+            m.MIn[e.use - 1, e.value] = True
+        for v in {e.value for e in self.paged}:
+            gaps = [e for e in self.paged if e.value == v]
+            first_out = min(e.out for e in gaps)
+            m.MOut[first_out, v] = True  # written once; the value never changes, so the copy serves every gap
+            m.SSd[first_out + 1 : max(e.use for e in gaps), v] = True
+        return m
+
+
+def capuchin(problem: BaselineProblem, accounting: Accounting = "milp") -> Matrices | None:
+    """Capuchin-like greedy: evict values from the peak stage until the peak fits the budget.
+
+    Starts from store-all.  While the peak exceeds ``memory_budget``, it takes
+    the stage holding the peak and, among the values resident there that the
+    stage does not read, the largest (ties: the longest idle gap).  That
+    value leaves RAM for its whole idle gap, by one of two means:
+
+    * **page** it (out as early as the MILP allows, back in just before its
+      next reader) when ``problem.paging_ms`` says the transfer fits within
+      the compute time of the gap, so it costs no time;
+    * otherwise **recompute** it at its next reader's stage (its inputs are
+      kept until then) when that costs less energy than paging it out and in;
+      otherwise page it anyway.
+
+    When the preferred means is impossible (backward values are never
+    recomputed; a gap of one stage cannot be paged; the runtime budget is
+    spent) the other is tried, then the next value.  Returns ``None`` when
+    store-all already breaks the runtime budget or no eviction lowers the peak.
+
+    ``accounting`` says whose memory model the peak is checked in: ``"milp"``
+    (default) is POET's ``U`` (:func:`milp_peak_bytes`), so the result also
+    fits the MILP and is a valid warm start; ``"simulator"`` is the replayed
+    instruction list, which is looser when a value is paged out right after
+    it is computed.
+    """
+    graph = problem.graph
+    state = _GreedyPlan(np.eye(graph.size, dtype=bool))
+    if not _within_runtime(problem, state):
+        return None
+    matrices = state.matrices(graph)
+    if problem.memory_budget is None:
+        return matrices
+    for _ in range(2 * graph.size * graph.size + 1):  # each step adds a recomputation or a paged gap
+        peaks = _stage_peaks(graph, matrices, accounting)
+        if max(peaks) <= problem.memory_budget:
+            return matrices
+        step = _evict_from(problem, state, matrices, peaks, accounting)
+        if step is None:
+            return None
+        state, matrices = step
+    return None
+
+
+def _stage_peaks(graph: TrainingGraph, m: Matrices, accounting: Accounting) -> list[int]:
+    return milp_stage_peaks(graph, m) if accounting == "milp" else simulated_stage_peaks(graph, m)
+
+
+def _evict_from(problem: BaselineProblem, state: _GreedyPlan, m: Matrices, peaks: list[int],
+                accounting: Accounting) -> tuple[_GreedyPlan, Matrices] | None:
+    """The first eviction, in capuchin's order of preference, that lowers the peak stage's bytes."""
+    graph = problem.graph
+    stage = int(np.argmax(peaks))
+    for v, last, following in _idle_values(graph, state, m, stage):
+        for option in _options(problem, state, v, last, following, m, stage, accounting):
+            try:
+                matrices = option.matrices(graph)
+                simulated_stage_peaks(graph, matrices)  # consistent (inputs resident, paging legal)?
+            except ScheduleViolation:
+                continue
+            if _within_runtime(problem, option) and _stage_peaks(graph, matrices, accounting)[stage] < peaks[stage]:
+                return option, matrices
+    return None
+
+
+def _idle_values(graph: TrainingGraph, state: _GreedyPlan, m: Matrices, stage: int) -> list[tuple[int, int, int]]:
+    """``(value, last read before stage, next read after stage)`` for values idle through ``stage``, best first."""
+    if stage + 1 >= graph.size:
+        return []
+    idle = []
+    for v in np.flatnonzero(m.SRam[stage] & m.SRam[stage + 1]).tolist():
+        uses = use_stages(graph, state.R, v)
+        if stage in uses or graph.nodes[v].bytes == 0:
+            continue
+        last = max(u for u in uses if u < stage)
+        following = min(u for u in uses if u > stage)
+        idle.append((v, last, following))
+    return sorted(idle, key=lambda x: (-graph.nodes[x[0]].bytes, x[1] - x[2], x[0]))
+
+
+def _options(problem: BaselineProblem, state: _GreedyPlan, v: int, last: int, following: int, m: Matrices,
+             stage: int, accounting: Accounting) -> list[_GreedyPlan]:
+    """The ways to evict ``v`` over its gap, in capuchin's order of preference (see :func:`capuchin`)."""
+    graph, node = problem.graph, problem.graph.nodes[v]
+    # The MILP pages out only values resident at a stage's start: at ``last`` if v was read there, else one later.
+    out = last if m.SRam[last, v] else last + 1
+    options: dict[str, _GreedyPlan] = {}
+    # A paged value is back in RAM from ``following``; the MILP counts it in RAM during stage ``out``.
+    if out + 1 < following and (accounting == "simulator" or out < stage):
+        options["page"] = _GreedyPlan(state.R, (*state.paged, _Eviction(v, out, following)))
+    if not graph.is_backward(v):
+        R = state.R.copy()
+        R[following, v] = True
+        options["recompute"] = _GreedyPlan(R, state.paged)
+    paging_j = (node.pagein_j or 0.0) + (0.0 if state.on_flash(v) else node.pageout_j or 0.0)
+    if _paging_hidden(problem, state, v, out, following):
+        order = ("page", "recompute")
+    elif (node.compute_j or 0.0) <= paging_j:
+        order = ("recompute", "page")
+    else:
+        order = ("page", "recompute")
+    return [options[name] for name in order if name in options]
+
+
+def _paging_hidden(problem: BaselineProblem, state: _GreedyPlan, v: int, out: int, following: int) -> bool:
+    """True when paging ``v`` out at ``out`` and in before ``following`` takes no longer than the compute between."""
+    if problem.paging_ms is None:
+        return False  # no device profile: the transfer time is unknown, so nothing is known to hide
+    pagein_ms, pageout_ms = problem.paging_ms
+    transfer = pagein_ms[v] + (0.0 if state.on_flash(v) else pageout_ms[v])
+    return transfer <= compute_ms(problem.graph, state.R[out:following])
+
+
+def _within_runtime(problem: BaselineProblem, state: _GreedyPlan) -> bool:
+    """The plan's compute time (plus paging time where it counts) fits the runtime budget."""
+    if problem.runtime_budget_ms is None:
+        return True
+    runtime = compute_ms(problem.graph, state.R)
+    if problem.counted_paging_ms is not None:
+        pagein_ms, pageout_ms = problem.counted_paging_ms
+        runtime += sum(pagein_ms[e.value] for e in state.paged)
+        runtime += sum(pageout_ms[v] for v in {e.value for e in state.paged})
+    return runtime <= problem.runtime_budget_ms * (1 + 1e-9)
 
 
 HEURISTIC_BASELINES: dict[str, Callable[[BaselineProblem], Matrices | None]] = {
     "store-all": store_all,
+    "checkpoint-all": checkpoint_all,
+    "sqrt-n": sqrt_n,
+    "capuchin": capuchin,
 }
 
-__all__ = ["BaselineProblem", "HEURISTIC_BASELINES", "store_all", "np"]
+__all__ = [
+    "BaselineProblem", "HEURISTIC_BASELINES", "capuchin", "checkpoint_all", "checkpointed", "cut_points",
+    "keep_until_used", "milp_peak_bytes", "milp_stage_peaks", "simulated_stage_peaks", "sqrt_n", "store_all",
+]
