@@ -1,4 +1,7 @@
-"""Fakes of the outside world for the energy meter tests: a clock, sysfs trees, an unprivileged reader.
+"""Fakes of the outside world for the energy meter tests.
+
+A clock, sysfs trees (powercap, both INA3221 drivers), a reader the kernel
+treats as an ordinary user, and a UM meter at the far end of a pseudo-terminal.
 
 Only the world outside our code is faked; the meters under test are the real ones.
 """
@@ -6,6 +9,8 @@ Only the world outside our code is faked; the meters under test are the real one
 from __future__ import annotations
 
 import os
+import select
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -53,9 +58,9 @@ def make_jetpack5_chip(root: Path, chip: str, rails: dict[int, tuple[str, int, i
         write(hwmon / f"in{channel}_label", label)
         write(hwmon / f"in{channel}_input", millivolts)
         write(hwmon / f"curr{channel}_input", milliamps)
-        write(hwmon / f"in{channel + 3}_input", 12)  # shunt voltage of the channel, mV, unlabelled
+        write(hwmon / f"in{channel + 3}_input", 1200)  # the channel's shunt voltage, µV, unlabelled
     write(hwmon / "in7_label", "sum of shunt voltages")
-    write(hwmon / "in7_input", 36)
+    write(hwmon / "in7_input", 3600)  # µV
     write(hwmon / "curr4_input", sum(ma for _, _, ma in rails.values()))  # sum of currents
     return hwmon
 
@@ -116,3 +121,58 @@ def _answer(action: Callable[[], str]) -> str:
         return action()
     except Exception as exc:  # the test inspects which error and what it says
         return f"{type(exc).__name__}: {exc}"
+
+
+# Model IDs at offset 0 of a UM frame.
+UM24C, UM25C, UM34C = 0x0963, 0x09C9, 0x0D4C
+
+
+def um_frame(model_id: int, raw_volts: int, raw_amps: int, raw_milliwatts: int, end: int = 0xFFF1) -> bytes:
+    """A UM answer built byte by byte, big-endian, independently of the decoder's struct format."""
+    frame = bytearray(130)
+    frame[0], frame[1] = model_id >> 8, model_id & 0xFF
+    frame[2], frame[3] = raw_volts >> 8, raw_volts & 0xFF
+    frame[4], frame[5] = raw_amps >> 8, raw_amps & 0xFF
+    for i in range(4):
+        frame[6 + i] = (raw_milliwatts >> (24 - 8 * i)) & 0xFF
+    frame[10], frame[11] = 0, 31  # temperature, °C
+    frame[12], frame[13] = 0, 88  # temperature, °F
+    frame[128], frame[129] = end >> 8, end & 0xFF
+    return bytes(frame)
+
+
+# 5.123 V and 0.4567 A on a UM25C, 2.339 W
+UM25C_FRAME = um_frame(UM25C, 5123, 4567, 2339)
+
+
+class PtyMeter:
+    """A UM meter at the far end of a pseudo-terminal: answers every 0xF0 with ``frame``."""
+
+    def __init__(self, frame: bytes | None, stale: bytes = b"") -> None:
+        self.master, self.slave = os.openpty()
+        self.path = os.ttyname(self.slave)
+        self.frame, self.stale, self.requests = frame, stale, bytearray()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            ready, _, _ = select.select([self.master], [], [], 0.01)
+            if not ready:
+                continue
+            request = os.read(self.master, 64)
+            self.requests += request
+            for _ in range(request.count(0xF0)):
+                if self.frame is not None:
+                    os.write(self.master, self.frame)
+
+    def send_stale(self, data: bytes) -> None:
+        """Bytes a previous, timed-out answer left on the line."""
+        os.write(self.master, data)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        os.close(self.master)
+        os.close(self.slave)
