@@ -1,22 +1,23 @@
 """Exceptions raised by the energy meters.
 
-The tree::
+The tree, a branch of the agent's (:mod:`agent.errors`)::
 
-    EnergyMeterError              anything a meter refuses to do
-    ├── MeterUnavailableError     this kind of meter is not on this machine
-    ├── MeterPermissionError      the meter is there but this user may not read it
-    └── MeterReadError            a read failed or returned something unreadable
+    AgentError
+    └── EnergyMeterError              anything a meter refuses to do
+        ├── MeterUnavailableError     this kind of meter is not on this machine
+        ├── MeterPermissionError      the meter is there but this user may not read it
+        └── MeterReadError            a read failed or returned something unreadable
 
-``agent/errors.py`` does not exist yet; when the agent grows its own tree,
-``EnergyMeterError`` should become a subclass of its base class.  OS and
-pyserial errors are converted where they enter (``raise ... from exc``) and
-every message says what to do next.
+OS and pyserial errors are converted where they enter (``raise ... from
+exc``) and every message says what to do next.
 """
 
 from __future__ import annotations
 
+from agent.errors import AgentError
 
-class EnergyMeterError(Exception):
+
+class EnergyMeterError(AgentError):
     """Base class of every error raised by ``agent.energy``."""
 
 
