@@ -126,7 +126,8 @@ class StepEnergyAccount:
         """
         activity = Activity(activity)
         if activity not in NODE_CLASSES:
-            raise ValueError(f"track() takes a node class ({', '.join(a.value for a in NODE_CLASSES)}), not {activity.value}")
+            classes = ", ".join(a.value for a in NODE_CLASSES)
+            raise ValueError(f"track() takes a node class ({classes}), not {activity.value}")
         if not self._tracking.acquire(blocking=False):
             raise RuntimeError("track() blocks cannot overlap: the same joules would be charged twice")
         try:

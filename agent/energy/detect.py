@@ -68,7 +68,8 @@ class MeterConfig:
         if self.kind == "serial" and not self.serial_url:
             found.append("energy.kind = 'serial' needs energy.serial_url (e.g. /dev/rfcomm0)")
         if self.serial_protocol.upper() not in {p.upper() for p in SERIAL_PROTOCOLS}:
-            found.append(f"energy.serial_protocol = {self.serial_protocol!r} is not one of {', '.join(SERIAL_PROTOCOLS)}")
+            known = ", ".join(SERIAL_PROTOCOLS)
+            found.append(f"energy.serial_protocol = {self.serial_protocol!r} is not one of {known}")
         if self.serial_baudrate <= 0:
             found.append(f"energy.serial_baudrate must be positive, not {self.serial_baudrate}")
         if self.serial_timeout_s <= 0:

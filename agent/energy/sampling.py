@@ -163,8 +163,9 @@ class SampledMeter:
         try:
             return self._sample()
         except EnergyMeterError as exc:
-            self.failed_samples += 1
-            self.last_error = exc
+            with self._state_lock:
+                self.failed_samples += 1
+                self.last_error = exc
             return None
 
     # -- reading ------------------------------------------------------------------
