@@ -1,0 +1,242 @@
+"""Heuristic baselines: valid schedules at every budget they claim, MILP-consistent matrices, known shapes."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schedules.baselines import (
+    HEURISTIC_BASELINES,
+    BaselineProblem,
+    capuchin,
+    cut_points,
+    milp_peak_bytes,
+    milp_stage_peaks,
+    simulated_stage_peaks,
+    sqrt_n,
+    store_all,
+)
+from schedules.matrices import to_instructions
+from schedules.simulate import simulate
+from tests.schedules.graphs import (
+    linear_graph,
+    milp_constraint_violations,
+    required_bytes,
+    resident_peak,
+    training_dags,
+    training_graph,
+    unet_graph,
+)
+
+FIXED = ("store-all", "checkpoint-all", "sqrt-n")
+SWEEP = [1, 2, 3, 5, 8, 13, 21, 34]
+# A graph where paging a value right after it is computed is what makes tight budgets feasible (see
+# test_capuchin_respects_the_milp_accounting_unless_told_otherwise): g3 (884 B) is computed at stage 5
+# and read only at stage 8, while stage 6 needs 1714 B of other values.
+SKIP_GRAPH = training_graph([[], [0], [0, 1], [0]], [229, 85, 692, 884], [1.0] * 4, loss_bytes=16)
+
+
+def check_baseline(graph, name, budget=None, runtime_ms=None, **problem):
+    """Run one baseline; when it answers, the answer must be a valid, MILP-consistent schedule within budget."""
+    m = HEURISTIC_BASELINES[name](BaselineProblem(graph, budget, runtime_ms, **problem))
+    if m is None:
+        assert name == "capuchin", f"{name} is a fixed policy and always answers"
+        return None, None
+    assert milp_constraint_violations(graph, m) == []
+    report = simulate(graph, to_instructions(graph, m))  # raises ScheduleViolation if inconsistent
+    assert report.peak_bytes <= milp_peak_bytes(graph, m)
+    if name in FIXED:  # no paging: the MILP's accounting and the replay agree exactly
+        assert milp_stage_peaks(graph, m) == simulated_stage_peaks(graph, m)
+    if name == "capuchin" and budget is not None:
+        assert milp_peak_bytes(graph, m) <= budget
+        simulate(graph, to_instructions(graph, m), memory_budget=budget, runtime_budget_ms=runtime_ms)
+    return m, report
+
+
+@pytest.mark.parametrize("n", SWEEP)
+@pytest.mark.parametrize("name", sorted(HEURISTIC_BASELINES))
+def test_every_baseline_is_valid_on_linear_graphs(name, n):
+    graph = linear_graph(n)
+    for fraction in (None, 1.0, 0.8, 0.6):
+        budget = None if fraction is None else math.ceil(fraction * resident_peak(graph))
+        check_baseline(graph, name, budget)
+
+
+@pytest.mark.parametrize("depth", [1, 2, 4, 7])
+@pytest.mark.parametrize("name", sorted(HEURISTIC_BASELINES))
+def test_every_baseline_is_valid_on_unets(name, depth):
+    graph = unet_graph(depth)
+    for fraction in (None, 0.9, 0.7):
+        check_baseline(graph, name, None if fraction is None else math.ceil(fraction * resident_peak(graph)))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=training_dags(max_forward=9), fraction=st.floats(0.3, 1.1))
+def test_every_baseline_is_valid_on_random_dags(graph, fraction):
+    budget = math.ceil(fraction * resident_peak(graph))
+    for name in HEURISTIC_BASELINES:
+        check_baseline(graph, name, budget)
+    _, report = check_baseline(graph, "store-all")
+    assert report.peak_bytes == resident_peak(graph)
+
+
+@pytest.mark.parametrize("graph", [linear_graph(n) for n in SWEEP] + [unet_graph(3)], ids=lambda g: g.model)
+def test_store_all_peak_is_the_true_unconstrained_peak_and_costs_one_step(graph):
+    _, report = check_baseline(graph, "store-all")
+    assert report.peak_bytes == resident_peak(graph)
+    assert report.energy_j == pytest.approx(sum(n.compute_j for n in graph.nodes))
+    assert report.recomputed_nodes == report.bytes_paged_out == 0
+
+
+def test_cut_points_of_a_chain_are_all_forward_nodes_and_of_a_unet_only_its_ends():
+    chain = linear_graph(6)
+    assert cut_points(chain) == [i for i in range(chain.size) if not chain.is_backward(i)]
+    unet = unet_graph(3)  # f0..f2 encoder, f3 bottleneck, f4..f6 decoder, loss at 7; f0 feeds f6
+    assert cut_points(unet) == [0, 6, 7]
+
+
+def test_checkpoint_all_on_a_chain_is_store_all():
+    graph = linear_graph(10)
+    m, _ = check_baseline(graph, "checkpoint-all")
+    assert (m.R == store_all(BaselineProblem(graph, None, None)).R).all()
+
+
+def test_checkpoint_all_on_a_unet_recomputes_each_dropped_value_once():
+    graph = unet_graph(4)
+    m, report = check_baseline(graph, "checkpoint-all")
+    dropped = [i for i in range(graph.size) if not graph.is_backward(i) and i not in {0, 8, 9}]
+    assert (m.R[:, dropped].sum(axis=0) == 2).all()  # once forward, once in the backward pass
+    assert report.recomputed_nodes == len(dropped)
+
+
+@pytest.mark.parametrize("n", [16, 36, 64])
+def test_sqrt_n_keeps_about_sqrt_n_checkpoints_and_saves_memory_for_one_recompute(n):
+    graph = linear_graph(n)
+    m, report = check_baseline(graph, "sqrt-n")
+    forward = [i for i in range(graph.size) if not graph.is_backward(i)]
+    recomputed = [i for i in forward if m.R[:, i].sum() > 1]
+    assert (m.R[:, forward].sum(axis=0) <= 2).all()  # each segment recomputed once (Chen et al.)
+    kept = len(forward) - len(recomputed)
+    assert kept <= 3 * math.isqrt(n + 1)
+    assert report.peak_bytes < 0.6 * resident_peak(graph)
+
+
+def test_fixed_policies_ignore_the_budgets():
+    graph = linear_graph(8)
+    for name in FIXED:
+        tight = HEURISTIC_BASELINES[name](BaselineProblem(graph, 1, 0.0))
+        loose = HEURISTIC_BASELINES[name](BaselineProblem(graph, None, None))
+        assert all((getattr(tight, k) == getattr(loose, k)).all() for k in ("R", "SRam", "SSd", "MIn", "MOut"))
+
+
+# -- capuchin ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("graph", [linear_graph(12), unet_graph(4)], ids=lambda g: g.model)
+def test_capuchin_is_store_all_when_it_fits_and_fits_every_budget_it_claims(graph):
+    peak = resident_peak(graph)
+    assert (capuchin(BaselineProblem(graph, None, None)).R == np.eye(graph.size, dtype=bool)).all()
+    assert (capuchin(BaselineProblem(graph, peak, None)).R == np.eye(graph.size, dtype=bool)).all()
+    answered = 0
+    for budget in range(required_bytes(graph), peak, max(1, (peak - required_bytes(graph)) // 12)):
+        m, _ = check_baseline(graph, "capuchin", budget)
+        answered += m is not None
+    assert answered >= 3
+
+
+def test_capuchin_answers_none_below_what_any_stage_must_hold():
+    graph = linear_graph(8)
+    assert capuchin(BaselineProblem(graph, required_bytes(graph) - 1, None)) is None
+
+
+def test_capuchin_pages_when_the_transfer_hides_behind_compute():
+    graph = linear_graph(12)
+    budget = math.ceil(0.7 * resident_peak(graph))
+    instant = ([0.0] * graph.size, [0.0] * graph.size)
+    m, report = check_baseline(graph, "capuchin", budget, paging_ms=instant)
+    assert report.bytes_paged_out > 0 and report.recomputed_nodes == 0
+
+
+def test_capuchin_recomputes_what_is_cheaper_to_recompute_than_to_page():
+    base = linear_graph(12)
+    free_forward = base.with_nodes(n if n.kind == "backward" else n.__class__(**{**n.__dict__, "compute_j": 0.0})
+                                   for n in base.nodes)
+    slow = ([1e9] * base.size, [1e9] * base.size)  # never hidden: the energy rule decides
+    m, report = check_baseline(free_forward, "capuchin", math.ceil(0.7 * resident_peak(base)), paging_ms=slow)
+    assert report.recomputed_nodes > 0 and report.bytes_paged_out == 0
+
+
+def test_capuchin_stays_within_the_runtime_budget():
+    graph = linear_graph(12)
+    budget = math.ceil(0.7 * resident_peak(graph))
+    cheap = graph.with_nodes(n if n.kind == "backward" else n.__class__(**{**n.__dict__, "compute_j": 0.0})
+                             for n in graph.nodes)
+    m, report = check_baseline(cheap, "capuchin", budget, runtime_ms=cheap.total_compute_ms)
+    assert report.recomputed_nodes == 0  # no time for recomputation: it pages instead
+    assert capuchin(BaselineProblem(graph, budget, graph.total_compute_ms * 0.5)) is None
+
+
+def test_capuchin_counts_paging_time_where_it_counts():
+    graph = linear_graph(12)
+    budget = math.ceil(0.7 * resident_peak(graph))
+    paging = ([1.0] * graph.size, [1.0] * graph.size)
+    m, report = check_baseline(graph, "capuchin", budget, runtime_ms=graph.total_compute_ms, paging_ms=paging,
+                               counted_paging_ms=paging)
+    assert m is None  # neither recomputation nor (now timed) paging fits a runtime budget of one plain step
+    m, report = check_baseline(graph, "capuchin", budget, runtime_ms=graph.total_compute_ms + 40, paging_ms=paging,
+                               counted_paging_ms=paging)
+    assert m is not None
+    simulate(graph, to_instructions(graph, m), runtime_budget_ms=graph.total_compute_ms + 40, paging_time_ms=paging)
+
+
+def test_capuchin_respects_the_milp_accounting_unless_told_otherwise():
+    graph = SKIP_GRAPH
+    assert (required_bytes(graph), resident_peak(graph)) == (2119, 2790)
+    # The MILP cannot page g3 out during stage 5, where it is computed; paging it out at the start of
+    # stage 6 still charges it to stage 6 (MOut <= SRam), which then holds 1714 + 884 = 2598 bytes.
+    assert capuchin(BaselineProblem(graph, 2597, None)) is None
+    m, _ = check_baseline(graph, "capuchin", 2598)
+    assert m is not None
+    # The instruction list frees g3 right after paging it out, so the replay fits far tighter budgets.
+    loose = capuchin(BaselineProblem(graph, 2119, None), accounting="simulator")
+    report = simulate(graph, to_instructions(graph, loose), memory_budget=2119)
+    assert report.peak_bytes == 2119
+    assert milp_stage_peaks(graph, loose)[6] == 2598 > simulated_stage_peaks(graph, loose)[6]
+
+
+def test_stage_peaks_agree_with_the_replay_peak():
+    graph = unet_graph(3)
+    m = capuchin(BaselineProblem(graph, math.ceil(0.75 * resident_peak(graph)), None))
+    assert max(simulated_stage_peaks(graph, m)) == simulate(graph, to_instructions(graph, m)).peak_bytes
+
+
+def test_sqrt_n_on_a_single_layer_keeps_everything():
+    graph = linear_graph(1)
+    assert (sqrt_n(BaselineProblem(graph, None, None)).R == np.eye(graph.size, dtype=bool)).all()
+
+
+def fixed_in_reference_milp(graph, m, budget) -> str:
+    """Status of the dense published formulation with every decision variable fixed to ``m``."""
+    reference = pytest.importorskip("benchmarks.reference_milp")
+    model = reference.ReferenceMilp(graph, memory_budget=budget, runtime_budget_ms=None)
+    for name in ("R", "SRam", "SSd", "MIn", "MOut"):
+        grid, values = getattr(model, name), getattr(m, name)
+        for t in range(graph.size):
+            for i in range(graph.size):
+                grid[t][i].lowBound = grid[t][i].upBound = int(values[t, i])
+    return model.solve().status
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # PuLP 3.3 on how the reference builds variables
+@pytest.mark.parametrize("graph, fraction", [(SKIP_GRAPH, 0.95), (unet_graph(2), 0.9), (linear_graph(8), 0.8)],
+                         ids=["skip", "unet2", "linear8"])
+def test_milp_peak_bytes_is_the_published_formulations_memory(graph, fraction):
+    budget = math.ceil(fraction * resident_peak(graph))
+    for m in (capuchin(BaselineProblem(graph, budget, None)),
+              capuchin(BaselineProblem(graph, budget, None), accounting="simulator"),
+              sqrt_n(BaselineProblem(graph, None, None))):
+        peak = milp_peak_bytes(graph, m)
+        assert fixed_in_reference_milp(graph, m, peak) == "optimal"
+        assert fixed_in_reference_milp(graph, m, peak - 1) == "infeasible"
