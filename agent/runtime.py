@@ -1,0 +1,246 @@
+"""The torch side of a training step: compute, free and restore node values, one at a time.
+
+:class:`Runtime` knows nothing of schedules, budgets or files; it does what a
+single instruction asks of PyTorch.  The executor drives it from a schedule;
+extraction drives it in plain store-all order to measure each node's bytes,
+references and time -- so the bytes a graph promises are measured by the very
+code that later holds them.
+
+* input node (0): the step's inputs and targets become resident;
+* forward node: run its unit with grad, every input entering through a
+  :class:`~agent.segments.Boundary`, under saved-tensor hooks that make the
+  node own what autograd saves (see :mod:`agent.store`);
+* loss node: the same for ``loss_fn(model_output, targets)``;
+* backward node: sum the gradients its forward node's consumers left for each
+  output (latest consumer first, the order plain autograd adds them in), run
+  ``torch.autograd.backward`` on the unit's saved graph -- parameter ``.grad``
+  accumulates as usual -- and keep the gradients of the unit's inputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.autograd.graph import get_gradient_edge
+
+from agent.errors import ExecutorError
+from agent.replay import Replay, RngState
+from agent.segments import Boundary, Port, Segments, run_unit
+from agent.store import Store, Value
+
+
+class Runtime:
+    """Computes and drops the node values of one step of ``model`` cut as ``segments``."""
+
+    def __init__(self, model: nn.Module, segments: Segments) -> None:
+        self.model = model
+        self.segments = segments
+        self.modules = dict(model.named_modules())
+        self.store = Store()
+        self.replay = Replay()
+        self.loss: torch.Tensor | None = None
+        # Boundary outputs need *some* input that requires grad; this leaf never receives one.
+        self._anchor = torch.zeros((), requires_grad=True)
+        self._node0: list[torch.Tensor] = []
+        self._filling: Value | None = None             # backward value receiving input gradients
+        self._deposited: dict[int, set[Port]] = {}     # backward node -> ports it holds gradients for
+        self._buffers = {u: self._unit_buffers(u) for u in range(1, len(segments.units) + 1)}
+
+    # -- step --------------------------------------------------------------------
+    def start(self, inputs: Any, targets: Any) -> None:
+        """Begin a step on this batch (refusing shapes the graph was not measured for)."""
+        self._node0 = [_own_storage(t) for t in self.segments.flatten_example(inputs, targets)]
+        self.store.clear()
+        self.store.set_fixed([*self.model.parameters(), *self.model.buffers(), *self.segments.constants])
+        self.replay.reset()
+        self._deposited.clear()
+        self.loss = None
+
+    def finish(self) -> None:
+        """End the step: drop every value and the batch."""
+        self.store.clear()
+        self._node0 = []
+        self._filling = None
+
+    # -- instructions ------------------------------------------------------------
+    def compute(self, node: int) -> None:
+        """Compute (or recompute) ``node``; its value becomes resident."""
+        kind = self.segments.kind(node)
+        if kind == "input":
+            self._input()
+        elif kind == "forward":
+            self._forward(node)
+        elif kind == "loss":
+            self._loss()
+        else:
+            self._backward(node)
+
+    def free(self, node: int, keep_skeleton: bool = False) -> int:
+        """Drop ``node``'s RAM copy; with ``keep_skeleton`` it can be paged back in. Returns bytes freed."""
+        return self.store.release(node, keep_skeleton)
+
+    def storages(self, node: int) -> list[torch.UntypedStorage]:
+        """The storages of resident ``node``, in slot order: what a page holds."""
+        return list(self.store.value(node).storages)
+
+    def install(self, node: int, storages: list[torch.UntypedStorage]) -> None:
+        """Restore a paged-out ``node`` from storages read back from flash."""
+        self.store.install(node, storages)
+
+    def value_bytes(self, node: int) -> int:
+        """Bytes of ``node``'s value (resident or not, as long as it has a skeleton)."""
+        return self.store.values[node].nbytes
+
+    def references(self, node: int) -> set[int]:
+        """Other nodes whose storages ``node``'s saved tensors point into."""
+        return set(self.store.values[node].refs)
+
+    def gradient_ports(self, backward: int) -> set[Port]:
+        """Ports backward node ``backward`` left a gradient for."""
+        return set(self._deposited.get(backward, ()))
+
+    # -- node kinds --------------------------------------------------------------
+    def _input(self) -> None:
+        value = self.store.new(0)
+        value.outputs = [self.store.adopt(value, t) for t in self._node0]
+        value.roots = [None] * len(self._node0)
+
+    def _forward(self, node: int) -> None:
+        unit = self.segments.units[node - 1]
+        env = {fx_node: self._enter(node, port) for fx_node, port in unit.inputs}
+        value = self.store.new(node)
+        with self.replay.computing(node, self._buffers[node]), self.store.capturing(value):
+            outputs = run_unit(unit, env, self.modules)
+        del env
+        self._set_outputs(value, outputs, unit.name)
+
+    def _loss(self) -> None:
+        node = self.segments.loss_node
+        entered = {port: self._enter(node, port) for port in self.segments.loss_inputs()}
+        value = self.store.new(node)
+        with self.replay.computing(node, ()), self.store.capturing(value):
+            output = self.segments.model_output(entered.__getitem__)
+            loss = self.segments.loss_fn(output, self.segments.targets(entered.__getitem__))  # scalar
+        del entered, output
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise ExecutorError(f"loss_fn must return a one-element tensor, got {type(loss).__name__}")
+        self._set_outputs(value, [loss], "loss")
+        if self.loss is None:
+            self.loss = loss.detach().clone()
+
+    def _backward(self, node: int) -> None:
+        forward = self.segments.forward_of(node)
+        fvalue = self.store.value(forward)
+        roots, grads = [], []
+        for index, root in enumerate(fvalue.roots):
+            grad = self._output_grad(forward, index) if root is not None else None
+            if grad is not None:
+                roots.append(root)
+                grads.append(grad)
+        value = self.store.new(node)
+        self._deposited[node] = set()
+        self._filling = value
+        try:
+            if roots:
+                torch.autograd.backward(roots, grads)  # accumulates parameter .grad as loss.backward() does
+        finally:
+            self._filling = None
+        fvalue.roots = [None] * len(fvalue.roots)  # autograd freed that graph: it cannot run twice
+
+    # -- helpers -----------------------------------------------------------------
+    def _enter(self, consumer: int, port: Port) -> torch.Tensor:
+        """The value at ``port`` as seen by ``consumer``: behind a gradient boundary when it needs grad."""
+        ref = self.store.value(port.node).outputs[port.index]
+        tensor = self.store.tensor(ref)
+        if not ref.requires_grad:
+            return tensor
+        return Boundary.apply(self._anchor, tensor.detach(), self._deposit, (consumer, port))
+
+    def _deposit(self, key: tuple[int, Port], grad: torch.Tensor) -> None:
+        """Boundary sink: keep the gradient of ``port`` as part of the consumer's backward value."""
+        consumer, port = key
+        value = self._filling
+        if value is None or value.node != self.segments.backward_of(consumer):
+            raise ExecutorError(f"a gradient for {port} arrived outside backward node "
+                                f"{self.segments.backward_of(consumer)}")
+        if self.store.owner_of(grad) not in (None, value.node):
+            grad = grad.clone()  # a gradient passed straight through must not alias another node's value
+        value.grads[port] = self.store.adopt(value, grad)
+        self._deposited[value.node].add(port)
+
+    def _output_grad(self, forward: int, index: int) -> torch.Tensor | None:
+        """The gradient of ``forward``'s output ``index``: ones for the loss, else its consumers' sum."""
+        if forward == self.segments.loss_node:
+            loss = self.store.tensor(self.store.value(forward).outputs[index])
+            return torch.ones_like(loss, memory_format=torch.preserve_format)  # what loss.backward() seeds
+        port = Port(forward, index)
+        total = None
+        for consumer in self.segments.consumers.get(port, ()):
+            backward = self.segments.backward_of(consumer)
+            if port not in self._deposited.get(backward, ()):
+                continue
+            part = self.store.tensor(self.store.value(backward).grads[port])
+            total = part if total is None else total + part
+        return total
+
+    def _set_outputs(self, value: Value, outputs: list[Any], name: str) -> None:
+        for out in outputs:
+            if not isinstance(out, torch.Tensor):
+                raise ExecutorError(f"unit {name!r} passes a {type(out).__name__} to a later unit; only "
+                                    "tensors can cross segments (re-extract with other segments)")
+            owner = self.store.owner_of(out)
+            if owner not in (None, value.node):
+                raise ExecutorError(f"unit {name!r} returns a view of node {owner}'s value; re-extract so that "
+                                    "the view is made inside one segment")
+            value.outputs.append(self.store.adopt(value, out))
+            value.roots.append(get_gradient_edge(out) if out.requires_grad else None)
+
+    def _unit_buffers(self, node: int) -> list[torch.Tensor]:
+        unit = self.segments.units[node - 1]
+        seen: dict[int, torch.Tensor] = {}
+        for name in unit.modules:
+            for buffer in self.modules[name].buffers():
+                seen[id(buffer)] = buffer
+        return list(seen.values())
+
+
+class ModelState:
+    """What a step changes in the model, saved at its start so an aborted step can be undone.
+
+    Gradients already present (gradient accumulation across steps) are set aside
+    and added back once the step succeeds, in place, as ``AccumulateGrad`` would.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.grads = [p.grad for p in self.params]
+        with torch.no_grad():
+            self.buffers = [(b, b.clone()) for b in model.buffers()]
+        self.rng = RngState.capture()
+        for p in self.params:
+            p.grad = None
+
+    def commit(self) -> None:
+        """The step succeeded: fold the set-aside gradients back in."""
+        with torch.no_grad():
+            for p, old in zip(self.params, self.grads):
+                if old is not None and p.grad is not None:
+                    p.grad = old.add_(p.grad)
+                elif old is not None:
+                    p.grad = old
+
+    def rollback(self) -> None:
+        """The step failed: gradients, buffers and RNG as they were before it."""
+        with torch.no_grad():
+            for p, old in zip(self.params, self.grads):
+                p.grad = old
+            for buffer, saved in self.buffers:
+                buffer.copy_(saved)
+        self.rng.restore()
+
+
+def _own_storage(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or a copy when it is a view into a larger storage (a batch sliced from a dataset)."""
+    return t if t.untyped_storage().nbytes() == t.nbytes else t.clone()

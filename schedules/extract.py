@@ -1,0 +1,460 @@
+"""Graph extraction: cut a real ``nn.Module`` into segments and measure one training step of it.
+
+``graph, segments = extract(model, (inputs, targets), loss_fn)`` returns the
+:class:`~schedules.graph.TrainingGraph` the planner solves and the
+:class:`~agent.segments.Segments` the executor runs.  Four steps:
+
+1. **Choose segments.**  By default the top-level children, descending into
+   plain containers (``nn.Sequential``, ``nn.ModuleList``, ``nn.ModuleDict``)
+   and into any module that holds a ``ModuleList`` (a transformer's layer
+   stack): resnet blocks, mobilenet blocks, vgg layers, BERT layers.  Explicit
+   ``segments=[qualified names]`` replace the rule.
+2. **Record.**  One forward pass runs under a ``TorchFunctionMode`` with hooks
+   on the segment modules, writing a :class:`torch.fx.Graph`: a
+   ``call_module`` node per segment call and a ``call_function`` node per
+   tensor operation *between* segments (``torch.flatten``, residual adds,
+   ``torch.cat`` of a skip connection, mask building), so skip connections
+   across segments become edges.  Recording instead of ``torch.fx`` symbolic
+   tracing because symbolic tracing cannot enter transformers 5 models
+   (``co_varnames is too small``); the recorded graph is specialised to the
+   example's shapes, as the byte counts are anyway.
+3. **Cut into units.**  Each segment call, with the glue before it, is a unit
+   (a forward node).  A unit that modifies a value produced by another unit in
+   place (an in-place ReLU after a BatchNorm) or returns a view of one (a
+   ``flatten``) would corrupt or share that value, so it is merged with its
+   neighbour until no unit does; ``max_nodes`` then merges the cheapest
+   adjacent units until the graph is small enough.
+4. **Measure.**  :class:`agent.runtime.Runtime` -- the executor's own code --
+   runs the step in store-all order several times: each node's bytes are the
+   storages its value owns (outputs plus unique saved-for-backward tensors;
+   parameters and tensors owned by another node are not counted), its time is
+   the median of the runs, and which other values each unit's saved tensors
+   point into decides the backward node's edges.
+
+Graph layout (POET's, see :mod:`agent.segments`): node 0 the inputs, units
+``1..S``, the loss ``S+1``, backward nodes mirrored after it.  Edges: a
+forward node consumes its producers; the backward node of ``f`` consumes
+``f`` itself, the producers whose values ``f``'s saved tensors reference, and
+the backward nodes of the consumers that hand ``f`` a gradient.
+
+This module and :mod:`schedules.profile` are the only planner modules that
+import torch; ``import schedules`` does not (it exports :func:`extract` lazily).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
+
+from agent.runtime import ModelState, Runtime
+from agent.segments import Port, Segments, TensorMeta, Unit, pytree_leaf, run_unit
+from schedules.errors import PlannerError
+from schedules.graph import Node, TrainingGraph
+
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+
+class ExtractionError(PlannerError):
+    """The model cannot be cut or traced as asked; the message names the module and what to do."""
+
+
+def extract(
+    model: nn.Module,
+    example_inputs: tuple[Any, Any],
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    max_nodes: int | None = None,
+    *,
+    segments: Sequence[str] | None = None,
+    repeats: int = 5,
+) -> tuple[TrainingGraph, Segments]:
+    """Extract the training graph of ``model`` and the segments the executor runs it with.
+
+    Parameters
+    ----------
+    model:
+        The model, in the mode it will train in (``model.train()``).
+    example_inputs:
+        ``(inputs, targets)`` exactly as :meth:`agent.executor.Executor.step`
+        will get them: ``inputs`` a tensor or a tuple of positional arguments.
+    loss_fn:
+        ``loss_fn(model(*inputs), targets)`` returns the scalar loss.
+    max_nodes:
+        Upper bound on the graph's node count ``T = 2 * units + 3``; adjacent
+        cheap units are merged to meet it.
+    segments:
+        Qualified module names to cut at, instead of the default rule.
+    repeats:
+        Timed runs per node; each node's ``compute_ms`` is their median.
+
+    The model's parameters, gradients, buffers and the RNG state are left as
+    they were.
+    """
+    inputs, targets = _split_example(example_inputs)
+    names = list(segments) if segments is not None else default_segments(model)
+    _check_names(model, names)
+    state = ModelState(model)
+    try:
+        recording = _record(model, inputs, names)
+        cut = _cut(model, recording, inputs, targets, loss_fn, max_nodes)
+        measured = _measure(model, cut, inputs, targets, repeats)
+    finally:
+        state.rollback()
+    return _build_graph(model, cut, measured), cut
+
+
+def default_segments(model: nn.Module) -> list[str]:
+    """The default cut: see step 1 of the module docstring."""
+    found: list[str] = []
+
+    def visit(prefix: str, module: nn.Module) -> None:
+        for name, child in module.named_children():
+            qualified = f"{prefix}.{name}" if prefix else name
+            if type(child) in _CONTAINERS or _holds_stack(child):
+                visit(qualified, child)
+            else:
+                found.append(qualified)
+
+    visit("", model)
+    return found or [""]
+
+
+def _holds_stack(module: nn.Module) -> bool:
+    return any(isinstance(m, nn.ModuleList) for m in module.modules())
+
+
+def _split_example(example: Any) -> tuple[Any, Any]:
+    if not (isinstance(example, tuple) and len(example) == 2):
+        raise ExtractionError("example_inputs must be the pair (inputs, targets) that Executor.step will receive")
+    return example
+
+
+def _check_names(model: nn.Module, names: list[str]) -> None:
+    modules = dict(model.named_modules())
+    missing = [n for n in names if n not in modules]
+    if missing:
+        raise ExtractionError(f"segments {missing} are not modules of {type(model).__name__}; "
+                              f"use qualified names from model.named_modules()")
+    nested = [(a, b) for a in names for b in names if a != b and (a == "" or b.startswith(a + "."))]
+    if nested:
+        raise ExtractionError(f"segment {nested[0][1]!r} lies inside segment {nested[0][0]!r}; "
+                              "segments must not overlap")
+
+
+# -- 2. recording ----------------------------------------------------------------
+@dataclass
+class _Recording:
+    """The forward pass as an fx graph of segment calls and the glue between them."""
+
+    graph: fx.Graph
+    placeholders: list[fx.Node]
+    output_leaves: list[fx.Node | Any]
+    output_spec: Any
+    constants: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def ops(self) -> list[fx.Node]:
+        return [n for n in self.graph.nodes if n.op in ("call_module", "call_function")]
+
+
+class _Recorder(TorchFunctionMode):
+    """Writes every tensor operation made outside segment modules into an fx graph."""
+
+    def __init__(self, graph: fx.Graph, fixed: set[int]) -> None:
+        super().__init__()
+        self.graph = graph
+        self.fixed = fixed                        # ids of parameters and buffers: referenced as they are
+        self.depth = 0                            # > 0 while inside a segment module
+        self.env: dict[int, fx.Node] = {}         # id(tensor) -> the node that produced it
+        self.keep: list[torch.Tensor] = []        # keeps ids unique while recording
+        self.calls: list[fx.Node] = []
+        self.constants: dict[int, torch.Tensor] = {}
+        self.visible: set[int] = set()            # ids of the current segment call's tensor arguments
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.depth > 0:
+            self.check_visible(args, kwargs)
+        out = func(*args, **kwargs)
+        if self.depth == 0 and any(isinstance(x, torch.Tensor) for x in tree_flatten(out)[0]):
+            name = getattr(func, "__name__", "op")
+            node = self.graph.call_function(func, self.lift(args, name), self.lift(kwargs, name))
+            self.bind(node, out)
+        return out
+
+    def check_visible(self, args: Any, kwargs: Any) -> None:
+        """Inside a segment, refuse a tensor of this pass that did not come in through its arguments."""
+        for a in tree_flatten((args, kwargs))[0]:
+            if isinstance(a, torch.Tensor) and id(a) in self.env and id(a) not in self.visible:
+                raise ExtractionError(
+                    f"segment {self.calls[-1].target!r} uses a tensor computed earlier in this forward pass that "
+                    "it did not receive as a tensor argument (it came inside another object or through an "
+                    "attribute); pass explicit segments= so that producer and user are in one segment")
+
+    def lift(self, tree: Any, where: str) -> Any:
+        """``tree`` with recorded tensors replaced by their nodes."""
+        seen = 0
+
+        def one(a: Any) -> Any:
+            nonlocal seen
+            if isinstance(a, torch.Tensor):
+                if id(a) in self.env:
+                    seen += 1
+                    self.visible.add(id(a))
+                    return self.env[id(a)]
+                if a.grad_fn is not None:
+                    raise ExtractionError(
+                        f"{where} uses a tensor with an autograd history that was not recorded (computed "
+                        "outside torch functions or before the forward pass); compute it inside a segment")
+                if id(a) not in self.fixed:
+                    self.constants[id(a)] = a
+            return a
+
+        lifted = fx.node.map_aggregate(tree, one)
+        hidden = sum(isinstance(a, torch.Tensor) and id(a) in self.env for a in tree_flatten(tree)[0]) - seen
+        if hidden > 0:
+            raise ExtractionError(
+                f"{where} receives {hidden} tensor(s) computed in this forward pass inside a container other "
+                "than tuple/list/dict; pass explicit segments= so that the code building it is inside a segment")
+        return lifted
+
+    def bind(self, node: fx.Node, out: Any) -> None:
+        """Remember which node produced each tensor in ``out``."""
+        if isinstance(out, torch.Tensor):
+            self.env[id(out)] = node
+            self.keep.append(out)
+            return
+        for index, leaf in enumerate(tree_flatten(out)[0]):
+            if isinstance(leaf, torch.Tensor):
+                self.env[id(leaf)] = self.graph.call_function(pytree_leaf, (node, index))
+                self.keep.append(leaf)
+
+
+def _record(model: nn.Module, inputs: Any, names: list[str]) -> _Recording:
+    args = inputs if isinstance(inputs, tuple) else (inputs,)
+    graph = fx.Graph()
+    fixed = {id(t) for t in (*model.parameters(), *model.buffers())}
+    recorder = _Recorder(graph, fixed)
+    placeholders = []
+    for leaf in tree_flatten(args)[0]:
+        if isinstance(leaf, torch.Tensor):
+            placeholders.append(graph.placeholder(f"input_{len(placeholders)}"))
+            recorder.env[id(leaf)] = placeholders[-1]
+    modules = dict(model.named_modules())
+    handles = [h for name in names for h in _hook(modules[name], name, recorder)]
+    try:
+        with recorder:
+            output = model(*args)
+    finally:
+        for h in handles:
+            h.remove()
+    if not recorder.calls:
+        raise ExtractionError(f"none of the segments {names[:5]} was called by {type(model).__name__}.forward")
+    leaves, spec = tree_flatten(output)
+    lifted = [recorder.lift(x, "the model output") if isinstance(x, torch.Tensor) else x for x in leaves]
+    graph.output(tuple(x for x in lifted if isinstance(x, fx.Node)))
+    return _Recording(graph, placeholders, lifted, spec, recorder.constants)
+
+
+def _hook(module: nn.Module, name: str, recorder: _Recorder) -> list[Any]:
+    """Hooks that make a top-level call of ``module`` one ``call_module`` node."""
+
+    def before(mod: nn.Module, args: tuple, kwargs: dict) -> None:
+        if recorder.depth == 0:
+            recorder.visible = set()
+            node = recorder.graph.call_module(name, recorder.lift(args, f"segment {name!r}"),
+                                              recorder.lift(kwargs, f"segment {name!r}"))
+            recorder.calls.append(node)
+        recorder.depth += 1
+
+    def after(mod: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        recorder.depth -= 1
+        if recorder.depth == 0:
+            recorder.bind(recorder.calls[-1], output)
+
+    return [module.register_forward_pre_hook(before, with_kwargs=True),
+            module.register_forward_hook(after, with_kwargs=True)]
+
+
+# -- 3. cutting into units ---------------------------------------------------------
+def _cut(model: nn.Module, rec: _Recording, inputs: Any, targets: Any, loss_fn: Callable,
+         max_nodes: int | None) -> Segments:
+    """Units at every segment call, merged until none corrupts or aliases another's value."""
+    ops = rec.ops
+    starts = _initial_starts(ops)
+    while True:
+        segs = _segments(rec, ops, starts, inputs, targets, loss_fn)
+        bad, seconds = _probe(model, segs, inputs, targets)
+        if bad is None:
+            break
+        starts = _merge(starts, bad, segs)
+    if max_nodes is not None:
+        starts = _bound(starts, seconds, max_nodes)
+        segs = _segments(rec, ops, starts, inputs, targets, loss_fn)
+    return segs
+
+
+def _initial_starts(ops: list[fx.Node]) -> list[int]:
+    """Start of each unit: right after the previous segment call and the leaves picked from it."""
+    starts = [0]
+    for i, node in enumerate(ops):
+        if node.op != "call_module":
+            continue
+        end = i + 1
+        while end < len(ops) and ops[end].target is pytree_leaf and ops[end].args[0] is node:
+            end += 1
+        starts.append(end)
+    starts.pop()  # the glue after the last call joins the last unit
+    return starts
+
+
+def _merge(starts: list[int], bad: int, segs: Segments) -> list[int]:
+    """Merge unit ``bad`` (1-based) into its predecessor, or its successor when it is the first."""
+    if len(starts) == 1:
+        unit = segs.units[0]
+        raise ExtractionError(
+            f"segment {unit.name!r} modifies the model's input in place or returns a view of it, and there is "
+            "no other segment to merge it with; pass explicit segments= that include more of the model")
+    drop = bad - 1 if bad > 1 else 1  # index into starts of the cut to remove
+    return starts[:drop] + starts[drop + 1:]
+
+
+def _bound(starts: list[int], seconds: list[float], max_nodes: int) -> list[int]:
+    """Merge the adjacent pair of units with the least combined time until ``2S + 3 <= max_nodes``."""
+    if max_nodes < 5:
+        raise ExtractionError(f"max_nodes={max_nodes} is too small: one unit already needs 5 nodes")
+    seconds = list(seconds)
+    while 2 * len(starts) + 3 > max_nodes:
+        k = min(range(len(starts) - 1), key=lambda i: seconds[i] + seconds[i + 1])
+        seconds[k:k + 2] = [seconds[k] + seconds[k + 1]]
+        starts = starts[:k + 1] + starts[k + 2:]
+    return starts
+
+
+def _segments(rec: _Recording, ops: list[fx.Node], starts: list[int], inputs: Any, targets: Any,
+              loss_fn: Callable) -> Segments:
+    bounds = list(zip(starts, [*starts[1:], len(ops)]))
+    where = {n: u for u, (a, b) in enumerate(bounds, 1) for n in ops[a:b]}
+    port: dict[fx.Node, Port] = {ph: Port(0, j) for j, ph in enumerate(rec.placeholders)}
+    units = []
+    for u, (a, b) in enumerate(bounds, 1):
+        nodes = ops[a:b]
+        outputs = [n for n in nodes if any(where.get(user) != u for user in n.users)]
+        port.update({n: Port(u, j) for j, n in enumerate(outputs)})
+        external = dict.fromkeys(x for n in nodes for x in n.all_input_nodes if where.get(x) != u)
+        modules = [n.target for n in nodes if n.op == "call_module"]
+        units.append(Unit("", tuple(nodes), tuple((x, port[x]) for x in external), tuple(outputs), tuple(modules)))
+    named: list[Unit] = []
+    for unit in units:
+        named.append(_named(unit, named))
+    units = named
+    args = inputs if isinstance(inputs, tuple) else (inputs,)
+    leaves, spec = tree_flatten((args, targets))
+    return Segments(
+        graph=rec.graph, units=tuple(units), loss_fn=loss_fn, example_spec=spec,
+        example_meta=tuple(TensorMeta.of(x) if isinstance(x, torch.Tensor) else x for x in leaves),
+        output_spec=rec.output_spec,
+        output_leaves=tuple(port[x] if isinstance(x, fx.Node) else x for x in rec.output_leaves),
+        arg_tensors=len(rec.placeholders), constants=tuple(rec.constants.values()),
+    )
+
+
+def _named(unit: Unit, earlier: list[Unit]) -> Unit:
+    mods = unit.modules
+    name = mods[0] if len(mods) == 1 else (f"{mods[0]}+{mods[1]}" if len(mods) == 2 else f"{mods[0]}..{mods[-1]}")
+    name = name or "model"
+    taken = {u.name for u in earlier}
+    base, k = name, 2
+    while name in taken:
+        name, k = f"{base}#{k}", k + 1
+    return Unit(name, unit.nodes, unit.inputs, unit.outputs, unit.modules)
+
+
+def _probe(model: nn.Module, segs: Segments, inputs: Any, targets: Any) -> tuple[int | None, list[float]]:
+    """Run the units once without grad; the first that writes into or returns a view of an input, and times."""
+    modules = dict(model.named_modules())
+    node0 = segs.flatten_example(inputs, targets)
+    values: dict[Port, torch.Tensor] = {Port(0, j): t for j, t in enumerate(node0)}
+    seconds = []
+    with torch.no_grad():
+        for u, unit in enumerate(segs.units, 1):
+            env = {n: values[p] for n, p in unit.inputs}
+            versions = [t._version for t in env.values()]
+            started = time.perf_counter()
+            outputs = run_unit(unit, env, modules)
+            seconds.append(time.perf_counter() - started)
+            shared = {t.untyped_storage().data_ptr() for t in env.values() if t.untyped_storage().nbytes()}
+            aliased = any(isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() in shared for o in outputs)
+            if aliased or [t._version for t in env.values()] != versions:
+                return u, seconds
+            values.update({Port(u, j): o for j, o in enumerate(outputs)})
+    return None, seconds
+
+
+# -- 4. measuring -------------------------------------------------------------------
+@dataclass
+class _Measured:
+    bytes: list[int]
+    compute_ms: list[float]
+    refs: dict[int, set[int]]
+    grad_ports: dict[int, set[Port]]
+
+
+def _measure(model: nn.Module, segs: Segments, inputs: Any, targets: Any, repeats: int) -> _Measured:
+    """Run the step store-all ``repeats + 1`` times (the first warms up) through the executor's runtime."""
+    runtime = Runtime(model, segs)
+    samples: list[list[float]] = [[] for _ in range(segs.size)]
+    first: _Measured | None = None
+    for run in range(repeats + 1):
+        for p in model.parameters():
+            p.grad = None
+        runtime.start(inputs, targets)
+        for node in range(segs.size):
+            started = time.perf_counter()
+            runtime.compute(node)
+            samples[node].append((time.perf_counter() - started) * 1e3)
+        if first is None:
+            first = _Measured(
+                bytes=[runtime.value_bytes(i) for i in range(segs.size)], compute_ms=[],
+                refs={f: runtime.references(f) for f in range(1, segs.loss_node + 1)},
+                grad_ports={b: runtime.gradient_ports(b) for b in range(segs.loss_node + 1, segs.size)})
+        runtime.finish()
+    first.compute_ms = [statistics.median(s[1:] if repeats else s) for s in samples]
+    return first
+
+
+def _build_graph(model: nn.Module, segs: Segments, m: _Measured) -> TrainingGraph:
+    nodes = []
+    for i in range(segs.size):
+        kind = segs.kind(i)
+        segment = segs.name(segs.forward_of(i)) if kind == "backward" else segs.name(i)
+        nodes.append(Node(name=segs.name(i), kind="forward" if kind == "input" else kind, segment=segment,
+                          compute_ms=m.compute_ms[i], bytes=m.bytes[i]))
+    param_bytes = sum(p.nbytes for p in model.parameters())
+    buffer_bytes = sum(b.nbytes for b in model.buffers())
+    return TrainingGraph(
+        nodes=tuple(nodes), edges=tuple(sorted(_edges(segs, m))),
+        fixed_bytes=2 * param_bytes + buffer_bytes,  # parameters, their gradients, buffers
+        model=type(model).__name__, source=f"schedules.extract (torch {torch.__version__})",
+    )
+
+
+def _edges(segs: Segments, m: _Measured) -> set[tuple[int, int]]:
+    edges: set[tuple[int, int]] = set()
+    for f in range(1, segs.loss_node + 1):
+        b = segs.backward_of(f)
+        edges.update((port.node, f) for port in segs.inputs_of(f))
+        edges.add((f, b))
+        edges.update((r, b) for r in m.refs[f])
+        for port, consumers in segs.consumers.items():
+            if port.node == f:
+                edges.update((segs.backward_of(c), b) for c in consumers
+                             if port in m.grad_ports[segs.backward_of(c)])
+    return edges

@@ -1,0 +1,135 @@
+"""Small models and schedules shared by the executor and extraction tests."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from schedules.graph import TrainingGraph
+from schedules.matrices import Instruction
+
+
+def conv_block(cin: int, cout: int) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
+
+
+class TinyUNet(nn.Module):
+    """A U-Net whose skip connections cross segments (``torch.cat`` between encoder and decoder)."""
+
+    def __init__(self, c: int = 8, classes: int = 4) -> None:
+        super().__init__()
+        self.enc1, self.enc2, self.bottom = conv_block(3, c), conv_block(c, 2 * c), conv_block(2 * c, 4 * c)
+        self.pool = nn.MaxPool2d(2)
+        self.up2 = nn.ConvTranspose2d(4 * c, 2 * c, 2, stride=2)
+        self.dec2 = conv_block(4 * c, 2 * c)
+        self.up1 = nn.ConvTranspose2d(2 * c, c, 2, stride=2)
+        self.dec1 = conv_block(2 * c, c)
+        self.drop = nn.Dropout2d(0.2)
+        self.head = nn.Conv2d(c, classes, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        e1 = self.enc1(x)                                            # B, c, H, W
+        e2 = self.enc2(self.pool(e1))                                # B, 2c, H/2, W/2
+        b = self.bottom(self.pool(e2))                               # B, 4c, H/4, W/4
+        d2 = self.dec2(torch.cat([self.up2(b), e2], dim=1))          # B, 2c, H/2, W/2
+        d1 = self.dec1(torch.cat([self.up1(d2), e1], dim=1))         # B, c, H, W
+        return self.head(self.drop(d1))                              # B, classes, H, W
+
+
+def mlp() -> nn.Module:
+    """Dropout between segments: recomputation must replay the masks."""
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Dropout(0.3), nn.Linear(64, 64), nn.GELU(),
+                         nn.Dropout(0.3), nn.Linear(64, 5))
+
+
+def unet_example(batch: int = 2, size: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(batch, 3, size, size), torch.randint(0, 4, (batch, size, size))
+
+
+def mlp_example(batch: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(batch, 32), torch.randint(0, 5, (batch,))
+
+
+def image_example(batch: int = 2, size: int = 32, classes: int = 10) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(batch, 3, size, size), torch.randint(0, classes, (batch,))
+
+
+def cross_entropy(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(output, targets)
+
+
+def page_everything(graph: TrainingGraph) -> list[Instruction]:
+    """A schedule that keeps resident only what the next node needs and pages everything else.
+
+    Every value still needed later is paged out as soon as the next node does not
+    need it, and paged back in just before a consumer: the most paging a graph allows.
+    """
+    preds = graph.predecessors
+    last_use = [max([i, *graph.successors[i]]) for i in range(graph.size)]
+    resident: set[int] = set()
+    on_flash: set[int] = set()
+    out: list[Instruction] = []
+    for i in range(graph.size):
+        for p in preds[i]:
+            if p not in resident:
+                out.append(("page_in", p))
+                resident.add(p)
+        out.append(("compute", i))
+        resident.add(i)
+        keep = set(preds[i + 1]) if i + 1 < graph.size else set()
+        for v in sorted(resident):
+            if v in keep:
+                continue
+            if last_use[v] > i and v not in on_flash:
+                out.append(("page_out", v))
+                on_flash.add(v)
+            out.append(("free", v))
+            resident.discard(v)
+    return out
+
+
+def schedule_for(graph: TrainingGraph, instructions: list[Instruction], budget: int | None = None):
+    """Wrap hand-made instructions as a Schedule (predictions from the simulator)."""
+    from schedules.schedule import Schedule, SolverInfo
+    from schedules.simulate import simulate
+
+    report = simulate(graph, instructions, memory_budget=budget)
+    return Schedule(
+        instructions=tuple(instructions), graph_fingerprint=graph.fingerprint, graph_size=graph.size,
+        model=graph.model, device="test", memory_budget=budget, runtime_budget_ms=None,
+        predicted_peak_bytes=report.peak_bytes, predicted_runtime_ms=report.runtime_ms,
+        predicted_energy_j=report.energy_j, solver=SolverInfo("hand", "none", "feasible", None, None, 0.0),
+    )
+
+
+def recompute_everything(graph: TrainingGraph) -> list[Instruction]:
+    """A schedule that keeps only what the next node needs and recomputes the rest from the inputs.
+
+    Backward values are kept until their last use (they cannot be recomputed);
+    every forward value a node needs again is recomputed, recursively.
+    """
+    preds = graph.predecessors
+    last_use = [max([i, *graph.successors[i]]) for i in range(graph.size)]
+    resident: set[int] = set()
+    out: list[Instruction] = []
+
+    def ensure(v: int) -> None:
+        if v in resident:
+            return
+        for p in preds[v]:
+            ensure(p)
+        out.append(("compute", v))
+        resident.add(v)
+
+    for i in range(graph.size):
+        for p in preds[i]:
+            ensure(p)
+        out.append(("compute", i))
+        resident.add(i)
+        keep = set(preds[i + 1]) if i + 1 < graph.size else set()
+        for v in sorted(resident):
+            if v not in keep and (not graph.is_backward(v) or last_use[v] <= i):
+                out.append(("free", v))
+                resident.discard(v)
+    return out

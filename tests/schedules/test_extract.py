@@ -1,0 +1,148 @@
+"""Graph extraction: segments, POET's node layout and edges, measured bytes, errors that say what to do."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torchvision
+
+from schedules.extract import ExtractionError, default_segments, extract
+from schedules.graph import TrainingGraph
+from tests.agent.models import TinyUNet, cross_entropy, image_example, mlp, mlp_example, unet_example
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10).train()
+    example = image_example()
+    graph, segments = extract(model, example, cross_entropy, repeats=1)
+    return model, example, graph, segments
+
+
+def test_default_segments_descend_containers_and_layer_stacks():
+    names = default_segments(torchvision.models.resnet18())
+    assert names[:4] == ["conv1", "bn1", "relu", "maxpool"]
+    assert "layer1.0" in names and "layer4.1" in names and names[-2:] == ["avgpool", "fc"]
+    assert "layer1" not in names and "layer1.0.conv1" not in names
+
+    class Stack(nn.Module):  # like a transformer: a wrapper holding a ModuleList of layers
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Module()
+            self.body.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+            self.head = nn.Linear(4, 2)
+
+    assert default_segments(Stack()) == ["body.layers.0", "body.layers.1", "body.layers.2", "head"]
+
+
+def test_resnet18_layout_follows_poet(resnet):
+    model, example, graph, segments = resnet
+    S = len(segments.units)
+    assert graph.size == 2 * S + 3
+    kinds = [n.kind for n in graph.nodes]
+    assert kinds == ["forward"] * (S + 1) + ["loss"] + ["backward"] * (S + 1)
+    names = [n.name for n in graph.nodes]
+    # the in-place ReLU after bn1 would overwrite bn1's output: they are one unit
+    assert names[:4] == ["input", "conv1", "bn1+relu", "maxpool"]
+    assert names[S + 1] == "loss" and names[S + 2] == "grad:loss" and names[-1] == "grad:conv1"
+    for f in range(1, S + 2):  # backward nodes mirror the forward ones
+        assert graph.nodes[segments.backward_of(f)].name == "grad:" + graph.nodes[f].name
+
+
+def test_backward_edges_are_exactly_what_autograd_needs(resnet):
+    _, _, graph, segments = resnet
+    preds = graph.predecessors
+    conv1, bn, fc, loss = 1, 2, segments.loss_node - 1, segments.loss_node
+    # conv1 saves the image (node 0), its own output is not saved; the gradient comes from bn1+relu's backward
+    assert preds[segments.backward_of(conv1)] == (0, conv1, segments.backward_of(bn))
+    # the loss saves the targets (node 0) and its log-softmax
+    assert preds[segments.backward_of(loss)] == (0, loss)
+    # fc (flatten + linear) saves its input, avgpool's output
+    assert preds[segments.backward_of(fc)] == (fc - 1, fc, segments.backward_of(loss))
+    assert preds[loss] == (0, fc)
+
+
+def test_bytes_are_outputs_plus_unique_saved_tensors(resnet):
+    _, (x, y), graph, segments = resnet
+    assert graph.nodes[0].bytes == x.nbytes + y.nbytes
+    fc = segments.loss_node - 1
+    assert graph.nodes[fc].bytes == 2 * 10 * 4                  # logits only: its input belongs to avgpool
+    assert graph.nodes[segments.backward_of(fc)].bytes == 2 * 512 * 4  # gradient of the pooled features
+    assert graph.nodes[segments.backward_of(1)].bytes == 0       # no gradient for the image
+    params = sum(p.nbytes for p in torchvision.models.resnet18(num_classes=10).parameters())
+    assert graph.fixed_bytes >= 2 * params
+    assert all(n.compute_ms > 0 for n in graph.nodes[1:])
+
+
+def test_graph_round_trips_and_fingerprint_is_stable(resnet, tmp_path):
+    model, example, graph, _ = resnet
+    graph.save(tmp_path / "g.json")
+    assert TrainingGraph.load(tmp_path / "g.json").fingerprint == graph.fingerprint
+    again, _ = extract(model, example, cross_entropy, repeats=1)
+    assert again.fingerprint == graph.fingerprint
+
+
+def test_extraction_leaves_model_and_rng_untouched():
+    torch.manual_seed(0)
+    model = TinyUNet().train()
+    before = copy.deepcopy(model.state_dict())
+    example = unet_example()
+    rng = torch.get_rng_state()
+    extract(model, example, cross_entropy, repeats=1)
+    assert torch.equal(torch.get_rng_state(), rng)
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_skip_connections_cross_segments():
+    graph, segments = extract(TinyUNet().train(), unet_example(), cross_entropy, repeats=1)
+    names = [n.name for n in graph.nodes]
+    enc1 = names.index("enc1.1+enc1.2")  # conv, then BN merged with its in-place ReLU
+    dec1 = names.index("dec1.0")         # torch.cat([up1(d2), e1]) is glue of dec1's first unit
+    assert (enc1, dec1) in graph.edges
+    # enc1's gradient is the sum of what pool and dec1 hand back
+    assert {segments.backward_of(dec1), segments.backward_of(enc1 + 1)} <= set(graph.predecessors[segments.backward_of(enc1)])
+    assert names.count("pool") == 1 and names.count("pool#2") == 1  # one module called twice
+
+
+def test_max_nodes_merges_cheap_neighbours():
+    graph, segments = extract(mlp().train(), mlp_example(), cross_entropy, max_nodes=9, repeats=1)
+    assert graph.size <= 9 and len(segments.units) == 3
+
+
+def test_explicit_segments_and_their_errors():
+    model = mlp()
+    graph, _ = extract(model, mlp_example(), cross_entropy, segments=["0", "1", "2", "3", "4", "5", "6"], repeats=1)
+    assert graph.size == 17
+    with pytest.raises(ExtractionError, match="not modules"):
+        extract(model, mlp_example(), cross_entropy, segments=["0", "nope"])
+    with pytest.raises(ExtractionError, match="inside segment"):
+        extract(TinyUNet(), unet_example(), cross_entropy, segments=["enc1", "enc1.0"])
+    with pytest.raises(ExtractionError, match=r"\(inputs, targets\)"):
+        extract(model, mlp_example()[0], cross_entropy)
+
+
+def test_hidden_tensors_name_the_segment():
+    class Wrapped:
+        def __init__(self, t):
+            self.t = t
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4), ShowsWrapped()
+
+        def forward(self, x):
+            return self.b(Wrapped(self.a(x) * 2))
+
+    class ShowsWrapped(nn.Module):
+        def forward(self, w):
+            return w.t.sum(dim=1)
+
+    with pytest.raises(ExtractionError, match="segment 'b'"):
+        extract(Model(), (torch.randn(2, 4), torch.randn(2)), lambda o, t: ((o - t) ** 2).mean())
