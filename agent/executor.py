@@ -1,0 +1,197 @@
+"""The executor: one training step of a real ``nn.Module``, following a POET schedule.
+
+::
+
+    graph, segments = schedules.extract(model, (inputs, targets), loss_fn)
+    schedule = schedules.plan(graph, device, memory_budget=...).schedule
+    ex = Executor(model, segments, graph, schedule, swap_dir="/var/lib/poet-agent/swap")
+    loss = ex.step(inputs, targets)   # .grad exactly as loss_fn(model(inputs), targets).backward()
+    optimizer.step()
+    ex.last_stats                     # ledger, peak RSS, bytes paged, I/O and per-node times
+
+Each instruction of ``schedule.instructions`` is done for real: ``compute``
+runs a unit (or its backward) through :class:`~agent.runtime.Runtime`,
+``free`` drops the value's storages, ``page_out`` / ``page_in`` move them to
+and from a page file through :class:`~agent.pager.Pager`.  Before the first
+step the executor refuses a schedule planned for another graph, one the
+simulator rejects (over budget, missing inputs) and one whose first
+computations of forward nodes are not in stage order (the RNG stream would
+not match plain training).  During a step the ledger checks resident bytes
+after every instruction.  Any failure rolls the model back (gradients,
+buffers, RNG) and removes the step's page files before the error propagates.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from agent import rss
+from agent.errors import ScheduleRefusedError
+from agent.ledger import Ledger, StepStats
+from agent.pager import FreeSpace, Pager, disk_free
+from agent.prefetch import plan_prefetch
+from agent.runtime import ModelState, Runtime
+from agent.segments import Segments
+from schedules.errors import PlannerError
+from schedules.graph import TrainingGraph
+from schedules.schedule import Schedule
+from schedules.simulate import simulate
+
+
+class Executor:
+    """Runs training steps of ``model`` as ``schedule`` says; see the module docstring.
+
+    Parameters
+    ----------
+    model, segments, graph:
+        The model and what :func:`schedules.extract` returned for it.
+    schedule:
+        A schedule planned for ``graph``.
+    swap_dir:
+        Directory on the device's flash/SD for page files; needed when the
+        schedule pages.  Stale page files of dead processes there are removed.
+    measure_rss:
+        Measure the process's peak RSS over each step (resets ``VmHWM``).
+    free_space:
+        How to read the swap filesystem's free bytes (tests inject a reading).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        segments: Segments,
+        graph: TrainingGraph,
+        schedule: Schedule,
+        swap_dir: str | Path | None = None,
+        *,
+        measure_rss: bool = True,
+        free_space: FreeSpace = disk_free,
+    ) -> None:
+        self.report = _check(segments, graph, schedule)
+        self.graph, self.schedule = graph, schedule
+        self.instructions = tuple(schedule.instructions)
+        self.runtime = Runtime(model, segments)
+        self.measure_rss = measure_rss
+        self.paged_nodes = sorted({n for op, n in self.instructions if op == "page_out"})
+        self.pager: Pager | None = None
+        if self.paged_nodes:
+            if swap_dir is None:
+                raise ScheduleRefusedError("this schedule pages values out; give the executor a swap_dir on flash")
+            self.pager = Pager(swap_dir, free_space)
+        limit = schedule.memory_budget if schedule.memory_budget is not None else self.report.peak_bytes
+        self.prefetch = plan_prefetch(self.instructions, [n.bytes for n in graph.nodes],
+                                      self.report.resident_bytes, limit)
+        self.last_stats: StepStats | None = None
+
+    def step(self, inputs: Any, targets: Any) -> torch.Tensor:
+        """Run one training step; returns the loss, leaves parameter ``.grad`` as plain autograd would."""
+        state = ModelState(self.runtime.model)
+        ledger = Ledger(self.report.resident_bytes, self.schedule.memory_budget)
+        node_seconds = [0.0] * self.graph.size
+        try:
+            self.runtime.start(inputs, targets)
+            if self.pager is not None:
+                self.pager.reset_counters()
+                self.pager.reserve({n: self.graph.nodes[n].bytes for n in self.paged_nodes})
+            rss_before = rss.start_window() if self.measure_rss else None
+            started = time.perf_counter()
+            for position, (op, node) in enumerate(self.instructions):
+                for ahead in self.prefetch.get(position, ()):
+                    self._prefetch(ahead)
+                began = time.perf_counter()
+                getattr(self, f"_{op}")(node)
+                node_seconds[node] += time.perf_counter() - began
+                inflight = self.pager.inflight_bytes if self.pager is not None else 0
+                ledger.record(position, self.runtime.store.resident_bytes, inflight)
+            loss = self.runtime.loss
+        except BaseException:
+            self._end_step()
+            state.rollback()
+            raise
+        seconds = time.perf_counter() - started
+        peak = rss.peak_since_start() if rss_before is not None else None
+        self._end_step()
+        state.commit()
+        self.last_stats = self._stats(ledger, node_seconds, seconds, rss_before, peak)
+        return loss
+
+    def close(self) -> None:
+        """Stop the pager's I/O thread and remove its files."""
+        if self.pager is not None:
+            self.pager.close()
+
+    def __enter__(self) -> "Executor":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- instructions ------------------------------------------------------------
+    def _compute(self, node: int) -> None:
+        self.runtime.compute(node)
+
+    def _free(self, node: int) -> None:
+        on_flash = self.pager is not None and self.pager.has_page(node)
+        if on_flash:
+            self.pager.wait_written(node)  # release RAM only once the bytes are on flash
+        self.runtime.free(node, keep_skeleton=on_flash)
+
+    def _page_out(self, node: int) -> None:
+        self.pager.write(node, self.runtime.storages(node))
+
+    def _page_in(self, node: int) -> None:
+        slots = self.runtime.store.values[node].slot_bytes
+        self.runtime.install(node, self.pager.read(node, slots))
+
+    def _prefetch(self, node: int) -> None:
+        self.pager.prefetch(node, self.runtime.store.values[node].slot_bytes)
+
+    # -- bookkeeping -------------------------------------------------------------
+    def _end_step(self) -> None:
+        if self.pager is not None:
+            self.pager.end_step()
+        self.runtime.finish()
+
+    def _stats(self, ledger: Ledger, node_seconds: list[float], seconds: float,
+               rss_before: int | None, peak: int | None) -> StepStats:
+        pager = self.pager
+        return StepStats(
+            ledger=tuple(ledger.entries), predicted=tuple(self.report.resident_bytes),
+            budget=self.schedule.memory_budget, peak_with_inflight_bytes=ledger.peak_with_inflight,
+            step_seconds=seconds, node_seconds=tuple(node_seconds),
+            node_io_seconds=tuple(pager.node_io_seconds.get(n, 0.0) for n in range(self.graph.size)) if pager else (),
+            bytes_paged_out=pager.bytes_out if pager else 0, bytes_paged_in=pager.bytes_in if pager else 0,
+            io_seconds=pager.io_seconds if pager else 0.0, io_wait_seconds=pager.wait_seconds if pager else 0.0,
+            rss_before_bytes=rss_before, peak_rss_bytes=peak,
+        )
+
+
+def _check(segments: Segments, graph: TrainingGraph, schedule: Schedule):
+    """Refuse what cannot run exactly and within budget; returns the simulator's report."""
+    try:
+        schedule.check_graph(graph)
+        report = simulate(graph, schedule)
+    except PlannerError as exc:
+        raise ScheduleRefusedError(f"schedule refused: {exc}") from exc
+    segments.check_graph([n.name for n in graph.nodes])
+    first = [n for op, n in _first_computes(schedule.instructions) if 0 < n < segments.loss_node + 1]
+    if first != sorted(first):
+        raise ScheduleRefusedError(
+            f"the schedule first computes forward nodes in the order {first[:12]}...; exact replay of random "
+            "draws needs stage order (each forward node first computed at its own stage)")
+    return report
+
+
+def _first_computes(instructions) -> list[tuple[str, int]]:
+    seen: set[int] = set()
+    out = []
+    for op, node in instructions:
+        if op == "compute" and node not in seen:
+            seen.add(node)
+            out.append((op, node))
+    return out

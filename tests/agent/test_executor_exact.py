@@ -1,0 +1,110 @@
+"""Parity: the executor's gradients, parameters, buffers and RNG equal plain autograd's bit for bit."""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable
+
+import pytest
+import torch
+import torchvision
+
+from agent.executor import Executor
+from schedules.extract import extract
+from schedules.plan import plan
+from tests.agent.models import (
+    TinyUNet, cross_entropy, image_example, mlp, mlp_example, page_everything, recompute_everything, schedule_for,
+    unet_example,
+)
+
+
+def _store_all(graph):
+    return plan(graph, "rpi4", method="store-all").schedule
+
+
+def _checkpoint_all(graph):
+    return plan(graph, "rpi4", method="checkpoint-all").schedule
+
+
+def _sqrt_n(graph):
+    return plan(graph, "rpi4", method="sqrt-n").schedule
+
+
+def _paging(graph):
+    return schedule_for(graph, page_everything(graph))
+
+
+def _recompute(graph):
+    return schedule_for(graph, recompute_everything(graph))
+
+
+SCHEDULES = {"store-all": _store_all, "checkpoint-all": _checkpoint_all, "sqrt-n": _sqrt_n,
+             "recompute": _recompute, "paging": _paging}
+
+
+def assert_exact(model_fn: Callable, example_fn: Callable, loss_fn: Callable, make_schedule: Callable,
+                 swap_dir, steps: int = 3, optimizer: str = "sgd") -> Executor:
+    """Train a model and its copy side by side, one through the executor; everything must be equal."""
+    torch.manual_seed(0)
+    model = model_fn().train()
+    reference = copy.deepcopy(model)
+    graph, segments = extract(model, example_fn(), loss_fn, repeats=1)
+    _assert_same_model(model, reference)  # extraction leaves the model untouched
+    opt, ref_opt = (_optimizer(optimizer, m) for m in (model, reference))
+    with Executor(model, segments, graph, make_schedule(graph), swap_dir=swap_dir) as ex:
+        for _ in range(steps):
+            inputs, targets = example_fn()
+            rng = torch.get_rng_state()
+            ref_opt.zero_grad()
+            ref_loss = loss_fn(reference(*_args(inputs)), targets)
+            ref_loss.backward()
+            ref_rng = torch.get_rng_state()
+            torch.set_rng_state(rng)
+            opt.zero_grad()
+            loss = ex.step(inputs, targets)
+            assert torch.equal(loss, ref_loss.detach())
+            assert torch.equal(torch.get_rng_state(), ref_rng)
+            for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+                assert (p.grad is None) == (q.grad is None), name
+                assert p.grad is None or torch.equal(p.grad, q.grad), name
+            opt.step()
+            ref_opt.step()
+            _assert_same_model(model, reference)
+            stats = ex.last_stats
+            assert stats.max_ledger_deviation == 0
+            assert stats.budget is None or stats.ledger_peak_bytes <= stats.budget
+            pages = sum(op == "page_out" for op, _ in ex.instructions)
+            assert (stats.bytes_paged_out > 0) == (pages > 0)
+            assert stats.bytes_paged_in == sum(ex.graph.nodes[n].bytes for op, n in ex.instructions if op == "page_in")
+    return ex
+
+
+def _args(inputs):
+    return inputs if isinstance(inputs, tuple) else (inputs,)
+
+
+def _optimizer(kind: str, model: torch.nn.Module) -> torch.optim.Optimizer:
+    if kind == "adam":
+        return torch.optim.Adam(model.parameters(), lr=1e-3)
+    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+
+def _assert_same_model(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(x, y), name
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_resnet18_exact(schedule, tmp_path):
+    assert_exact(lambda: torchvision.models.resnet18(num_classes=10), image_example, cross_entropy,
+                 SCHEDULES[schedule], tmp_path, steps=2)
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_unet_exact_with_skip_connections_dropout_and_batchnorm(schedule, tmp_path):
+    assert_exact(TinyUNet, unet_example, cross_entropy, SCHEDULES[schedule], tmp_path, optimizer="adam")
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_mlp_dropout_masks_replayed_exactly(schedule, tmp_path):
+    assert_exact(mlp, mlp_example, cross_entropy, SCHEDULES[schedule], tmp_path, steps=4)
