@@ -1,0 +1,592 @@
+"""The ``poet-edge`` command: plan, draw, sweep, sign and verify POET schedules.
+
+Subcommands (``poet-edge COMMAND --help`` for each)::
+
+    solve    plan one training step of a graph within memory and runtime budgets
+    plot     draw a schedule as a stage x node timeline with memory over the step
+    pareto   sweep memory budgets; energy against budget for POET and every baseline
+    keys     make an Ed25519 key pair for signing schedules
+    verify   check a schedule's signature, and that it fits and replays on its graph
+    devices  list the built-in device profiles
+
+Exit codes
+----------
+====  ========================================================================
+0     success
+1     infeasible: no schedule within the budgets (``solve`` prints the
+      smallest memory budget that is feasible)
+2     usage error: bad arguments, unknown device profile or method, bad size
+3     bad file: an input is unreadable, malformed or of an unknown version,
+      or an output cannot be written
+4     solver failure, or no schedule found within the time limit
+5     rejected: a signature does not verify, a schedule belongs to another
+      graph, or it breaks a rule when replayed
+130   interrupted (Ctrl-C)
+====  ========================================================================
+
+Errors are one line on standard error (``poet-edge solve: error: ...``), never
+a traceback.  Results go to standard output, progress to standard error.
+
+Adding subcommands from another package
+---------------------------------------
+A package lists a module in :data:`COMMAND_PROVIDERS` (or, from outside this
+distribution, declares an entry point in the group ``poet_edge.commands``)
+that defines ``add_commands(subparsers)``.  It adds parsers with
+``subparsers.add_parser(...)`` and sets ``handler=`` (a function taking the
+parsed ``argparse.Namespace`` and returning an exit code) with
+``set_defaults``.  The module must be cheap to import: import torch and other
+heavy libraries inside the handlers, so that ``poet-edge --help`` and
+``poet-edge solve`` never load them.  Handlers raise :class:`CommandError` (or
+a ``schedules`` error) to fail with a message and an exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from schedules.budgets import BudgetSearch, SweepPoint, budget_points, smallest_feasible_budget, store_all_peak, sweep
+from schedules.device import DeviceProfile, paging_time_ms, price_graph
+from schedules.errors import (
+    FormatError,
+    PlannerError,
+    ScheduleMismatchError,
+    ScheduleViolation,
+    SignatureError,
+    SolverError,
+    UnknownNameError,
+)
+from schedules.graph import TrainingGraph
+from schedules.plan import METHODS, MILP_METHODS, PlanResult, plan
+from schedules.plot import plot_pareto, plot_timeline  # matplotlib itself loads only when drawing
+from schedules.progress import SolveProgressDisplay  # rich loads only on a terminal
+from schedules.schedule import Schedule
+from schedules.signing import generate_keypair, load_private_key, load_public_key, sign
+from schedules.simulate import SimulationReport, simulate
+from schedules.units import format_bytes, parse_bytes, short_bytes
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+OK, INFEASIBLE, USAGE, BAD_FILE, SOLVER_FAILED, REJECTED, INTERRUPTED = 0, 1, 2, 3, 4, 5, 130
+
+# Other packages' modules defining add_commands(subparsers), in help order after this
+# module's own; a provider that is not installed (yet) is skipped.
+COMMAND_PROVIDERS: tuple[str, ...] = ("agent.cli", "server.cli")
+ENTRY_POINT_GROUP = "poet_edge.commands"
+
+Handler = Callable[[argparse.Namespace], int]
+Planner = Callable[..., PlanResult]  # plan() with the graph and every setting but budget and method bound
+
+
+class CommandError(Exception):
+    """Fail a subcommand with ``message`` on standard error and ``exit_code``."""
+    def __init__(self, message: str, exit_code: int = USAGE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+# -- entry point -----------------------------------------------------------------
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``poet-edge`` with ``argv`` (default: the process's arguments); return the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) and usage errors (2): return, so callers in-process get a code
+        return exc.code if isinstance(exc.code, int) else USAGE
+    handler: Handler | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help(sys.stderr)
+        return USAGE
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        print(f"{parser.prog} {args.command}: interrupted", file=sys.stderr)
+        return INTERRUPTED
+    except (CommandError, PlannerError, OSError) as exc:
+        print(f"{parser.prog} {args.command}: error: {_message(exc)}", file=sys.stderr)
+        return exit_code_for(exc)
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """The documented exit code for an error that reached :func:`main`."""
+    if isinstance(exc, CommandError):
+        return exc.exit_code
+    if isinstance(exc, (SignatureError, ScheduleMismatchError, ScheduleViolation)):
+        return REJECTED
+    if isinstance(exc, SolverError):
+        return SOLVER_FAILED
+    if isinstance(exc, (FormatError, OSError)):
+        return BAD_FILE
+    return USAGE  # UnknownNameError and any other refusal of the request as given
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}"
+    return str(exc)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser: this package's subcommands plus every provider's."""
+    parser = argparse.ArgumentParser(
+        prog="poet-edge",
+        description="Plan, draw, sign and verify POET schedules: training under a hard memory budget "
+                    "by recomputing and paging activations.",
+        epilog="Exit codes: 0 ok, 1 infeasible budget, 2 usage error, 3 bad file, 4 solver failure, "
+               "5 rejected (signature, graph or replay), 130 interrupted.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add_commands in _providers():
+        add_commands(subparsers)
+    return parser
+
+
+def _providers() -> list[Callable[[Any], None]]:
+    found: list[Callable[[Any], None]] = [add_commands]
+    for name in COMMAND_PROVIDERS:
+        module = _optional_module(name)
+        if module is not None and hasattr(module, "add_commands"):
+            found.append(module.add_commands)
+    for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        found.append(entry.load())
+    return found
+
+
+def _optional_module(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name in (name, name.rpartition(".")[0]):  # the provider is not there (yet); its bugs still raise
+            return None
+        raise
+
+
+# -- argument types --------------------------------------------------------------
+def size_arg(text: str) -> int:
+    """argparse type for byte sizes (``3MB``, ``1.5MiB``, ``3000000``); see :mod:`schedules.units`."""
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def positive_float(text: str) -> float:
+    """argparse type for a finite number > 0 (a trailing ``x`` is allowed: ``7.6x``)."""
+    try:
+        value = float(text.rstrip("xX"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number > 0")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type for a whole number >= 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a whole number >= 1")
+    return int(text)
+
+
+# -- this package's subcommands ----------------------------------------------------
+def add_commands(subparsers: Any) -> None:
+    """Register ``solve``, ``plot``, ``pareto``, ``keys``, ``verify`` and ``devices``."""
+    _add_solve(subparsers)
+    _add_plot(subparsers)
+    _add_pareto(subparsers)
+    _add_keys(subparsers)
+    _add_verify(subparsers)
+    _add_devices(subparsers)
+
+
+def _add_budget_options(p: argparse.ArgumentParser, *, memory: bool) -> None:
+    p.add_argument("graph", metavar="GRAPH", help="training graph JSON (ours, or a POET reference graph)")
+    p.add_argument("--device", metavar="NAME|FILE.json",
+                   help="built-in device profile (see `poet-edge devices`) or a profile file; prices graphs "
+                        "without energies and gives paging times")
+    if memory:
+        p.add_argument("--memory", type=size_arg, metavar="SIZE",
+                       help="RAM budget for activations: 3000000, 3MB (= 3,000,000 B), 1.5MiB; default unconstrained")
+    p.add_argument("--runtime", type=positive_float, metavar="X",
+                   help="runtime budget as a multiple of one plain step's compute time (e.g. 1.5); default no limit")
+    p.add_argument("--solver", choices=("highs", "cbc"), default="highs", help="MILP solver (default highs)")
+    p.add_argument("--threads", type=positive_int, default=1, help="solver threads (default 1)")
+    p.add_argument("--count-paging-time", action="store_true",
+                   help="count paging time in the runtime budget (devices whose paging does not overlap "
+                        "compute; needs --device)")
+
+
+def _add_solve(subparsers: Any) -> None:
+    p = subparsers.add_parser("solve", help="plan a schedule within memory and runtime budgets",
+                              description="Solve POET's MILP (or a baseline) for one training step and write "
+                                          "the schedule. An infeasible budget exits 1 and prints the smallest "
+                                          "feasible memory budget.")
+    _add_budget_options(p, memory=True)
+    p.add_argument("--time-limit", type=positive_float, metavar="S", help="solver time limit, seconds")
+    p.add_argument("--gap", type=float, default=1e-4, metavar="G", help="relative MIP gap to prove (default 1e-4)")
+    p.add_argument("--baseline", metavar="NAME",
+                   help="plan with a baseline instead of POET: " + ", ".join(METHODS[1:]))
+    p.add_argument("--relax-and-round", action="store_true",
+                   help="LP relaxation plus rounding, for graphs beyond exact reach")
+    p.add_argument("--sign", metavar="KEYFILE", help="sign the schedule with this Ed25519 private key")
+    p.add_argument("-o", "--output", default="schedule.json", metavar="FILE",
+                   help="where to write the schedule (default schedule.json)")
+    p.add_argument("--search-time", type=float, default=60.0, metavar="S",
+                   help="when infeasible, seconds to spend finding the smallest feasible budget (0: skip)")
+    p.set_defaults(handler=run_solve)
+
+
+def _add_plot(subparsers: Any) -> None:
+    p = subparsers.add_parser("plot", help="draw a schedule: stage x node timeline and memory over the step",
+                              description="Draw SCHEDULE as a stage x node timeline (compute, recompute, "
+                                          "page-out, page-in, resident in RAM, on flash; like the POET paper's "
+                                          "Figure 2) above the resident bytes over the step against the budget.")
+    p.add_argument("schedule", metavar="SCHEDULE", help="schedule JSON written by `poet-edge solve`")
+    p.add_argument("--graph", required=True, metavar="GRAPH", help="the training graph the schedule was planned for")
+    p.add_argument("--key", metavar="PUB", help="refuse the schedule unless signed by this public key")
+    p.add_argument("--title", help="figure title (default: model, device, method, budget, energy)")
+    p.add_argument("-o", "--output", default="timeline.png", metavar="FILE.png", help="image to write (default timeline.png)")
+    p.set_defaults(handler=run_plot)
+
+
+def _add_pareto(subparsers: Any) -> None:
+    p = subparsers.add_parser("pareto", help="energy against memory budget for POET and every baseline",
+                              description="Sweep memory budgets from the smallest feasible one to plain "
+                                          "backpropagation's peak, plan POET and every baseline at each, print "
+                                          "a table of energy per step and plot the curves.")
+    _add_budget_options(p, memory=False)
+    p.add_argument("--points", type=positive_int, default=8, help="number of budgets (default 8)")
+    p.add_argument("--time-limit", type=positive_float, default=10.0, metavar="S",
+                   help="time limit of each solve, seconds (default 10)")
+    p.add_argument("--gap", type=float, default=0.005, metavar="G", help="relative MIP gap of each solve (default 0.005)")
+    p.add_argument("--methods", metavar="A,B,...", help="comma-separated methods (default all: "
+                   + ", ".join(METHODS) + ")")
+    p.add_argument("--search-time", type=float, default=60.0, metavar="S",
+                   help="seconds to spend finding the smallest feasible budget (default 60)")
+    p.add_argument("-o", "--output", default="pareto.png", metavar="FILE.png", help="image to write (default pareto.png)")
+    p.set_defaults(handler=run_pareto)
+
+
+def _add_keys(subparsers: Any) -> None:
+    p = subparsers.add_parser("keys", help="make an Ed25519 key pair for signing schedules",
+                              description="Write NAME.key (private, mode 0600) and NAME.pub in DIR. "
+                                          "Existing files are never overwritten.")
+    p.add_argument("--dir", default=".", help="directory for the key files (default .)")
+    p.add_argument("--name", default="schedule-signing", help="file name stem (default schedule-signing)")
+    p.set_defaults(handler=run_keys)
+
+
+def _add_verify(subparsers: Any) -> None:
+    p = subparsers.add_parser("verify", help="check a schedule's signature, graph and replay",
+                              description="Verify SCHEDULE's Ed25519 signature against PUB; with --graph also "
+                                          "check it was planned for that graph and replay it in the simulator "
+                                          "against its own budgets. Exits 5 when anything fails.")
+    p.add_argument("schedule", metavar="SCHEDULE")
+    p.add_argument("--key", required=True, metavar="PUB", help="trusted public key (.pub from `poet-edge keys`)")
+    p.add_argument("--graph", metavar="GRAPH", help="training graph to check and replay the schedule against")
+    p.add_argument("--device", metavar="NAME|FILE.json",
+                   help="device profile for the replay (default: the schedule's device, when built in)")
+    p.set_defaults(handler=run_verify)
+
+
+def _add_devices(subparsers: Any) -> None:
+    p = subparsers.add_parser("devices", help="list the built-in device profiles",
+                              description="List the built-in device profiles usable with --device.")
+    p.set_defaults(handler=run_devices)
+
+
+# -- shared loading ----------------------------------------------------------------
+def load_device(spec: str | None) -> DeviceProfile | None:
+    """``None``, a built-in profile name, or a profile file (a path that exists or ends in ``.json``)."""
+    if spec is None:
+        return None
+    if spec.lower().endswith(".json") or Path(spec).exists():
+        return DeviceProfile.load(spec)
+    return DeviceProfile.builtin(spec)
+
+
+def load_graph(path: str) -> TrainingGraph:
+    """Load a training graph file (ours or a POET reference graph)."""
+    return TrainingGraph.load(path)
+
+
+def _check_writable(path: str) -> None:
+    """Fail before a long solve, not after it, when the output cannot be written."""
+    parent = Path(path).resolve().parent
+    if not parent.is_dir():
+        raise CommandError(f"cannot write {path}: directory {parent} does not exist", BAD_FILE)
+
+
+def _plan_function(args: argparse.Namespace, graph: TrainingGraph, device: DeviceProfile | None) -> Planner:
+    """``plan`` with the graph, device, runtime and solver settings of ``args`` bound."""
+    return functools.partial(plan, graph, device=device, runtime_budget=args.runtime, solver=args.solver,
+                             threads=args.threads, count_paging_time=args.count_paging_time)
+
+
+# -- solve -------------------------------------------------------------------------
+def run_solve(args: argparse.Namespace) -> int:
+    """``poet-edge solve``: plan, report, and write the (signed) schedule."""
+    graph, device = load_graph(args.graph), load_device(args.device)
+    method = args.baseline or "poet"
+    if method not in METHODS:
+        raise UnknownNameError(f"unknown baseline {method!r}; choose one of {', '.join(METHODS[1:])}")
+    private_key = _load_signing_key(args.sign)
+    _check_writable(args.output)
+    planner = _plan_function(args, graph, device)
+    result = _solve_with_progress(planner, method, args)
+    if not result.feasible:
+        return _report_unsolved(result, graph, planner, method, args)
+    schedule = result.schedule
+    if private_key is not None:
+        schedule = sign(schedule, private_key)
+    size = schedule.save(args.output)
+    print_summary(result, schedule, graph, args.output, size)
+    return OK
+
+
+def _load_signing_key(path: str | None) -> Ed25519PrivateKey | None:
+    if path is None:
+        return None
+
+    return load_private_key(path)
+
+
+def _solve_with_progress(planner: Planner, method: str, args: argparse.Namespace) -> PlanResult:
+    label = f"{method} {Path(args.graph).stem} @ {short_bytes(args.memory) if args.memory else 'any memory'}"
+    with SolveProgressDisplay(label) as display:
+        return planner(memory_budget=args.memory, method=method, time_limit=args.time_limit, gap=args.gap,
+                       relax_and_round=args.relax_and_round, progress=display)
+
+
+def _report_unsolved(result: PlanResult, graph: TrainingGraph, planner: Planner, method: str,
+                     args: argparse.Namespace) -> int:
+    if result.status != "infeasible":
+        raise CommandError(f"no schedule found in {result.solve_seconds:.1f} s (status {result.status}): "
+                           "raise --time-limit", SOLVER_FAILED)
+    print(f"infeasible: {result.message or 'no schedule within these budgets'} "
+          f"(memory {format_bytes(args.memory)}, runtime {_runtime_text(args.runtime)}, method {method})")
+    if args.runtime is not None and args.runtime < 1.0:
+        print("no memory budget helps: the runtime budget is below one plain step's compute time (1.0)")
+    elif args.memory is not None and args.search_time > 0:
+        print_smallest_budget(graph, planner, method, args)
+    return INFEASIBLE
+
+
+def print_smallest_budget(graph: TrainingGraph, planner: Planner, method: str, args: argparse.Namespace,
+                          suggest: bool = True) -> BudgetSearch:
+    """Search for and print the smallest feasible memory budget for ``method``; return the search result."""
+    print(f"searching for the smallest feasible memory budget (up to {args.search_time:.0f} s)...",
+          file=sys.stderr, flush=True)
+    search = smallest_feasible_budget(graph, _probe(planner, method), time_budget_s=args.search_time,
+                                      probe_time_limit_s=min(15.0, args.search_time))
+    if search.budget is None:
+        print(f"no memory budget is feasible for {method}: {search.note}")
+    else:
+        if search.exact:
+            how = "exact" if search.budget <= search.infeasible_below else \
+                f"none below {format_bytes(search.infeasible_below)}"
+        else:
+            how = f"{search.note}; none found below {format_bytes(search.infeasible_below)}"
+        print(f"smallest feasible memory budget: {'' if search.exact else 'about '}{format_bytes(search.budget)} "
+              f"({how}; {search.probes} solves in {search.seconds:.1f} s)")
+        if suggest:
+            print(f"  try: --memory {search.budget}")
+    return search
+
+
+def _probe(planner: Planner, method: str, gap: float = 0.5) -> Callable[[int, float | None], PlanResult]:
+    """A feasibility probe: any schedule will do, so the MIP gap is loose."""
+    def probe(budget: int, time_limit: float | None) -> PlanResult:
+        return planner(memory_budget=budget, method=method, time_limit=time_limit, gap=gap)
+
+    return probe
+
+
+def _runtime_text(runtime: float | None) -> str:
+    return "no limit" if runtime is None else f"{runtime:g}x plain step"
+
+
+def print_summary(result: PlanResult, schedule: Schedule, graph: TrainingGraph, path: str | None,
+                  size: int | None) -> None:
+    """The result of a solve, one fact a line."""
+    sim = result.simulation
+    rows = [
+        ("status", f"{result.status} ({schedule.solver.method}, {schedule.solver.solver})"),
+        ("objective", _objective_text(result)),
+        ("solve time", f"{result.solve_seconds:.2f} s"),
+        ("peak / budget", _peak_text(schedule)),
+        ("runtime", _runtime_summary(schedule, graph.total_compute_ms)),
+        ("energy", f"{schedule.predicted_energy_j:.6g} J (compute {sim.compute_energy_j:.4g}, "
+                   f"page-in {sim.pagein_energy_j:.4g}, page-out {sim.pageout_energy_j:.4g})"),
+        ("work", f"{sim.recomputed_nodes} recomputes, {short_bytes(sim.bytes_paged_out)} paged out, "
+                 f"{short_bytes(sim.bytes_paged_in)} paged in, {len(schedule.instructions)} instructions"),
+    ]
+    if path is not None:
+        signed = f", signed (key {schedule.signature['key_id']})" if schedule.signature else ", unsigned"
+        rows.append(("schedule", f"{path} ({size:,} bytes{signed})"))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+
+
+def _runtime_summary(schedule: Schedule, plain_ms: float) -> str:
+    text = f"{schedule.predicted_runtime_ms:,.1f} ms"
+    if plain_ms > 0:
+        text += f" = {schedule.predicted_runtime_ms / plain_ms:.3f}x plain step"
+        if schedule.runtime_budget_ms is not None:
+            text += f" (budget {schedule.runtime_budget_ms / plain_ms:g}x)"
+    return text
+
+
+def _objective_text(result: PlanResult) -> str:
+    text = f"{result.objective_j:.8g} J"
+    if result.gap is not None:
+        text += f" (gap {100 * result.gap:.3g}%"
+        text += f", bound {result.bound_j:.8g} J)" if result.bound_j is not None else ")"
+    return text
+
+
+def _peak_text(schedule: Schedule) -> str:
+    peak = f"{schedule.predicted_peak_bytes:,} B"
+    if schedule.memory_budget is None:
+        return f"{peak} / unconstrained"
+    share = schedule.predicted_peak_bytes / schedule.memory_budget if schedule.memory_budget else 0.0
+    return f"{peak} / {schedule.memory_budget:,} B ({100 * share:.1f}%)"
+
+
+# -- plot --------------------------------------------------------------------------
+def run_plot(args: argparse.Namespace) -> int:
+    """``poet-edge plot``: draw the timeline and memory panels of a schedule."""
+    schedule = _load_schedule(args.schedule, args.key)
+    graph = load_graph(args.graph)
+    schedule.check_graph(graph)
+    _check_writable(args.output)
+    path = plot_timeline(graph, schedule, args.output, title=args.title)
+    print(f"wrote {path}")
+    return OK
+
+
+def _load_schedule(path: str, key_path: str | None) -> Schedule:
+
+    if key_path is None:
+        return Schedule.load(path)
+
+    return Schedule.load(path, public_key=load_public_key(key_path))
+
+
+# -- pareto ------------------------------------------------------------------------
+def run_pareto(args: argparse.Namespace) -> int:
+    """``poet-edge pareto``: sweep budgets, print the energy table, plot the curves."""
+    graph, device = load_graph(args.graph), load_device(args.device)
+    methods = _pareto_methods(args.methods)
+    _check_writable(args.output)
+    planner = _plan_function(args, graph, device)
+    high = store_all_peak(graph)
+    search = print_smallest_budget(graph, planner, "poet", args, suggest=False)
+    if search.budget is None:
+        return INFEASIBLE
+    budgets = budget_points(search.budget, high, args.points)
+    table = _ParetoTable(methods)
+    points = sweep(budgets, methods, lambda m: _probe(planner, m, gap=args.gap), time_limit_s=args.time_limit,
+                   on_point=table.add)
+    title = (f"{graph.model or Path(args.graph).stem}: energy per step vs memory budget "
+             f"(runtime {_runtime_text(args.runtime)})")
+    path = plot_pareto(points, args.output, title=title, store_all_peak=high)
+    print(f"wrote {path}")
+    return OK
+
+
+def _pareto_methods(spec: str | None) -> list[str]:
+    if spec is None:
+        return list(METHODS)
+    methods = [m.strip() for m in spec.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise UnknownNameError(f"unknown method(s) {', '.join(unknown) or '(none given)'}; "
+                               f"choose from {', '.join(METHODS)}")
+    return methods
+
+
+class _ParetoTable:
+    """Prints one row per budget as soon as every method has been planned at it."""
+    def __init__(self, methods: Sequence[str]) -> None:
+        self.methods = list(methods)
+        self.row: dict[str, SweepPoint] = {}
+        self.width = max(11, *(len(m) for m in methods))
+        print(f"{'budget':>12}  " + "  ".join(f"{m:>{self.width}}" for m in self.methods))
+
+    def add(self, point: SweepPoint) -> None:
+        self.row[point.method] = point
+        if len(self.row) == len(self.methods):
+            cells = [self._cell(self.row[m]) for m in self.methods]
+            print(f"{short_bytes(point.budget):>12}  " + "  ".join(f"{c:>{self.width}}" for c in cells), flush=True)
+            self.row = {}
+
+    @staticmethod
+    def _cell(point: SweepPoint) -> str:
+        if point.energy_j is None:
+            return "-" if point.status == "infeasible" else "timeout"
+        mark = "*" if point.status == "feasible" and point.method in MILP_METHODS else ""
+        return f"{point.energy_j:.5g} J{mark}"
+
+
+# -- keys, verify, devices -----------------------------------------------------------
+def run_keys(args: argparse.Namespace) -> int:
+    """``poet-edge keys``: write a new Ed25519 key pair."""
+    try:
+        private_path, public_path = generate_keypair(args.dir, args.name)
+    except FileExistsError as exc:
+        raise CommandError(str(exc), BAD_FILE) from exc
+    print(f"private key  {private_path}  (keep it secret; sign with `poet-edge solve --sign {private_path}`)")
+    print(f"public key   {public_path}  (give it to devices; check with `poet-edge verify --key {public_path}`)")
+    return OK
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    """``poet-edge verify``: signature, then (with --graph) graph fingerprint and a replay."""
+    schedule = _load_schedule(args.schedule, args.key)
+    print(f"signature   ok (key {schedule.signature['key_id']})")
+    if args.graph is None:
+        return OK
+    graph = load_graph(args.graph)
+    schedule.check_graph(graph)
+    print(f"graph       ok ({graph.model or Path(args.graph).stem}, {graph.size} nodes)")
+    report = _replay(graph, schedule, load_device(args.device) if args.device else _builtin_or_none(schedule.device))
+    energy = f", energy {report.energy_j:.6g} J" if graph.has_energy or report.energy_j else ""
+    print(f"replay      ok (peak {format_bytes(report.peak_bytes)} within {format_bytes(schedule.memory_budget)}, "
+          f"runtime {report.runtime_ms:,.1f} ms{energy})")
+    return OK
+
+
+def _builtin_or_none(name: str) -> DeviceProfile | None:
+
+    return DeviceProfile.builtin(name) if name in DeviceProfile.builtin_names() else None
+
+
+def _replay(graph: TrainingGraph, schedule: Schedule, device: DeviceProfile | None) -> SimulationReport:
+    """Simulate against the schedule's own budgets, priced and with paging time as it was planned."""
+    if device is not None:
+        graph = price_graph(graph, device)  # energies the graph already carries are kept
+    elif schedule.count_paging_time:
+        raise CommandError(f"the schedule counts paging time on device {schedule.device!r}, which is not a "
+                           "built-in profile: pass its profile with --device to replay its runtime", USAGE)
+    paging = paging_time_ms(graph, device) if schedule.count_paging_time else None
+    return simulate(graph, schedule, paging_time_ms=paging)
+
+
+def run_devices(args: argparse.Namespace) -> int:
+    """``poet-edge devices``: name and one line for each built-in profile."""
+    for name in DeviceProfile.builtin_names():
+        profile = DeviceProfile.builtin(name)
+        print(f"{name:<18} {profile.description}")
+    return OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

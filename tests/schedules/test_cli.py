@@ -1,0 +1,297 @@
+"""The ``poet-edge`` command, run in-process through ``main([...])`` and once as a real process."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from schedules import DeviceProfile, Schedule, TrainingGraph, plan, simulate
+from schedules.budgets import memory_lower_bound, store_all_peak
+from schedules.cli import BAD_FILE, INFEASIBLE, OK, REJECTED, USAGE, main
+from schedules.signing import load_public_key
+from tests.schedules.graphs import linear_graph, unet_graph
+
+
+@pytest.fixture
+def graph_file(tmp_path):
+    path = tmp_path / "graph.json"
+    linear_graph(6).save(path)
+    return path
+
+
+@pytest.fixture
+def keys(tmp_path):
+    assert main(["keys", "--dir", str(tmp_path / "keys"), "--name", "ops"]) == OK
+    return tmp_path / "keys" / "ops.key", tmp_path / "keys" / "ops.pub"
+
+
+def tight_budget(path) -> int:
+    """Halfway between the least any schedule needs and plain backprop's peak: POET must work for it."""
+    graph = TrainingGraph.load(path)
+    return (memory_lower_bound(graph) + store_all_peak(graph)) // 2
+
+
+def run(argv, capsys) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(err: str, *fragments: str) -> None:
+    """A user error is one clear line on stderr, never a traceback."""
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1, err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+# -- solve ---------------------------------------------------------------------------
+def test_solve_writes_a_loadable_schedule_within_the_budget(graph_file, tmp_path, capsys):
+    budget = tight_budget(graph_file)
+    out = tmp_path / "schedule.json"
+    code, stdout, _ = run(["solve", graph_file, "--memory", budget, "--runtime", "1.5", "-o", out], capsys)
+    assert code == OK
+    schedule = Schedule.load(out)
+    graph = TrainingGraph.load(graph_file)
+    report = simulate(graph, schedule)
+    assert schedule.memory_budget == budget and report.peak_bytes <= budget
+    assert schedule.solver.method == "poet"
+    # The summary reports what the file holds.
+    assert f"{out.stat().st_size:,} bytes" in stdout
+    assert f"{schedule.predicted_peak_bytes:,} B / {budget:,} B" in stdout
+    for key in ("status", "objective", "solve time", "runtime", "energy"):
+        assert key in stdout
+
+
+def test_solve_reads_sizes_with_units(graph_file, tmp_path, capsys):
+    out = tmp_path / "s.json"
+    assert run(["solve", graph_file, "--memory", "0.0025MB", "-o", out], capsys)[0] == OK
+    assert Schedule.load(out).memory_budget == 2500
+
+
+def test_solve_with_a_baseline(graph_file, tmp_path, capsys):
+    out = tmp_path / "s.json"
+    code, stdout, _ = run(["solve", graph_file, "--baseline", "store-all", "-o", out], capsys)
+    assert code == OK
+    assert Schedule.load(out).solver.method == "store-all"
+
+
+def test_signed_schedule_verifies_and_replays(graph_file, tmp_path, keys, capsys):
+    out = tmp_path / "s.json"
+    assert run(["solve", graph_file, "--memory", tight_budget(graph_file), "--sign", keys[0], "-o", out], capsys)[0] == OK
+    Schedule.load(out, public_key=load_public_key(keys[1]))
+    code, stdout, _ = run(["verify", out, "--key", keys[1], "--graph", graph_file], capsys)
+    assert code == OK
+    assert "signature   ok" in stdout and "graph       ok" in stdout and "replay      ok" in stdout
+
+
+def test_infeasible_budget_exits_1_and_prints_a_feasible_budget(graph_file, tmp_path, capsys):
+    graph = TrainingGraph.load(graph_file)
+    too_small = memory_lower_bound(graph) - 1
+    out = tmp_path / "s.json"
+    code, stdout, _ = run(["solve", graph_file, "--memory", too_small, "--runtime", "1.2", "-o", out], capsys)
+    assert code == INFEASIBLE
+    assert not out.exists()
+    assert "infeasible" in stdout
+    suggested = int(stdout.split("try: --memory ")[1].split()[0])
+    assert suggested > too_small
+    assert plan(graph, memory_budget=suggested, runtime_budget=1.2).feasible
+
+
+def test_smallest_budget_is_searched_for_the_method_asked(graph_file, tmp_path, capsys):
+    graph = TrainingGraph.load(graph_file)
+    code, stdout, _ = run(["solve", graph_file, "--baseline", "store-all", "--memory", tight_budget(graph_file),
+                           "-o", tmp_path / "s.json"], capsys)
+    assert code == INFEASIBLE
+    assert "smallest feasible memory budget" in stdout
+    assert f"try: --memory {store_all_peak(graph)}" in stdout  # store-all fits nothing below its own peak
+
+
+def test_runtime_below_one_plain_step_is_infeasible_at_any_memory(graph_file, tmp_path, capsys):
+    code, stdout, _ = run(["solve", graph_file, "--memory", "1MB", "--runtime", "0.5", "-o", tmp_path / "s.json"],
+                          capsys)
+    assert code == INFEASIBLE
+    assert "no memory budget helps" in stdout
+
+
+def test_device_by_name_and_by_file(graph_file, tmp_path, capsys):
+    profile = tmp_path / "pi.json"
+    DeviceProfile.builtin("rpi4").save(profile)
+    for device in ("rpi4", str(profile)):
+        out = tmp_path / "s.json"
+        assert run(["solve", graph_file, "--device", device, "--count-paging-time", "--runtime", "3",
+                    "--memory", tight_budget(graph_file), "-o", out], capsys)[0] == OK
+        assert Schedule.load(out).device == "rpi4"
+
+
+# -- user errors: exit codes and one clear line --------------------------------------------
+def test_unknown_device_is_a_usage_error(graph_file, tmp_path, capsys):
+    code, _, err = run(["solve", graph_file, "--device", "pdp11", "-o", tmp_path / "s.json"], capsys)
+    assert code == USAGE
+    assert_one_line_error(err, "pdp11", "rpi4")
+
+
+def test_unknown_baseline_is_a_usage_error(graph_file, tmp_path, capsys):
+    code, _, err = run(["solve", graph_file, "--baseline", "magic", "-o", tmp_path / "s.json"], capsys)
+    assert code == USAGE
+    assert_one_line_error(err, "magic", "store-all")
+
+
+def test_bad_size_is_a_usage_error(graph_file, capsys):
+    code, _, err = run(["solve", graph_file, "--memory", "3XB"], capsys)
+    assert code == USAGE
+    assert "is not a size" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ("not json at all", "not valid JSON"),
+    (json.dumps({"format": "poet-edge/training-graph", "version": 99, "nodes": []}), "version 99"),
+    (json.dumps({"T": 2, "edges": [[1, 0]], "backward": [1], "cost_cpu_ms": [1, 1], "cost_ram_bytes": [1, 1],
+                 "compute_j": [1, 1], "pagein_j": [1, 1], "pageout_j": [1, 1]}), "goes backwards"),
+])
+def test_bad_graph_file_exits_3_with_one_line(tmp_path, content, fragment, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    code, _, err = run(["solve", bad, "-o", tmp_path / "s.json"], capsys)
+    assert code == BAD_FILE
+    assert_one_line_error(err, "bad.json", fragment)
+
+
+def test_missing_graph_file_exits_3(tmp_path, capsys):
+    code, _, err = run(["solve", tmp_path / "nope.json"], capsys)
+    assert code == BAD_FILE
+    assert_one_line_error(err, "nope.json")
+
+
+def test_unwritable_output_fails_before_solving(graph_file, tmp_path, capsys):
+    code, _, err = run(["solve", graph_file, "-o", tmp_path / "no" / "such" / "dir" / "s.json"], capsys)
+    assert code == BAD_FILE
+    assert_one_line_error(err, "does not exist")
+
+
+def test_tampered_schedule_is_rejected(graph_file, tmp_path, keys, capsys):
+    out = tmp_path / "s.json"
+    assert run(["solve", graph_file, "--sign", keys[0], "-o", out], capsys)[0] == OK
+    data = json.loads(out.read_text())
+    data["memory_budget"] = 10**9  # a tampered budget
+    out.write_text(json.dumps(data))
+    code, _, err = run(["verify", out, "--key", keys[1]], capsys)
+    assert code == REJECTED
+    assert_one_line_error(err, "modified after signing")
+
+
+def test_schedule_signed_by_another_key_is_rejected(graph_file, tmp_path, keys, capsys):
+    out = tmp_path / "s.json"
+    assert run(["solve", graph_file, "--sign", keys[0], "-o", out], capsys)[0] == OK
+    assert run(["keys", "--dir", tmp_path / "other"], capsys)[0] == OK
+    code, _, err = run(["verify", out, "--key", tmp_path / "other" / "schedule-signing.pub"], capsys)
+    assert code == REJECTED
+    assert_one_line_error(err, "not by the trusted key")
+
+
+def test_schedule_for_another_graph_is_rejected(graph_file, tmp_path, keys, capsys):
+    out = tmp_path / "s.json"
+    assert run(["solve", graph_file, "--sign", keys[0], "-o", out], capsys)[0] == OK
+    other = tmp_path / "other.json"
+    unet_graph(2).save(other)
+    code, _, err = run(["verify", out, "--key", keys[1], "--graph", other], capsys)
+    assert code == REJECTED
+    assert_one_line_error(err, "planned for graph")
+    assert run(["plot", out, "--graph", other, "-o", tmp_path / "t.png"], capsys)[0] == REJECTED
+
+
+def test_keys_never_overwrite(tmp_path, keys, capsys):
+    before = keys[0].read_bytes()
+    code, _, err = run(["keys", "--dir", keys[0].parent, "--name", "ops"], capsys)
+    assert code == BAD_FILE
+    assert_one_line_error(err, "already exists")
+    assert keys[0].read_bytes() == before
+
+
+@pytest.mark.parametrize("command", ["solve", "plot", "pareto", "keys", "verify", "devices"])
+def test_every_subcommand_has_help(command, capsys):
+    code, out, _ = run([command, "--help"], capsys)
+    assert code == OK and "usage: poet-edge " + command in out
+
+
+def test_no_subcommand_prints_help_and_exits_2(capsys):
+    code, _, err = run([], capsys)
+    assert code == USAGE and "solve" in err
+
+
+def test_devices_lists_the_builtin_profiles(capsys):
+    code, out, _ = run(["devices"], capsys)
+    assert code == OK
+    assert {line.split()[0] for line in out.splitlines()} == set(DeviceProfile.builtin_names())
+
+
+# -- plot and pareto -----------------------------------------------------------------------
+def test_plot_writes_a_png(graph_file, tmp_path, keys, capsys):
+    out = tmp_path / "s.json"
+    assert run(["solve", graph_file, "--memory", tight_budget(graph_file), "--sign", keys[0], "-o", out], capsys)[0] == OK
+    png = tmp_path / "t.png"
+    assert run(["plot", out, "--graph", graph_file, "--key", keys[1], "-o", png], capsys)[0] == OK
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_pareto_prints_a_table_and_writes_a_png(graph_file, tmp_path, capsys):
+    png = tmp_path / "p.png"
+    code, out, _ = run(["pareto", graph_file, "--runtime", "1.5", "--points", "3",
+                        "--methods", "poet,store-all,checkpoint-all", "-o", png], capsys)
+    assert code == OK
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    rows = [line for line in out.splitlines() if line.strip().endswith("J") or line.strip().endswith("-")]
+    assert len(rows) == 3  # one per budget
+    assert rows[-1].split()[-3:] != ["-", "-", "-"]  # at store-all's peak, store-all is feasible
+
+
+def test_pareto_unknown_method_is_a_usage_error(graph_file, tmp_path, capsys):
+    code, _, err = run(["pareto", graph_file, "--methods", "poet,nope", "-o", tmp_path / "p.png"], capsys)
+    assert code == USAGE
+    assert_one_line_error(err, "nope")
+
+
+# -- extensibility and process boundary ------------------------------------------------------
+def test_other_packages_register_subcommands(tmp_path, monkeypatch, capsys):
+    (tmp_path / "extra_commands.py").write_text(textwrap.dedent("""
+        from schedules.cli import CommandError
+
+        def add_commands(subparsers):
+            p = subparsers.add_parser("hello", help="say hello")
+            p.add_argument("--fail", action="store_true")
+            p.set_defaults(handler=run)
+
+        def run(args):
+            if args.fail:
+                raise CommandError("no hello today", 7)
+            print("hello")
+            return 0
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr("schedules.cli.COMMAND_PROVIDERS", ("extra_commands", "not_installed_package.cli"))
+    assert run(["hello"], capsys) == (OK, "hello\n", "")
+    code, _, err = run(["hello", "--fail"], capsys)
+    assert code == 7 and err.strip() == "poet-edge hello: error: no hello today"
+
+
+def test_console_command_in_a_subprocess(graph_file, tmp_path):
+    out = tmp_path / "s.json"
+    done = subprocess.run([sys.executable, "-m", "schedules.cli", "solve", str(graph_file), "--memory",
+                           str(tight_budget(graph_file)), "-o", str(out)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == OK, done.stderr
+    assert "status" in done.stdout and Schedule.load(out).memory_budget == tight_budget(graph_file)
+    # Not a TTY: progress comes as plain lines on stderr, never terminal control codes.
+    assert "\x1b[" not in done.stderr
+    bad = subprocess.run([sys.executable, "-m", "schedules.cli", "solve", str(tmp_path / "missing.json")],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == BAD_FILE and "Traceback" not in bad.stderr
+
+
+def test_cli_starts_without_heavy_imports():
+    code = ("import sys; from schedules.cli import build_parser; build_parser(); "
+            "print(sorted(m for m in ('torch', 'matplotlib', 'rich') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "[]", done.stderr
