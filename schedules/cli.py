@@ -325,6 +325,10 @@ def _check_writable(path: str) -> None:
 
 def _plan_function(args: argparse.Namespace, graph: TrainingGraph, device: DeviceProfile | None) -> Planner:
     """``plan`` with the graph, device, runtime and solver settings of ``args`` bound."""
+    if device is None and (not graph.has_energy or args.count_paging_time):
+        need = "has no energy costs to price" if not graph.has_energy else "needs paging times for --count-paging-time"
+        raise CommandError(f"{args.graph} {need}: pass --device NAME or --device FILE.json "
+                           "(built-in names: `poet-edge devices`)", USAGE)
     return functools.partial(plan, graph, device=device, runtime_budget=args.runtime, solver=args.solver,
                              threads=args.threads, count_paging_time=args.count_paging_time)
 

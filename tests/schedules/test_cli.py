@@ -134,6 +134,16 @@ def test_unknown_device_is_a_usage_error(graph_file, tmp_path, capsys):
     assert_one_line_error(err, "pdp11", "rpi4")
 
 
+def test_graph_without_energies_needs_a_device(tmp_path, capsys):
+    graph = linear_graph(3)
+    unpriced = graph.with_nodes(n.__class__(**{**n.__dict__, "compute_j": None}) for n in graph.nodes)
+    unpriced.save(tmp_path / "g.json")
+    code, _, err = run(["solve", tmp_path / "g.json", "-o", tmp_path / "s.json"], capsys)
+    assert code == USAGE
+    assert_one_line_error(err, "no energy costs", "--device")
+    assert run(["solve", tmp_path / "g.json", "--device", "rpi4", "-o", tmp_path / "s.json"], capsys)[0] == OK
+
+
 def test_unknown_baseline_is_a_usage_error(graph_file, tmp_path, capsys):
     code, _, err = run(["solve", graph_file, "--baseline", "magic", "-o", tmp_path / "s.json"], capsys)
     assert code == USAGE
