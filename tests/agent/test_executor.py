@@ -1,0 +1,178 @@
+"""The executor's guarantees: refusals, budgets kept, failures that leave the model untouched."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+import torchvision
+
+from agent import pagefile
+from agent.errors import InputMismatchError, PageCorruptError, ScheduleRefusedError, SwapSpaceError
+from agent.executor import Executor
+from schedules.extract import extract
+from schedules.plan import plan
+from tests.agent.models import (
+    TinyUNet, cross_entropy, image_example, mlp, mlp_example, page_everything, schedule_for, unet_example,
+)
+
+
+@pytest.fixture(scope="module")
+def unet():
+    torch.manual_seed(0)
+    model = TinyUNet().train()
+    graph, segments = extract(model, unet_example(), cross_entropy, repeats=1)
+    return model, graph, segments
+
+
+@pytest.mark.parametrize("method", ["poet", "capuchin"])
+@pytest.mark.parametrize("fraction", [0.9, 0.7, 0.5])
+def test_ledger_never_exceeds_the_budget(unet, method, fraction, tmp_path):
+    model, graph, segments = unet
+    peak = plan(graph, "rpi4", method="store-all").simulation.peak_bytes
+    result = plan(graph, "rpi4", method=method, memory_budget=int(fraction * peak), time_limit=60)
+    if not result.feasible:
+        pytest.skip(f"{method} finds no schedule at {fraction:.0%}: {result.message}")
+    with Executor(model, segments, graph, result.schedule, swap_dir=tmp_path) as ex:
+        ex.step(*unet_example())
+        stats = ex.last_stats
+    assert stats.ledger_peak_bytes <= result.schedule.memory_budget
+    assert stats.peak_with_inflight_bytes <= result.schedule.memory_budget  # prefetch buffers included
+    assert stats.ledger == stats.predicted
+    model.zero_grad()
+
+
+def test_schedule_for_another_model_is_refused(unet):
+    model, graph, segments = unet
+    other, _ = extract(mlp().train(), mlp_example(), cross_entropy, repeats=1)
+    foreign = plan(other, "rpi4", method="store-all").schedule
+    with pytest.raises(ScheduleRefusedError, match="planned for graph"):
+        Executor(model, segments, graph, foreign)
+    with pytest.raises(ScheduleRefusedError, match="do not match these segments"):
+        Executor(model, segments, other, foreign)
+
+
+def test_schedule_over_its_budget_is_refused_and_other_shapes_too(unet):
+    model, graph, segments = unet
+    store_all = plan(graph, "rpi4", method="store-all").schedule
+    over = schedule_for(graph, list(store_all.instructions))
+    over = type(over)(**{**over.__dict__, "memory_budget": over.predicted_peak_bytes - 1})
+    with pytest.raises(ScheduleRefusedError, match="exceed the budget"):
+        Executor(model, segments, graph, over)
+    with pytest.raises(InputMismatchError, match="extracted for"):
+        Executor(model, segments, graph, store_all, measure_rss=False).step(*unet_example(batch=3))
+    assert all(p.grad is None for p in model.parameters())
+
+
+class TwoBranches(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.head = nn.Sequential(nn.Linear(32, 8), nn.Dropout(0.5)), nn.Linear(32, 8), nn.Linear(16, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.cat([self.a(x), self.b(x)], dim=1))
+
+
+def test_forward_nodes_first_computed_out_of_stage_order_are_refused():
+    graph, segments = extract(TwoBranches().train(), mlp_example(), cross_entropy, repeats=1)
+    names = [n.name for n in graph.nodes]
+    a, b = names.index("a.0"), names.index("b")
+    assert graph.predecessors[b] == (0,)  # b does not need a: a planner may order them either way
+    store_all = list(plan(graph, "rpi4", method="store-all").schedule.instructions)
+    swapped = [x for x in store_all if x != ("compute", b)]
+    swapped.insert(swapped.index(("compute", a)), ("compute", b))
+    with pytest.raises(ScheduleRefusedError, match="stage order"):
+        Executor(TwoBranches(), segments, graph, schedule_for(graph, swapped))
+
+
+class Saboteur(nn.Module):
+    """The outside world: when armed, flips a byte in (or deletes) every page file of the swap directory."""
+
+    def __init__(self, swap_dir: Path) -> None:
+        super().__init__()
+        self.swap_dir, self.mode = swap_dir, None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pages = sorted(self.swap_dir.glob("poet-*.page"))
+        if self.mode and pages:
+            for page in pages:
+                if self.mode == "delete":
+                    page.unlink()
+                else:
+                    with open(page, "r+b") as f:
+                        slots = int.from_bytes(f.read(16)[12:16], "little")
+                        f.seek(pagefile.data_offset(slots))
+                        first = f.read(1)
+                        f.seek(pagefile.data_offset(slots))
+                        f.write(bytes([first[0] ^ 0x80]))
+            self.mode = None
+        return x * 1.0
+
+
+def _sabotaged(tmp_path):
+    torch.manual_seed(0)
+    saboteur = Saboteur(tmp_path)
+    model = nn.Sequential(nn.Linear(32, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 64),
+                          nn.Tanh(), saboteur, nn.Linear(64, 5)).train()
+    graph, segments = extract(model, mlp_example(), cross_entropy, repeats=1)
+    schedule = schedule_for(graph, page_everything(graph))
+    return model, saboteur, Executor(model, segments, graph, schedule, swap_dir=tmp_path)
+
+
+@pytest.mark.parametrize("mode, error", [("flip", "checksum"), ("delete", "missing")])
+def test_a_corrupt_or_missing_page_aborts_and_leaves_the_model_untouched(tmp_path, mode, error):
+    model, saboteur, ex = _sabotaged(tmp_path)
+    inputs, targets = mlp_example()
+    ex.step(inputs, targets)  # a clean step first: gradients to keep
+    grads = [p.grad.clone() for p in model.parameters()]
+    state = copy.deepcopy(model.state_dict())
+    rng = torch.get_rng_state()
+    saboteur.mode = mode
+    with pytest.raises(PageCorruptError, match=error):
+        ex.step(inputs, targets)
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert not list(tmp_path.glob("poet-*.page"))
+    ex.step(inputs, targets)  # and the executor still works
+    ex.close()
+
+
+def test_full_swap_directory_fails_before_any_work(tmp_path):
+    model, _, ex = _sabotaged(tmp_path)
+    ex.pager.free_space = lambda path: 4096
+    state = copy.deepcopy(model.state_dict())
+    rng = torch.get_rng_state()
+    with pytest.raises(SwapSpaceError) as info:
+        ex.step(*mlp_example())
+    needed = info.value.needed
+    assert f"{needed:,}" in str(info.value) and "4,096 bytes free" in str(info.value)
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())  # no forward ran
+    assert all(p.grad is None for p in model.parameters())
+    ex.close()
+
+
+def test_paging_needs_a_swap_directory(unet):
+    model, graph, segments = unet
+    with pytest.raises(ScheduleRefusedError, match="swap_dir"):
+        Executor(model, segments, graph, schedule_for(graph, page_everything(graph)))
+
+
+def test_gradients_accumulate_across_steps_like_autograd(tmp_path):
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10).train()
+    reference = copy.deepcopy(model)
+    example = image_example()
+    graph, segments = extract(model, example, cross_entropy, repeats=1)
+    ex = Executor(model, segments, graph, schedule_for(graph, page_everything(graph)), swap_dir=tmp_path)
+    for _ in range(2):  # no zero_grad in between: gradient accumulation
+        inputs, targets = image_example()
+        rng = torch.get_rng_state()
+        cross_entropy(reference(inputs), targets).backward()
+        torch.set_rng_state(rng)
+        ex.step(inputs, targets)
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), reference.parameters()))
+    ex.close()

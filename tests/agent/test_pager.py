@@ -1,0 +1,134 @@
+"""Page files, the pager and prefetch planning, without a model."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from agent import pagefile
+from agent.errors import PageCorruptError, SwapSpaceError
+from agent.pager import HEADER_ALLOWANCE, Pager, remove_stale
+from agent.prefetch import plan_prefetch
+
+
+def _storages(*sizes: int) -> list[torch.UntypedStorage]:
+    return [torch.randint(0, 256, (n,), dtype=torch.uint8).untyped_storage() for n in sizes]
+
+
+def _same(a: list[torch.UntypedStorage], b: list[torch.UntypedStorage]) -> bool:
+    as_tensor = lambda s: torch.empty(0, dtype=torch.uint8).set_(s)  # noqa: E731
+    return len(a) == len(b) and all(torch.equal(as_tensor(x), as_tensor(y)) for x, y in zip(a, b))
+
+
+def test_page_round_trip(tmp_path):
+    slots = _storages(10, 0, 5000, 1 << 20)
+    path = tmp_path / "p.page"
+    assert pagefile.write(path, 7, slots) == sum(s.nbytes() for s in slots)
+    assert path.stat().st_size == pagefile.page_size([s.nbytes() for s in slots])
+    assert _same(pagefile.read(path, 7, [s.nbytes() for s in slots]), slots)
+
+
+def test_flipped_byte_is_caught(tmp_path):
+    slots = _storages(4096, 300)
+    path = tmp_path / "p.page"
+    pagefile.write(path, 3, slots)
+    with open(path, "r+b") as f:
+        f.seek(pagefile.data_offset(2) + 4200)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x01]))
+    with pytest.raises(PageCorruptError, match="checksum"):
+        pagefile.read(path, 3, [4096, 300])
+
+
+def test_missing_truncated_and_foreign_pages_are_refused(tmp_path):
+    with pytest.raises(PageCorruptError, match="missing"):
+        pagefile.read(tmp_path / "none.page", 1, [8])
+    path = tmp_path / "p.page"
+    pagefile.write(path, 1, _storages(100_000))
+    with pytest.raises(PageCorruptError, match="not node 2's page"):
+        pagefile.read(path, 2, [100_000])
+    os.truncate(path, pagefile.data_offset(1) + 10)
+    with pytest.raises(PageCorruptError, match="truncated"):
+        pagefile.read(path, 1, [100_000])
+
+
+def test_pager_writes_in_background_and_prefetches(tmp_path):
+    pager = Pager(tmp_path)
+    slots = _storages(1 << 20, 77)
+    pager.reserve({4: sum(s.nbytes() for s in slots)})
+    pager.write(4, slots)
+    pager.wait_written(4)
+    pager.prefetch(4, [1 << 20, 77])
+    assert pager.inflight_bytes == (1 << 20) + 77
+    assert _same(pager.read(4, [1 << 20, 77]), slots)
+    assert pager.inflight_bytes == 0 and pager.bytes_out == pager.bytes_in == (1 << 20) + 77
+    pager.close()
+    assert not list(tmp_path.iterdir())  # the step's files are gone
+
+
+def test_reservation_refuses_a_full_disk_with_the_figures(tmp_path):
+    pager = Pager(tmp_path, free_space=lambda path: 1_000_000)
+    with pytest.raises(SwapSpaceError) as info:
+        pager.reserve({1: 800_000, 2: 300_000})
+    assert info.value.needed == 1_100_000 + 2 * HEADER_ALLOWANCE and info.value.available == 1_000_000
+    assert "1,000,000 bytes free" in str(info.value) and f"{info.value.needed:,}" in str(info.value)
+    assert not list(tmp_path.iterdir())
+    pager.close()
+
+
+def test_reservation_allocates_the_files(tmp_path):
+    pager = Pager(tmp_path)
+    pager.reserve({1: 5_000_000})
+    [path] = tmp_path.iterdir()
+    assert path.stat().st_blocks * 512 >= 5_000_000  # allocated, not sparse
+    pager.close()
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """A 1 MiB tmpfs, where this machine lets us mount one (root); skipped elsewhere."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root); the injected reading covers this")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_reservation_on_a_real_small_filesystem(small_filesystem):
+    pager = Pager(small_filesystem)
+    with pytest.raises(SwapSpaceError) as info:
+        pager.reserve({1: 2_000_000})
+    assert info.value.available <= 1 << 20
+    pager.close()
+
+
+def test_stale_files_of_dead_processes_are_removed(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    stale = tmp_path / f"poet-{dead}-0123abcd-n3.page"
+    alive = tmp_path / f"poet-{os.getpid()}-0123abcd-n3.page"
+    other = tmp_path / "notes.txt"
+    for path in (stale, alive, other):
+        path.write_bytes(b"x")
+    assert remove_stale(tmp_path) == [stale]
+    assert alive.exists() and other.exists()
+    Pager(tmp_path).close()  # a new pager cleans up on start too
+    assert alive.exists()
+
+
+def test_prefetch_starts_as_early_as_the_budget_allows():
+    # node 1 (100 bytes) is paged out and freed at 3 and paged in at 7; node 2 (50 bytes) lives over 4..5
+    instructions = [("compute", 0), ("compute", 1), ("page_out", 1), ("free", 1), ("compute", 2), ("free", 2),
+                    ("compute", 3), ("page_in", 1)]
+    sizes = [10, 100, 50, 10]
+    resident = [10, 110, 110, 10, 60, 10, 20, 120]
+    assert plan_prefetch(instructions, sizes, resident, limit=1000) == {4: [1]}  # right after the free
+    assert plan_prefetch(instructions, sizes, resident, limit=150) == {6: [1]}   # once node 2 is gone
+    assert plan_prefetch(instructions, sizes, resident, limit=115) == {}         # no room: read at the page_in
