@@ -225,10 +225,17 @@ def sqrt_n(problem: BaselineProblem) -> Matrices:
 
 @dataclass(frozen=True)
 class _Eviction:
-    """Value ``value`` leaves RAM after stage ``out`` begins and is back when stage ``use`` begins."""
+    """Value ``value`` is in RAM at the start of stage ``leave`` but not of the stages up to ``use``.
+
+    Its flash copy is written in stage ``write``, right after the computation
+    that produced it: where the MILP allows a page-out at all (``MOut <= SRam``
+    and its reduced formulation's "page out right after computing"), and it
+    costs no memory there because the value stays resident until ``leave``.
+    """
 
     value: int
-    out: int
+    write: int
+    leave: int
     use: int
 
 
@@ -247,13 +254,13 @@ class _GreedyPlan:
         """Store-all residency for ``R``, with each paged gap cut out of it."""
         m = keep_until_used(graph, self.R)
         for e in self.paged:
-            m.SRam[e.out + 1 : e.use, e.value] = False
+            m.SRam[e.leave + 1 : e.use, e.value] = False
             m.MIn[e.use - 1, e.value] = True
         for v in {e.value for e in self.paged}:
             gaps = [e for e in self.paged if e.value == v]
-            first_out = min(e.out for e in gaps)
-            m.MOut[first_out, v] = True  # written once; the value never changes, so the copy serves every gap
-            m.SSd[first_out + 1 : max(e.use for e in gaps), v] = True
+            first_write = min(e.write for e in gaps)
+            m.MOut[first_write, v] = True  # written once; the value never changes, so the copy serves every gap
+            m.SSd[first_write + 1 : max(e.use for e in gaps), v] = True
         return m
 
 
@@ -341,18 +348,19 @@ def _options(problem: BaselineProblem, state: _GreedyPlan, v: int, last: int, fo
              stage: int, accounting: Accounting) -> list[_GreedyPlan]:
     """The ways to evict ``v`` over its gap, in capuchin's order of preference (see :func:`capuchin`)."""
     graph, node = problem.graph, problem.graph.nodes[v]
-    # The MILP pages out only values resident at a stage's start: at ``last`` if v was read there, else one later.
-    out = last if m.SRam[last, v] else last + 1
+    # v was computed at ``made`` and is resident from ``made + 1``: at the start of ``last`` if read there.
+    made = max(t for t in np.flatnonzero(state.R[:, v]).tolist() if t <= last)
+    leave = last if m.SRam[last, v] else last + 1
     options: dict[str, _GreedyPlan] = {}
-    # A paged value is back in RAM from ``following``; the MILP counts it in RAM during stage ``out``.
-    if out + 1 < following and (accounting == "simulator" or out < stage):
-        options["page"] = _GreedyPlan(state.R, (*state.paged, _Eviction(v, out, following)))
+    # Back in RAM from ``following``; the MILP counts v for all of stage ``leave`` (the replay may free it earlier).
+    if leave + 1 < following and (accounting == "simulator" or leave < stage):
+        options["page"] = _GreedyPlan(state.R, (*state.paged, _Eviction(v, made + 1, leave, following)))
     if not graph.is_backward(v):
         R = state.R.copy()
         R[following, v] = True
         options["recompute"] = _GreedyPlan(R, state.paged)
     paging_j = (node.pagein_j or 0.0) + (0.0 if state.on_flash(v) else node.pageout_j or 0.0)
-    if _paging_hidden(problem, state, v, out, following):
+    if _paging_hidden(problem, state, v, made + 1, following):
         order = ("page", "recompute")
     elif (node.compute_j or 0.0) <= paging_j:
         order = ("recompute", "page")
@@ -361,13 +369,13 @@ def _options(problem: BaselineProblem, state: _GreedyPlan, v: int, last: int, fo
     return [options[name] for name in order if name in options]
 
 
-def _paging_hidden(problem: BaselineProblem, state: _GreedyPlan, v: int, out: int, following: int) -> bool:
-    """True when paging ``v`` out at ``out`` and in before ``following`` takes no longer than the compute between."""
+def _paging_hidden(problem: BaselineProblem, state: _GreedyPlan, v: int, write: int, following: int) -> bool:
+    """True when paging ``v`` out from stage ``write`` and back in before ``following`` hides behind their compute."""
     if problem.paging_ms is None:
         return False  # no device profile: the transfer time is unknown, so nothing is known to hide
     pagein_ms, pageout_ms = problem.paging_ms
     transfer = pagein_ms[v] + (0.0 if state.on_flash(v) else pageout_ms[v])
-    return transfer <= compute_ms(problem.graph, state.R[out:following])
+    return transfer <= compute_ms(problem.graph, state.R[write:following])
 
 
 def _within_runtime(problem: BaselineProblem, state: _GreedyPlan) -> bool:

@@ -49,6 +49,9 @@ def check_baseline(graph, name, budget=None, runtime_ms=None, **problem):
     assert report.peak_bytes <= milp_peak_bytes(graph, m)
     if name in FIXED:  # no paging: the MILP's accounting and the replay agree exactly
         assert milp_stage_peaks(graph, m) == simulated_stage_peaks(graph, m)
+    # Page-outs sit right after a computation, where the MILP's reduced formulation has its MOut columns,
+    # so the matrices stay a valid warm start.
+    assert all(m.R[t - 1, i] for t, i in zip(*np.nonzero(m.MOut)))
     if name == "capuchin" and budget is not None:
         assert milp_peak_bytes(graph, m) <= budget
         simulate(graph, to_instructions(graph, m), memory_budget=budget, runtime_budget_ms=runtime_ms)
