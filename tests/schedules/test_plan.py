@@ -106,14 +106,17 @@ def test_the_milp_accounting_decides_where_paging_right_after_compute_would_help
     assert_poet_is_best(fits)
 
 
-def test_poet_schedule_keeps_the_budget_the_milp_solved_for():
-    """Regression (found by the random-DAG search): the dense reference formulation proves 3.46 J optimal
-    here; a decoded MILP solution must replay within 1849 bytes, not be refused by the simulator."""
-    graph = training_graph([[], [0], [0, 1], [0, 1], [1]], [10, 378, 300, 21, 594], [5.0, 0.0, 0.5, 0.5, 5.0],
-                           loss_bytes=7)
-    result = checked(graph, plan(graph, memory_budget=1849, runtime_budget=1.0, time_limit=TIME_LIMIT))
+@pytest.mark.parametrize("preds, sizes, times, loss_bytes, budget, optimum", [
+    ([[], [0], [0]], [420, 97, 420], [2.0, 0.1, 2.0], 13, 1358, 1.2885),
+    ([[], [0], [0, 1], [0, 1], [1]], [10, 378, 300, 21, 594], [5.0, 0.0, 0.5, 0.5, 5.0], 7, 1849, 3.46),
+], ids=["T7", "T11"])
+def test_poet_schedule_keeps_the_budget_the_milp_solved_for(preds, sizes, times, loss_bytes, budget, optimum):
+    """Regressions found by the random-DAG search: the dense reference formulation proves ``optimum``
+    here; the decoded MILP solution must replay within the budget, not be refused by the simulator."""
+    graph = training_graph(preds, sizes, times, loss_bytes=loss_bytes)
+    result = checked(graph, plan(graph, memory_budget=budget, runtime_budget=1.0, time_limit=TIME_LIMIT))
     assert result.feasible, result.message
-    assert result.objective_j == pytest.approx(3.46, rel=GAP)
+    assert result.objective_j == pytest.approx(optimum, rel=GAP)
 
 
 def test_warm_start_does_not_change_the_optimum():
