@@ -27,8 +27,10 @@ budgets and :func:`schedules.plan` reports them infeasible when they do not fit.
 
 Every matrix set produced here satisfies the POET MILP's constraints (R[t,t]
 = 1, triangular structure, dependencies, persistence, MOut only of values
-resident at stage start, MIn only of values on flash), so any of them can warm
-start the MILP.  Memory is a subtler matter: the MILP's accounting
+resident at stage start, MIn only of values on flash) and the narrower shape
+of :mod:`schedules.milp`'s reduced formulation (page-outs right after a
+computation, page-ins right before a reader), so any of them can warm start
+the MILP.  Memory is a subtler matter: the MILP's accounting
 (:func:`milp_peak_bytes`) charges a value paged out during stage ``t`` for all
 of stage ``t``, while the instruction list frees it right after the page-out.
 The fixed policies never page, so both accountings agree on them; capuchin
@@ -272,9 +274,11 @@ def capuchin(problem: BaselineProblem, accounting: Accounting = "milp") -> Matri
     stage does not read, the largest (ties: the longest idle gap).  That
     value leaves RAM for its whole idle gap, by one of two means:
 
-    * **page** it (out as early as the MILP allows, back in just before its
-      next reader) when ``problem.paging_ms`` says the transfer fits within
-      the compute time of the gap, so it costs no time;
+    * **page** it (written to flash right after the computation that made
+      it, dropped after its last read before the gap, paged back in during
+      the stage before its next reader) when ``problem.paging_ms`` says the
+      transfer fits within the compute time from the write to that reader,
+      so it costs no time;
     * otherwise **recompute** it at its next reader's stage (its inputs are
       kept until then) when that costs less energy than paging it out and in;
       otherwise page it anyway.
