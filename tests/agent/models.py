@@ -55,6 +55,25 @@ def image_example(batch: int = 2, size: int = 32, classes: int = 10) -> tuple[to
     return torch.randn(batch, 3, size, size), torch.randint(0, classes, (batch,))
 
 
+def bert_classifier(layers: int = 2, hidden: int = 64, heads: int = 4, vocab: int = 500, positions: int = 64,
+                    labels: int = 3) -> nn.Module:
+    """A BERT encoder classifier from transformers, built from a config (no download)."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    config = BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                        intermediate_size=4 * hidden, num_labels=labels, max_position_embeddings=positions)
+    return BertForSequenceClassification(config)
+
+
+def bert_example(batch: int = 2, length: int = 16, vocab: int = 500, labels: int = 3):
+    return torch.randint(0, vocab, (batch, length)), torch.randint(0, labels, (batch,))
+
+
+def logits_cross_entropy(output, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy on a transformers model output (``.logits``)."""
+    return F.cross_entropy(output.logits, targets)
+
+
 def cross_entropy(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(output, targets)
 
