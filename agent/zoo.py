@@ -1,0 +1,270 @@
+"""A small model zoo: the models the profiler, validation and benchmarks run, with their batch and loss.
+
+``poet-edge profile --model NAME --input SHAPE`` and ``poet-edge validate``
+build the same :class:`Workload` from the same name, shape and seed, so the
+graph a profile wrote and the model a validation runs have the same node
+bytes (the graph's fingerprint checks it).
+
+========================  ================  ==================================================
+name                      default input     model
+========================  ================  ==================================================
+``resnet18``              32x3x64x64        torchvision resnet18, 10 classes
+``mobilenet_v2``          32x3x64x64        torchvision mobilenet_v2, 10 classes
+``vgg11_bn``              8x3x64x64         torchvision vgg11_bn, 10 classes
+``bert``                  8x128             BERT encoder classifier (transformers, from a
+                                            ``BertConfig``: 4 layers, hidden 256, 4 heads, no
+                                            download), 2 labels; input is batch x sequence
+``unet``                  8x3x64x64         a small U-Net whose skip connections cross
+                                            segments, 4 classes per pixel
+========================  ================  ==================================================
+
+A user's own model: ``--module package.module:factory``.  ``factory()``
+returns a :class:`Workload` (used as it is) or an ``nn.Module``; for a module
+the batch is ``torch.randn(--input)`` and the loss follows the output's shape
+(see :func:`workload_for_module`).
+
+This module imports torch; import it only where a model is really built.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from agent.errors import AgentError
+
+LossFn = Callable[[Any, Any], torch.Tensor]
+
+
+class ZooError(AgentError):
+    """A model name, module path or input shape that cannot be built; the message says what to pass."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model in training mode with one batch and its loss: what one training step needs.
+
+    Attributes
+    ----------
+    name:
+        Zoo name or ``package.module:factory``.
+    model:
+        The model, in ``train()`` mode.
+    inputs:
+        A tensor, or a tuple of positional arguments for ``model``.
+    targets:
+        What ``loss_fn`` compares the output with.
+    loss_fn:
+        ``loss_fn(model(*inputs), targets)`` is the scalar loss.
+    """
+
+    name: str
+    model: nn.Module
+    inputs: Any
+    targets: Any
+    loss_fn: LossFn
+
+    @property
+    def example(self) -> tuple[Any, Any]:
+        """``(inputs, targets)``, as :func:`schedules.extract.extract` and ``Executor.step`` take them."""
+        return self.inputs, self.targets
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    """How to build one zoo model: a description, its default input shape and a builder."""
+
+    description: str
+    default_input: tuple[int, ...]
+    build: Callable[[tuple[int, ...]], Workload]
+
+
+# -- input shapes ------------------------------------------------------------------
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``"32x3x64x64"`` -> ``(32, 3, 64, 64)``; every dimension a whole number >= 1."""
+    parts = text.lower().replace("*", "x").split("x")
+    if not parts or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+        raise ZooError(f"input shape {text!r} is not a shape: write dimensions joined by x, batch first "
+                       "(32x3x64x64 for images, 8x128 for token sequences)")
+    return tuple(int(p) for p in parts)
+
+
+def _need_rank(name: str, shape: tuple[int, ...], rank: int, example: str) -> None:
+    if len(shape) != rank:
+        raise ZooError(f"model {name!r} takes a {rank}-dimensional input ({example}), "
+                       f"got {'x'.join(map(str, shape))}")
+
+
+# -- losses --------------------------------------------------------------------------
+def cross_entropy(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Classification loss on logits (per sample or per pixel)."""
+    return F.cross_entropy(output, targets)
+
+
+def logits_cross_entropy(output: Any, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy on a transformers model output (its ``.logits``)."""
+    return F.cross_entropy(output.logits, targets)
+
+
+def mse(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Regression loss for outputs that are not class scores."""
+    return F.mse_loss(output, targets)
+
+
+# -- built-in models -----------------------------------------------------------------
+def _torchvision(arch: str) -> Callable[[tuple[int, ...]], Workload]:
+    def build(shape: tuple[int, ...]) -> Workload:
+        import torchvision
+
+        _need_rank(arch, shape, 4, "batch x channels x height x width, e.g. 32x3x64x64")
+        model = getattr(torchvision.models, arch)(num_classes=10).train()
+        return Workload(arch, model, torch.randn(shape), torch.randint(0, 10, (shape[0],)), cross_entropy)
+
+    return build
+
+
+BERT_LAYERS, BERT_HIDDEN, BERT_HEADS, BERT_VOCAB, BERT_LABELS = 4, 256, 4, 30522, 2
+
+
+def bert_encoder(layers: int = BERT_LAYERS, hidden: int = BERT_HIDDEN, heads: int = BERT_HEADS,
+                 vocab: int = BERT_VOCAB, positions: int = 512, labels: int = BERT_LABELS) -> nn.Module:
+    """A BERT encoder classifier built from a config (no download), in training mode."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    config = BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                        intermediate_size=4 * hidden, num_labels=labels, max_position_embeddings=positions)
+    return BertForSequenceClassification(config).train()
+
+
+def _bert(shape: tuple[int, ...]) -> Workload:
+    _need_rank("bert", shape, 2, "batch x sequence length, e.g. 8x128")
+    if shape[1] > 512:
+        raise ZooError(f"bert takes sequences of at most 512 tokens, got {shape[1]}")
+    model = bert_encoder()
+    ids = torch.randint(0, BERT_VOCAB, shape)                              # B, L
+    return Workload("bert", model, ids, torch.randint(0, BERT_LABELS, (shape[0],)), logits_cross_entropy)
+
+
+def _conv_block(cin: int, cout: int) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
+
+
+class SmallUNet(nn.Module):
+    """A two-level U-Net whose skip connections (``torch.cat``) cross segments."""
+
+    def __init__(self, channels: int = 16, classes: int = 4) -> None:
+        super().__init__()
+        c = channels
+        self.enc1, self.enc2, self.bottom = _conv_block(3, c), _conv_block(c, 2 * c), _conv_block(2 * c, 4 * c)
+        self.pool = nn.MaxPool2d(2)
+        self.up2 = nn.ConvTranspose2d(4 * c, 2 * c, 2, stride=2)
+        self.dec2 = _conv_block(4 * c, 2 * c)
+        self.up1 = nn.ConvTranspose2d(2 * c, c, 2, stride=2)
+        self.dec1 = _conv_block(2 * c, c)
+        self.head = nn.Conv2d(c, classes, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        e1 = self.enc1(x)                                            # B, c, H, W
+        e2 = self.enc2(self.pool(e1))                                # B, 2c, H/2, W/2
+        b = self.bottom(self.pool(e2))                               # B, 4c, H/4, W/4
+        d2 = self.dec2(torch.cat([self.up2(b), e2], dim=1))          # B, 2c, H/2, W/2
+        d1 = self.dec1(torch.cat([self.up1(d2), e1], dim=1))         # B, c, H, W
+        return self.head(d1)                                         # B, classes, H, W
+
+
+def _unet(shape: tuple[int, ...]) -> Workload:
+    _need_rank("unet", shape, 4, "batch x 3 x height x width, e.g. 8x3x64x64")
+    if shape[1] != 3 or shape[2] % 4 or shape[3] % 4:
+        raise ZooError(f"unet takes 3-channel images with height and width divisible by 4, got "
+                       f"{'x'.join(map(str, shape))}")
+    model = SmallUNet().train()
+    targets = torch.randint(0, 4, (shape[0], shape[2], shape[3]))  # B, H, W class per pixel
+    return Workload("unet", model, torch.randn(shape), targets, cross_entropy)
+
+
+ZOO: dict[str, ZooEntry] = {
+    "resnet18": ZooEntry("torchvision resnet18, 10 classes", (32, 3, 64, 64), _torchvision("resnet18")),
+    "mobilenet_v2": ZooEntry("torchvision mobilenet_v2, 10 classes", (32, 3, 64, 64), _torchvision("mobilenet_v2")),
+    "vgg11_bn": ZooEntry("torchvision vgg11_bn, 10 classes", (8, 3, 64, 64), _torchvision("vgg11_bn")),
+    "bert": ZooEntry("BERT encoder classifier: 4 layers, hidden 256, 4 heads, 2 labels (input batch x sequence)",
+                     (8, 128), _bert),
+    "unet": ZooEntry("small U-Net, skip connections across segments, 4 classes per pixel", (8, 3, 64, 64), _unet),
+}
+
+
+# -- entry point ---------------------------------------------------------------------
+def load_workload(spec: str, shape: tuple[int, ...] | None = None, seed: int = 0) -> Workload:
+    """Build the workload named ``spec`` (a zoo name or ``package.module:factory``).
+
+    Parameters
+    ----------
+    spec:
+        A key of :data:`ZOO`, or ``package.module:factory``.
+    shape:
+        Input shape, batch first; ``None`` takes the zoo model's default.
+    seed:
+        Seeds weights and batch, so two processes build the same workload.
+
+    Raises
+    ------
+    ZooError
+        Unknown name, unimportable module, or a shape the model cannot take.
+    """
+    torch.manual_seed(seed)
+    if ":" in spec:
+        return _from_module(spec, shape)
+    entry = ZOO.get(spec.strip().lower())
+    if entry is None:
+        raise ZooError(f"unknown model {spec!r}; zoo models: {', '.join(ZOO)} "
+                       "(or --module package.module:factory for your own)")
+    return entry.build(shape or entry.default_input)
+
+
+def _from_module(spec: str, shape: tuple[int, ...] | None) -> Workload:
+    module_name, _, attr = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ZooError(f"cannot load {spec!r}: {exc}; give an importable package.module:factory "
+                       "(is the package on PYTHONPATH?)") from exc
+    made = factory()
+    if isinstance(made, Workload):
+        return made
+    if not isinstance(made, nn.Module):
+        raise ZooError(f"{spec} returned {type(made).__name__}; a factory returns an nn.Module or an "
+                       "agent.zoo.Workload")
+    if shape is None:
+        raise ZooError(f"{spec} returns a bare nn.Module: pass --input SHAPE (batch first) for its batch")
+    return workload_for_module(spec, made.train(), torch.randn(shape))
+
+
+def workload_for_module(name: str, model: nn.Module, inputs: torch.Tensor) -> Workload:
+    """A workload for a bare module: targets and loss chosen from one trial forward's output.
+
+    ``(B, C)`` scores get class targets and cross-entropy, ``(B, C, *spatial)``
+    scores per-position class targets; any other tensor output is regressed
+    onto random targets with MSE.
+    """
+    model.eval()  # the trial must not move BatchNorm statistics
+    try:
+        with torch.no_grad():
+            output = model(inputs)
+    finally:
+        model.train()
+    logits = getattr(output, "logits", output)
+    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
+        raise ZooError(f"{name}'s output is {type(output).__name__}; return a Workload from the factory to say "
+                       "which targets and loss it trains with")
+    loss = logits_cross_entropy if logits is not output else cross_entropy
+    if logits.dim() >= 2 and logits.shape[1] > 1:
+        classes = logits.shape[1]
+        targets = torch.randint(0, classes, (logits.shape[0], *logits.shape[2:]))
+        return Workload(name, model, inputs, targets, loss)
+    if logits is not output:
+        raise ZooError(f"{name}'s logits have shape {tuple(logits.shape)}; return a Workload from the factory")
+    return Workload(name, model, inputs, torch.randn_like(logits), mse)
