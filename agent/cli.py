@@ -1,0 +1,277 @@
+"""``poet-edge profile`` and ``poet-edge validate``: measure this machine, then hold a schedule to it.
+
+::
+
+    poet-edge profile  --model resnet18 --input 32x3x64x64 --swap-dir /mnt/sd/swap \\
+                       -o graph.json --device-out device.json
+    poet-edge solve    graph.json --device device.json --memory 40MB -o schedule.json
+    poet-edge validate --model resnet18 --input 32x3x64x64 --schedule schedule.json --graph graph.json \\
+                       --device device.json --swap-dir /mnt/sd/swap --steps 5 --plot memory.png
+
+Registered through :data:`schedules.cli.COMMAND_PROVIDERS`; exit codes are
+that module's.  This module imports neither torch nor the model zoo: the
+handlers do, so ``poet-edge --help`` stays fast.  Both commands make glibc
+keep large blocks on mmap (:func:`agent.validate.keep_large_tensors_on_mmap`)
+before measuring, so a profile's times and a validation's are taken under the
+same allocator and a step's peak RSS is honest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, TextIO
+
+from agent.errors import AgentError, ExecutorError, InputMismatchError, LedgerError, PageError, ScheduleRefusedError
+from schedules.cli import BAD_FILE, OK, REJECTED, USAGE, CommandError, load_device, positive_int
+
+
+def add_commands(subparsers: Any) -> None:
+    """Register ``profile`` and ``validate``."""
+    _add_profile(subparsers)
+    _add_validate(subparsers)
+
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--model", metavar="NAME",
+                       help="zoo model: resnet18, mobilenet_v2, vgg11_bn, bert, unet")
+    which.add_argument("--module", metavar="PKG.MOD:FACTORY",
+                       help="your own model: FACTORY() returns an nn.Module or an agent.zoo.Workload")
+    p.add_argument("--input", metavar="SHAPE", help="batch shape, batch first: 32x3x64x64, or 8x128 for bert "
+                                                   "(default: the zoo model's)")
+    p.add_argument("--seed", type=int, default=0, help="seed for weights and batch (default 0)")
+    p.add_argument("--max-nodes", type=positive_int, metavar="N",
+                   help="merge cheap segments until the graph has at most N nodes (give validate the same)")
+    p.add_argument("--threads", type=positive_int, metavar="N", help="torch compute threads (default torch's)")
+
+
+def _add_meter_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--meter", choices=("auto", "ina3221", "rapl", "serial", "estimate"), default="auto",
+                   help="energy meter (default auto: INA3221, RAPL, a serial meter if --serial-url, else estimate)")
+    p.add_argument("--serial-url", metavar="PORT", help="serial power meter port, e.g. /dev/rfcomm0")
+    p.add_argument("--serial-protocol", default="UM25C", metavar="P", help="UM24C, UM25C, UM34C or csv (default UM25C)")
+
+
+def _add_profile(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "profile", help="measure a model's training graph and this machine's costs",
+        description="Measure on this machine: every node's compute time (warm-up, then the median of repeated "
+                    "runs) and bytes; page-out and page-in bandwidth and latency of the swap directory at the "
+                    "graph's page sizes (through the executor's page files, cache dropped); whether paging "
+                    "overlaps compute; idle, compute and paging power from the best energy meter, else "
+                    "estimates. Writes a priced training graph and a device profile for `poet-edge solve`.")
+    _add_model_options(p)
+    p.add_argument("--swap-dir", required=True, metavar="PATH", help="directory on the flash/SD the executor pages to")
+    p.add_argument("-o", "--output", default="graph.json", metavar="FILE", help="training graph (default graph.json)")
+    p.add_argument("--device-out", default="device.json", metavar="FILE",
+                   help="device profile (default device.json)")
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed runs per node after a warm-up (default 5)")
+    p.add_argument("--power-like", metavar="NAME|FILE.json",
+                   help="without a meter, take nominal powers from this device profile (e.g. rpi4) instead of "
+                        "a generic host estimate")
+    _add_meter_options(p)
+    p.set_defaults(handler=run_profile)
+
+
+def _add_validate(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "validate", help="run a schedule on its model and compare predictions with measurements",
+        description="Run SCHEDULE on the model for --steps steps (after --warmup) and print predicted against "
+                    "measured step time, peak bytes (ledger and RSS), bytes paged and energy (with a meter), "
+                    "each with the error in percent; optionally plot resident memory over the step.")
+    _add_model_options(p)
+    p.add_argument("--schedule", required=True, metavar="FILE", help="schedule from `poet-edge solve`")
+    p.add_argument("--graph", required=True, metavar="FILE", help="the graph the schedule was planned for")
+    p.add_argument("--device", metavar="NAME|FILE.json",
+                   help="device profile to predict with (paging overlap, powers); default the schedule's device "
+                        "when built in")
+    p.add_argument("--key", metavar="PUB", help="refuse the schedule unless signed by this public key")
+    p.add_argument("--swap-dir", metavar="PATH", help="directory the executor pages to (needed when it pages)")
+    p.add_argument("--steps", type=positive_int, default=3, help="measured steps (default 3)")
+    p.add_argument("--warmup", type=int, default=1, metavar="N", help="steps run first, not measured (default 1)")
+    p.add_argument("--plot", metavar="FILE.png", help="plot predicted vs measured resident memory over the step")
+    _add_meter_options(p)
+    p.set_defaults(handler=run_validate)
+
+
+# -- profile -----------------------------------------------------------------------------
+def run_profile(args: argparse.Namespace) -> int:
+    """``poet-edge profile``: measure, write the graph and device profile, print the figures and sources."""
+    for path in (args.output, args.device_out):
+        _check_writable(path)
+    estimate_device = load_device(args.power_like) if args.power_like else None
+    workload = _workload(args)
+    from schedules.profile import ProfileError, device_estimate, profile_workload
+
+    estimate = device_estimate(estimate_device) if estimate_device is not None else None
+    try:
+        with StageProgress(f"profile {workload.name}") as progress:
+            profile, _ = profile_workload(
+                workload.model, workload.example, workload.loss_fn, args.swap_dir, name=workload.name,
+                repeats=args.repeats, max_nodes=args.max_nodes, meter_config=_meter_config(args),
+                estimate=estimate, progress=progress)
+    except ProfileError as exc:
+        raise CommandError(str(exc), BAD_FILE) from exc
+    except AgentError as exc:
+        raise CommandError(str(exc), USAGE) from exc
+    profile.graph.save(args.output)
+    profile.device.save(args.device_out)
+    width = max(len(row[0]) for row in profile.summary())
+    for figure, value, source in profile.summary():
+        print(f"{figure:<{width}}  {value:<28}  {source}")
+    print(f"wrote {args.output} ({profile.graph.size} nodes) and {args.device_out} ({profile.device.name})")
+    print(f"next: poet-edge solve {args.output} --device {args.device_out} --memory SIZE")
+    return OK
+
+
+def _check_writable(path: str) -> None:
+    parent = Path(path).resolve().parent
+    if not parent.is_dir():
+        raise CommandError(f"cannot write {path}: directory {parent} does not exist", BAD_FILE)
+
+
+def _workload(args: argparse.Namespace) -> Any:
+    """Set up torch as asked and build the workload; zoo errors are usage errors."""
+    import torch
+
+    from agent.validate import keep_large_tensors_on_mmap
+    from agent.zoo import ZooError, load_workload, parse_shape
+
+    keep_large_tensors_on_mmap()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        shape = parse_shape(args.input) if args.input else None
+        return load_workload(args.model or args.module, shape, seed=args.seed)
+    except ZooError as exc:
+        raise CommandError(str(exc), USAGE) from exc
+
+
+def _meter_config(args: argparse.Namespace) -> Any:
+    from agent.energy import MeterConfig
+
+    return MeterConfig(kind=args.meter, serial_url=args.serial_url, serial_protocol=args.serial_protocol)
+
+
+# -- validate ----------------------------------------------------------------------------
+def run_validate(args: argparse.Namespace) -> int:
+    """``poet-edge validate``: run the schedule, print predicted vs measured, plot memory."""
+    from schedules.cli import _load_schedule  # one loader for signed and unsigned schedules
+    from schedules.device import DeviceProfile
+    from schedules.graph import TrainingGraph
+
+    schedule = _load_schedule(args.schedule, args.key)
+    graph = TrainingGraph.load(args.graph)
+    schedule.check_graph(graph)
+    device = load_device(args.device) if args.device else (
+        DeviceProfile.builtin(schedule.device) if schedule.device in DeviceProfile.builtin_names() else None)
+    if args.plot:
+        _check_writable(args.plot)
+    workload = _workload(args)
+    segments = _segments_matching(workload, graph, args)
+    from agent.validate import plot_memory, validate
+
+    with _meter(args) as meter:
+        try:
+            report = validate(workload, graph, segments, schedule, swap_dir=args.swap_dir, steps=args.steps,
+                              warmup=args.warmup, device=device, meter=meter)
+        except (ScheduleRefusedError, InputMismatchError, LedgerError) as exc:
+            raise CommandError(str(exc), REJECTED) from exc
+        except PageError as exc:
+            raise CommandError(str(exc), BAD_FILE) from exc
+        except ExecutorError as exc:
+            raise CommandError(str(exc), REJECTED) from exc
+    print(f"{workload.name}: {args.steps} steps after {args.warmup} warm-up, schedule {args.schedule} "
+          f"({schedule.solver.method}, budget {_mb(schedule.memory_budget)})")
+    print(report.table())
+    if args.plot:
+        print(f"wrote {plot_memory(report, args.plot, title=f'{workload.name}: resident memory over one step')}")
+    return OK
+
+
+def _mb(value: int | None) -> str:
+    return "unconstrained" if value is None else f"{value / 1e6:,.2f} MB"
+
+
+def _segments_matching(workload: Any, graph: Any, args: argparse.Namespace) -> Any:
+    """Cut the model as the profile did; refuse when it does not give the graph's nodes and bytes."""
+    from schedules.extract import extract
+
+    fresh, segments = extract(workload.model, workload.example, workload.loss_fn, args.max_nodes, repeats=0)
+    if fresh.fingerprint != graph.fingerprint:
+        raise CommandError(
+            f"{args.graph} was not extracted from this model and input ({fresh.size} nodes here, "
+            f"{graph.size} in the graph, or different bytes): validate with the --model/--module, --input, "
+            "--seed and --max-nodes the profile was made with", REJECTED)
+    return segments
+
+
+@contextmanager
+def _meter(args: argparse.Namespace) -> Iterator[Any]:
+    """The best meter that measures, or ``None`` (energy is then not compared)."""
+    from agent.energy import EnergyMeterError, detect_meter
+
+    try:
+        detection = detect_meter(_meter_config(args))
+    except EnergyMeterError as exc:
+        if args.meter != "auto":
+            raise CommandError(str(exc), USAGE) from exc
+        yield None
+        return
+    with detection.meter as meter:
+        yield meter
+
+
+# -- progress --------------------------------------------------------------------------
+class StageProgress:
+    """Progress of a multi-stage measurement: a live bar on a terminal, plain lines elsewhere.
+
+    Used as the ``progress(stage, done, total)`` callback of
+    :func:`schedules.profile.profile_workload`.
+    """
+
+    def __init__(self, label: str, stream: TextIO | None = None, live: bool | None = None) -> None:
+        self.label = label
+        self.stream = stream if stream is not None else sys.stderr
+        self.live = _isatty(self.stream) if live is None else live
+        self.started = time.monotonic()
+        self._bar: Any = None
+        self._tasks: dict[str, Any] = {}
+
+    def __enter__(self) -> "StageProgress":
+        self.started = time.monotonic()
+        if self.live:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=Console(file=self.stream), transient=True)
+            self._bar.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(*exc)
+            self._bar = None
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if self._bar is None:
+            if done in (0, total):
+                state = "done" if done == total else "..."
+                print(f"{self.label}: {stage} {state} ({time.monotonic() - self.started:.1f} s)",
+                      file=self.stream, flush=True)
+            return
+        if stage not in self._tasks:
+            self._tasks[stage] = self._bar.add_task(f"{self.label}: {stage}", total=total)
+        self._bar.update(self._tasks[stage], completed=done, total=total)
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False

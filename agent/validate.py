@@ -1,0 +1,317 @@
+"""Hold a schedule's predictions against measurements: run it on its model and compare.
+
+::
+
+    report = validate(workload, graph, segments, schedule, swap_dir="/tmp/swap", steps=5, device=profile)
+    print(report.table())
+    plot_memory(report, "memory.png")
+
+:func:`predict` says what the planner's cost model expects from one step
+(:mod:`schedules.simulate` on the graph, plus paging time where the device
+profile says paging does not overlap compute); :func:`validate` runs
+``warmup + steps`` real steps through :class:`agent.executor.Executor` and
+compares, each with the error in percent (``(measured - predicted) /
+predicted``):
+
+============  ===============================================  =====================================
+figure        predicted                                        measured (median over the steps)
+============  ===============================================  =====================================
+step time     simulated runtime (+ paging where not overlapped)  ``StepStats.step_seconds``
+ledger peak   simulated peak resident bytes                    ``StepStats.ledger_peak_bytes`` (max)
+RSS growth    simulated peak resident bytes                    peak RSS over the step's start RSS
+bytes paged   simulated bytes paged out + in                   ``StepStats.bytes_paged``
+energy        simulated energy above idle                      meter over the step minus idle power
+============  ===============================================  =====================================
+
+Energy is compared only with a meter that measures; an estimate would only
+restate the step time.  The RSS growth also holds what the cost model does
+not count (the backward pass's working memory, allocator slack), so it is
+expected above the prediction: it shows how far the activation budget is
+from the process's real footprint.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import math
+import os
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from agent.energy import Activity, EnergyMeter
+from agent.ledger import StepStats
+from schedules.device import DeviceProfile, paging_time_ms, price_graph
+from schedules.graph import TrainingGraph
+from schedules.schedule import Schedule
+from schedules.simulate import simulate
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the cost model expects from one step of a schedule.
+
+    ``resident[k]`` is the simulated resident bytes after instruction ``k``;
+    ``paging_ms`` the paging time included in ``step_ms`` (0 when paging is
+    taken to overlap compute, or no device profile says otherwise).
+    """
+
+    step_ms: float
+    compute_ms: float
+    paging_ms: float
+    peak_bytes: int
+    bytes_paged: int
+    energy_j: float | None
+    resident: tuple[int, ...]
+    node_compute_ms: tuple[float, ...]
+
+
+def predict(graph: TrainingGraph, schedule: Schedule, device: DeviceProfile | None = None) -> Prediction:
+    """The planner's prediction for one step of ``schedule`` on ``graph``.
+
+    Paging time is added to the step time when ``device`` says paging does
+    not overlap compute; energies come from the graph, priced with ``device``
+    where it has none.
+    """
+    schedule.check_graph(graph)
+    priced = price_graph(graph, device) if device is not None else graph
+    # Plain instructions: the schedule's own budgets were checked when it was planned and
+    # are checked again by the executor; here only the figures are wanted.
+    base = simulate(priced, list(schedule.instructions))
+    paging = 0.0
+    if device is not None and not device.paging_overlaps_compute:
+        with_paging = simulate(priced, list(schedule.instructions), paging_time_ms=paging_time_ms(priced, device))
+        paging = with_paging.runtime_ms - base.runtime_ms
+    counts = [0] * graph.size
+    for op, node in schedule.instructions:
+        counts[node] += op == "compute"
+    return Prediction(
+        step_ms=base.runtime_ms + paging, compute_ms=base.runtime_ms, paging_ms=paging,
+        peak_bytes=base.peak_bytes, bytes_paged=base.bytes_paged_out + base.bytes_paged_in,
+        energy_j=base.energy_j if priced.has_energy else None, resident=base.resident_bytes,
+        node_compute_ms=tuple(c * n.compute_ms for c, n in zip(counts, graph.nodes)),
+    )
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One predicted-against-measured row."""
+
+    name: str
+    unit: str
+    predicted: float | None
+    measured: float | None
+    note: str = ""
+
+    @property
+    def error_pct(self) -> float | None:
+        """``100 * (measured - predicted) / predicted``; ``None`` when either is missing or predicted is 0."""
+        if self.predicted is None or self.measured is None:
+            return None
+        if self.predicted == 0:
+            return 0.0 if self.measured == 0 else None
+        return 100.0 * (self.measured - self.predicted) / self.predicted
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    """The figures, the prediction and every measured step's stats."""
+
+    figures: tuple[Figure, ...]
+    prediction: Prediction
+    stats: tuple[StepStats, ...]
+    budget: int | None
+    energy_source: str = ""
+    warmup: int = 0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def figure(self, name: str) -> Figure:
+        """The row called ``name`` (``step time``, ``ledger peak``, ``RSS growth``, ``bytes paged``, ``energy``)."""
+        for f in self.figures:
+            if f.name == name:
+                return f
+        raise KeyError(f"no figure {name!r}; figures: {', '.join(f.name for f in self.figures)}")
+
+    def table(self) -> str:
+        """The rows as aligned text: figure, predicted, measured, error, note."""
+        lines = [f"{'figure':<12} {'predicted':>14} {'measured':>14} {'error':>9}  note"]
+        for f in self.figures:
+            err = "-" if f.error_pct is None else f"{f.error_pct:+.1f}%"
+            lines.append(f"{f.name:<12} {_fmt(f.predicted, f.unit):>14} {_fmt(f.measured, f.unit):>14} "
+                         f"{err:>9}  {f.note}")
+        return "\n".join(lines + [f"note: {n}" for n in self.notes])
+
+    def node_time_errors(self) -> list[tuple[int, float, float]]:
+        """``(node, predicted_ms, measured_ms)`` per node, summed over recomputations, median step."""
+        measured = [statistics.median(s.node_seconds[i] for s in self.stats) * 1e3
+                    for i in range(len(self.prediction.node_compute_ms))]
+        return [(i, p, m) for i, (p, m) in enumerate(zip(self.prediction.node_compute_ms, measured))]
+
+
+def _fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "B":
+        return f"{value / 1e6:,.2f} MB"
+    if unit == "ms":
+        return f"{value:,.1f} ms"
+    return f"{value:.4g} {unit}"
+
+
+# -- running ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Step:
+    stats: StepStats
+    joules: float | None
+
+
+def validate(
+    workload: Any,
+    graph: TrainingGraph,
+    segments: Any,
+    schedule: Schedule,
+    *,
+    swap_dir: str | Path | None = None,
+    steps: int = 3,
+    warmup: int = 1,
+    device: DeviceProfile | None = None,
+    meter: EnergyMeter | None = None,
+) -> ValidationReport:
+    """Run ``warmup + steps`` steps of ``schedule`` on ``workload`` and compare with :func:`predict`.
+
+    Parameters
+    ----------
+    workload:
+        An :class:`agent.zoo.Workload` (model, inputs, targets, loss): the
+        model the graph and segments were extracted from.
+    graph, segments:
+        What :func:`schedules.extract.extract` returned for it (``graph`` may be
+        a profile's, whose fingerprint equals the extraction's).
+    swap_dir:
+        Where the executor pages; needed when the schedule pages.
+    steps, warmup:
+        Measured steps, and steps run first and not counted (allocator and
+        thread-pool warm-up).
+    device:
+        The profile the figures are predicted with (paging overlap, powers).
+    meter:
+        An energy meter; energy is compared only when it really measures.
+    """
+    from agent.executor import Executor
+
+    keep_large_tensors_on_mmap()
+    prediction = predict(graph, schedule, device)
+    records: list[_Step] = []
+    with Executor(workload.model, segments, graph, schedule, swap_dir=swap_dir) as executor:
+        for k in range(warmup + steps):
+            step = _run_step(executor, workload, meter)
+            workload.model.zero_grad(set_to_none=True)
+            if k >= warmup:
+                records.append(step)
+    return _report(prediction, records, schedule, device, meter, warmup)
+
+
+def _run_step(executor: Any, workload: Any, meter: EnergyMeter | None) -> _Step:
+    if meter is None or meter.is_estimate:
+        executor.step(workload.inputs, workload.targets)
+        return _Step(executor.last_stats, None)
+    # The whole step is charged as compute: per-class figures need a hook inside the executor.
+    meter.set_activity(Activity.COMPUTE)
+    try:
+        with meter.measure() as m:
+            executor.step(workload.inputs, workload.targets)
+    finally:
+        meter.set_activity(Activity.IDLE)
+    return _Step(executor.last_stats, m.joules)
+
+
+def _report(p: Prediction, records: Sequence[_Step], schedule: Schedule, device: DeviceProfile | None,
+            meter: EnergyMeter | None, warmup: int) -> ValidationReport:
+    stats = [r.stats for r in records]
+    rss = [s.peak_rss_growth_bytes for s in stats if s.peak_rss_growth_bytes is not None]
+    overlap = "paging overlaps compute" if device is None or device.paging_overlaps_compute else \
+        f"incl. {p.paging_ms:,.1f} ms paging"
+    figures = [
+        Figure("step time", "ms", p.step_ms, statistics.median(s.step_seconds for s in stats) * 1e3,
+               f"compute {p.compute_ms:,.1f} ms, {overlap}"),
+        Figure("ledger peak", "B", p.peak_bytes, max(s.ledger_peak_bytes for s in stats),
+               f"budget {schedule.memory_budget / 1e6:,.2f} MB" if schedule.memory_budget else "unconstrained"),
+        Figure("RSS growth", "B", p.peak_bytes, statistics.median(rss) if rss else None,
+               "peak RSS over the step's start; holds backward working memory" if rss else "not measurable here"),
+        Figure("bytes paged", "B", p.bytes_paged, statistics.median(s.bytes_paged for s in stats),
+               f"I/O thread busy {statistics.median(s.io_seconds for s in stats) * 1e3:,.1f} ms, step waited "
+               f"{statistics.median(s.io_wait_seconds for s in stats) * 1e3:,.1f} ms"),
+        _energy_figure(p, records, device, meter),
+    ]
+    notes = [] if device is not None else ["no device profile given: paging time counted as overlapped"]
+    return ValidationReport(tuple(figures), p, tuple(stats), schedule.memory_budget,
+                            meter.source if meter is not None else "", warmup, tuple(notes))
+
+
+def _energy_figure(p: Prediction, records: Sequence[_Step], device: DeviceProfile | None,
+                   meter: EnergyMeter | None) -> Figure:
+    if meter is None or meter.is_estimate:
+        why = "no energy meter" if meter is None else "no meter that measures (estimate only)"
+        return Figure("energy", "J", p.energy_j, None, f"not compared: {why}")
+    idle_w = device.idle_power_w if device is not None else 0.0
+    above = [r.joules - idle_w * r.stats.step_seconds for r in records if r.joules is not None]
+    return Figure("energy", "J", p.energy_j, statistics.median(above) if above else None,
+                  f"{meter.source}, minus idle {idle_w:.2f} W x step time")
+
+
+# -- memory honesty ---------------------------------------------------------------------
+_M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+
+
+def keep_large_tensors_on_mmap(threshold: int = 65536) -> bool:
+    """Make glibc serve blocks above ``threshold`` bytes by mmap, so freed tensors leave RSS at once.
+
+    The in-process equivalent of ``MALLOC_MMAP_THRESHOLD_=65536`` (see
+    ``shared/notes/pytorch.md``): without it glibc's dynamic threshold keeps
+    freed blocks and a step's peak RSS says little.  Setting the parameter
+    also switches the dynamic threshold off.  Returns False off glibc.
+    """
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_"):
+        return True
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold))
+    except (OSError, AttributeError):
+        return False
+
+
+# -- plot ---------------------------------------------------------------------------------
+def plot_memory(report: ValidationReport, path: str | Path, title: str = "") -> Path:
+    """Draw predicted and measured resident activation bytes over the step (matplotlib, Agg).
+
+    The measured line is the ledger of the last measured step; the budget and
+    the measured peak RSS growth are horizontal lines.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stats = report.stats[-1]
+    predicted = [b / 1e6 for b in report.prediction.resident]
+    measured = [b / 1e6 for b in stats.ledger]
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    ax.step(range(len(predicted)), predicted, where="post", label="predicted (simulator)", linewidth=2.2)
+    ax.step(range(len(measured)), measured, where="post", label="measured (executor ledger)", linestyle="--")
+    if report.budget is not None:
+        ax.axhline(report.budget / 1e6, color="black", linewidth=1, label="budget")
+    rss = report.figure("RSS growth").measured
+    if rss is not None and math.isfinite(rss):
+        ax.axhline(rss / 1e6, color="tab:red", linestyle=":", label="measured peak RSS growth")
+    ax.set_xlabel("instruction")
+    ax.set_ylabel("resident activations, MB")
+    ax.set_title(title or "resident memory over one step: predicted vs measured")
+    ax.legend(loc="upper left", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
