@@ -167,6 +167,7 @@ class Executor:
             node_io_seconds=tuple(pager.node_io_seconds.get(n, 0.0) for n in range(self.graph.size)) if pager else (),
             bytes_paged_out=pager.bytes_out if pager else 0, bytes_paged_in=pager.bytes_in if pager else 0,
             io_seconds=pager.io_seconds if pager else 0.0, io_wait_seconds=pager.wait_seconds if pager else 0.0,
+            io_out_seconds=pager.seconds["out"] if pager else 0.0, io_in_seconds=pager.seconds["in"] if pager else 0.0,
             rss_before_bytes=rss_before, peak_rss_bytes=peak,
         )
 

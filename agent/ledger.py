@@ -26,7 +26,8 @@ class StepStats:
     activation bytes after instruction ``k``.  ``peak_rss_bytes`` and
     ``rss_before_bytes`` are the process's peak and starting resident set
     (``None`` when not measured); ``io_seconds`` is time spent by the I/O
-    thread, ``io_wait_seconds`` time the step waited for it.  Per-node times
+    thread (``io_out_seconds`` writing, ``io_in_seconds`` reading),
+    ``io_wait_seconds`` time the step waited for it.  Per-node times
     are summed over recomputations; ``node_io_seconds`` is paging time per node.
     """
 
@@ -40,6 +41,8 @@ class StepStats:
     bytes_paged_out: int = 0
     bytes_paged_in: int = 0
     io_seconds: float = 0.0
+    io_out_seconds: float = 0.0
+    io_in_seconds: float = 0.0
     io_wait_seconds: float = 0.0
     rss_before_bytes: int | None = None
     peak_rss_bytes: int | None = None
@@ -53,6 +56,16 @@ class StepStats:
     def bytes_paged(self) -> int:
         """Bytes written plus bytes read back."""
         return self.bytes_paged_out + self.bytes_paged_in
+
+    @property
+    def pageout_bandwidth_bps(self) -> float | None:
+        """Bytes per second the I/O thread achieved writing pages (``None`` without page-outs)."""
+        return self.bytes_paged_out / self.io_out_seconds if self.io_out_seconds > 0 else None
+
+    @property
+    def pagein_bandwidth_bps(self) -> float | None:
+        """Bytes per second the I/O thread achieved reading pages (``None`` without page-ins)."""
+        return self.bytes_paged_in / self.io_in_seconds if self.io_in_seconds > 0 else None
 
     @property
     def max_ledger_deviation(self) -> int:

@@ -102,6 +102,7 @@ class Pager:
     def reset_counters(self) -> None:
         self.bytes_out = self.bytes_in = 0
         self.io_seconds = self.wait_seconds = 0.0
+        self.seconds = {"out": 0.0, "in": 0.0}  # I/O thread time per direction
         self.node_io_seconds: dict[int, float] = {}
         self.inflight_bytes = 0
 
@@ -150,6 +151,7 @@ class Pager:
         seconds = time.perf_counter() - started
         with self._lock:
             self.io_seconds += seconds
+            self.seconds[direction] += seconds
             self.node_io_seconds[node] = self.node_io_seconds.get(node, 0.0) + seconds
             if direction == "out":
                 self.bytes_out += result
