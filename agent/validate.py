@@ -117,11 +117,12 @@ class Figure:
 
 @dataclass(frozen=True)
 class ValidationReport:
-    """The figures, the prediction and every measured step's stats."""
+    """The figures, the prediction, every measured step's stats and, with a meter, its ``(joules, seconds)``."""
 
     figures: tuple[Figure, ...]
     prediction: Prediction
     stats: tuple[StepStats, ...]
+    energy: tuple[tuple[float, float], ...]
     budget: int | None
     energy_source: str = ""
     warmup: int = 0
@@ -164,7 +165,8 @@ def _fmt(value: float | None, unit: str) -> str:
 @dataclass(frozen=True)
 class _Step:
     stats: StepStats
-    joules: float | None
+    joules: float | None = None        # the meter over the whole step call
+    meter_seconds: float | None = None  # the meter's window: a little longer than stats.step_seconds
 
 
 def validate(
@@ -216,7 +218,7 @@ def validate(
 def _run_step(executor: Any, workload: Any, meter: EnergyMeter | None) -> _Step:
     if meter is None or meter.is_estimate:
         executor.step(workload.inputs, workload.targets)
-        return _Step(executor.last_stats, None)
+        return _Step(executor.last_stats)
     # The whole step is charged as compute: per-class figures need a hook inside the executor.
     meter.set_activity(Activity.COMPUTE)
     try:
@@ -224,7 +226,7 @@ def _run_step(executor: Any, workload: Any, meter: EnergyMeter | None) -> _Step:
             executor.step(workload.inputs, workload.targets)
     finally:
         meter.set_activity(Activity.IDLE)
-    return _Step(executor.last_stats, m.joules)
+    return _Step(executor.last_stats, m.joules, m.seconds)
 
 
 def _report(p: Prediction, records: Sequence[_Step], schedule: Schedule, device: DeviceProfile | None,
@@ -246,7 +248,8 @@ def _report(p: Prediction, records: Sequence[_Step], schedule: Schedule, device:
         _energy_figure(p, records, device, meter),
     ]
     notes = [] if device is not None else ["no device profile given: paging time counted as overlapped"]
-    return ValidationReport(tuple(figures), p, tuple(stats), schedule.memory_budget,
+    energy = tuple((r.joules, r.meter_seconds) for r in records if r.joules is not None)
+    return ValidationReport(tuple(figures), p, tuple(stats), energy, schedule.memory_budget,
                             meter.source if meter is not None else "", warmup, tuple(notes))
 
 
@@ -256,9 +259,9 @@ def _energy_figure(p: Prediction, records: Sequence[_Step], device: DeviceProfil
         why = "no energy meter" if meter is None else "no meter that measures (estimate only)"
         return Figure("energy", "J", p.energy_j, None, f"not compared: {why}")
     idle_w = device.idle_power_w if device is not None else 0.0
-    above = [r.joules - idle_w * r.stats.step_seconds for r in records if r.joules is not None]
+    above = [r.joules - idle_w * r.meter_seconds for r in records if r.joules is not None]
     return Figure("energy", "J", p.energy_j, statistics.median(above) if above else None,
-                  f"{meter.source}, minus idle {idle_w:.2f} W x step time")
+                  f"{meter.source}, minus idle {idle_w:.2f} W over the step")
 
 
 # -- memory honesty ---------------------------------------------------------------------

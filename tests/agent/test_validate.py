@@ -1,0 +1,162 @@
+"""Validation: error figures computed from real measurements, a known slowdown reported, paging counted, plot drawn."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn as nn
+
+from agent.energy import EstimatedMeter, NominalPowers
+from agent.validate import Figure, plot_memory, predict, validate
+from agent.zoo import Workload, cross_entropy
+from schedules import DeviceProfile
+from schedules.cli import OK, REJECTED, main
+from schedules.extract import extract
+from schedules.plan import plan
+from tests.agent.models import page_everything, schedule_for
+
+
+class Sleepy(nn.Module):
+    """A layer whose forward sleeps ``delay`` seconds: a slowdown of known size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(32, 32)
+        self.delay = 0.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.delay:
+            time.sleep(self.delay)
+        return self.linear(x)
+
+
+def sleepy_workload() -> Workload:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), Sleepy(), nn.Tanh(), nn.Linear(32, 4)).train()
+    return Workload("sleepy", model, torch.randn(8, 16), torch.randint(0, 4, (8,)), cross_entropy)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One compute thread: on a loaded machine a pool of two stalls for whole scheduler slices."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def extracted(one_thread):
+    workload = sleepy_workload()
+    graph, segments = extract(workload.model, workload.example, workload.loss_fn, repeats=3)
+    return workload, graph, segments
+
+
+def test_error_is_measured_minus_predicted_over_predicted():
+    assert Figure("step time", "ms", 100.0, 115.0).error_pct == pytest.approx(15.0)
+    assert Figure("bytes paged", "B", 0, 0).error_pct == 0.0
+    assert Figure("bytes paged", "B", 0, 10).error_pct is None
+    assert Figure("energy", "J", 2.0, None).error_pct is None
+
+
+def test_a_known_slowdown_is_reported(extracted):
+    workload, graph, segments = extracted
+    schedule = plan(graph, "rpi4", method="store-all").schedule
+    base = validate(workload, graph, segments, schedule, steps=3, warmup=1).figure("step time")
+    sleepy = workload.model[2]
+    sleepy.delay = 0.05  # one forward call of the sleepy unit per step under store-all
+    try:
+        slow = validate(workload, graph, segments, schedule, steps=3, warmup=1).figure("step time")
+    finally:
+        sleepy.delay = 0.0
+    assert slow.predicted == base.predicted  # the graph did not change; only the model got slower
+    assert slow.measured >= 50.0 + slow.predicted * 0.5  # the sleep, plus at least half the real work
+    added_ms = slow.measured - base.measured
+    assert 30.0 <= added_ms <= 50.0 + 60.0  # the 50 ms sleep, give or take scheduling noise in either run
+    assert slow.error_pct == pytest.approx(100 * (slow.measured - slow.predicted) / slow.predicted)
+    assert slow.error_pct >= 100 * (50.0 - 0.5 * slow.predicted) / slow.predicted
+
+
+def test_recomputation_is_predicted_and_measured_per_node(extracted):
+    workload, graph, segments = extracted
+    sleepy_node = next(i for i, n in enumerate(graph.nodes) if n.segment == "2" and n.kind == "forward")
+    schedule = schedule_for(graph, _recompute_sleepy(graph, sleepy_node))
+    workload.model[2].delay = 0.02
+    try:
+        report = validate(workload, graph, segments, schedule, steps=2, warmup=0)
+    finally:
+        workload.model[2].delay = 0.0
+    node, predicted_ms, measured_ms = report.node_time_errors()[sleepy_node]
+    assert predicted_ms == pytest.approx(2 * graph.nodes[sleepy_node].compute_ms)  # computed twice
+    assert measured_ms >= 2 * 20.0  # both computations slept
+
+
+def _recompute_sleepy(graph, node):
+    """Store-all, except ``node`` is freed after its consumer and recomputed for its backward."""
+    store_all = list(plan(graph, "rpi4", method="store-all").schedule.instructions)
+    consumer = min(c for c in graph.successors[node] if not graph.is_backward(c))
+    at = store_all.index(("compute", consumer)) + 1
+    backward = min(c for c in graph.successors[node] if graph.is_backward(c))
+    out = store_all[:at] + [("free", node)] + store_all[at:]
+    before_backward = out.index(("compute", backward))
+    return out[:before_backward] + [("compute", node)] + out[before_backward:]
+
+
+def test_paging_counts_match_and_the_prediction_includes_paging_time(extracted, tmp_path):
+    workload, graph, segments = extracted
+    schedule = schedule_for(graph, page_everything(graph))
+    serial = replace(DeviceProfile.builtin("rpi4"), paging_overlaps_compute=False)
+    report = validate(workload, graph, segments, schedule, swap_dir=tmp_path / "swap", steps=2, warmup=0,
+                      device=serial)
+    paged = report.figure("bytes paged")
+    assert paged.predicted > 0 and paged.error_pct == 0.0
+    assert report.figure("ledger peak").error_pct == 0.0
+    p = report.prediction
+    assert p.paging_ms > 0 and p.step_ms == pytest.approx(p.compute_ms + p.paging_ms)
+    overlapped = predict(graph, schedule, replace(serial, paging_overlaps_compute=True))
+    assert overlapped.step_ms == pytest.approx(p.compute_ms)
+    assert all(s.io_seconds > 0 for s in report.stats)
+
+
+def test_energy_is_compared_only_with_a_meter_that_measures(extracted):
+    workload, graph, segments = extracted
+    schedule = plan(graph, "rpi4", method="store-all").schedule
+    device = replace(DeviceProfile.builtin("rpi4"), idle_power_w=10.0)
+
+    class BenchSupply(EstimatedMeter):  # a constant 30 W board standing in for a real meter
+        is_estimate = False
+        source = "bench supply (test)"
+
+    with BenchSupply(NominalPowers(idle_w=30.0, compute_w=0.0, memory_w=0.0)) as supply:
+        report = validate(workload, graph, segments, schedule, steps=2, warmup=0, device=device, meter=supply)
+    energy = report.figure("energy")
+    assert energy.predicted == pytest.approx(predict(graph, schedule, device).energy_j)
+    assert len(report.energy) == 2 and all(s >= stats.step_seconds for (_, s), stats in zip(report.energy, report.stats))
+    # 30 W measured minus 10 W idle over each step (the median of two is their mean)
+    assert energy.measured == pytest.approx(sum(20.0 * s for _, s in report.energy) / 2, rel=0.01)
+    with EstimatedMeter(NominalPowers(1.0, 1.0, 1.0)) as estimate:
+        unmetered = validate(workload, graph, segments, schedule, steps=1, warmup=0, meter=estimate)
+    assert unmetered.figure("energy").measured is None and "estimate" in unmetered.figure("energy").note
+
+
+def test_plot_draws_predicted_and_measured_memory(extracted, tmp_path):
+    workload, graph, segments = extracted
+    schedule = schedule_for(graph, page_everything(graph))
+    report = validate(workload, graph, segments, schedule, swap_dir=tmp_path / "swap", steps=1, warmup=0)
+    path = plot_memory(report, tmp_path / "memory.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+def test_validate_refuses_a_graph_of_another_input_shape(tmp_path, capsys):
+    graph_path, schedule_path = tmp_path / "g.json", tmp_path / "s.json"
+    assert main(["profile", "--model", "unet", "--input", "1x3x8x8", "--swap-dir", str(tmp_path / "swap"),
+                 "-o", str(graph_path), "--device-out", str(tmp_path / "d.json"), "--repeats", "1"]) == OK
+    assert main(["solve", str(graph_path), "--baseline", "store-all", "-o", str(schedule_path)]) == OK
+    capsys.readouterr()
+    code = main(["validate", "--model", "unet", "--input", "1x3x16x16", "--schedule", str(schedule_path),
+                 "--graph", str(graph_path), "--steps", "1"])
+    assert code == REJECTED
+    assert "was not extracted from this model and input" in capsys.readouterr().err
