@@ -13,8 +13,8 @@ from agent.executor import Executor
 from schedules.extract import extract
 from schedules.plan import plan
 from tests.agent.models import (
-    TinyUNet, bert_classifier, bert_example, cross_entropy, logits_cross_entropy, image_example, mlp, mlp_example, page_everything, recompute_everything, schedule_for,
-    unet_example,
+    TinyUNet, bert_classifier, bert_example, cross_entropy, image_example, logits_cross_entropy, mlp, mlp_example,
+    page_everything, recompute_everything, schedule_for, unet_example,
 )
 
 

@@ -106,7 +106,8 @@ def test_skip_connections_cross_segments():
     dec1 = names.index("dec1.0")         # torch.cat([up1(d2), e1]) is glue of dec1's first unit
     assert (enc1, dec1) in graph.edges
     # enc1's gradient is the sum of what pool and dec1 hand back
-    assert {segments.backward_of(dec1), segments.backward_of(enc1 + 1)} <= set(graph.predecessors[segments.backward_of(enc1)])
+    grad_enc1 = segments.backward_of(enc1)
+    assert {segments.backward_of(dec1), segments.backward_of(enc1 + 1)} <= set(graph.predecessors[grad_enc1])
     assert names.count("pool") == 1 and names.count("pool#2") == 1  # one module called twice
 
 
