@@ -11,23 +11,27 @@
 profile says paging does not overlap compute); :func:`validate` runs
 ``warmup + steps`` real steps through :class:`agent.executor.Executor` and
 compares, each with the error in percent (``(measured - predicted) /
-predicted``):
+predicted``), median over the measured steps:
 
-============  ===============================================  =====================================
-figure        predicted                                        measured (median over the steps)
-============  ===============================================  =====================================
-step time     simulated runtime (+ paging where not overlapped)  ``StepStats.step_seconds``
-ledger peak   simulated peak resident bytes                    ``StepStats.ledger_peak_bytes`` (max)
-RSS growth    simulated peak resident bytes                    peak RSS over the step's start RSS
-bytes paged   simulated bytes paged out + in                   ``StepStats.bytes_paged``
-energy        simulated energy above idle                      meter over the step minus idle power
-============  ===============================================  =====================================
+* step time: the simulated runtime, plus all paging time where the device
+  profile says paging does not overlap compute; measured: the median
+  ``StepStats.step_seconds``.  :func:`timeline_step_ms` is a finer model
+  (the executor's I/O thread and prefetching replayed beside compute);
+* ledger peak: the simulated peak of resident activation bytes; measured:
+  the largest ``StepStats.ledger_peak_bytes``;
+* RSS growth: simulated activations plus the parameter gradients allocated
+  so far; measured: the median peak RSS above the step's starting RSS;
+* bytes paged: simulated bytes paged out and in; measured: ``StepStats.bytes_paged``;
+* energy: the simulated energy above idle; measured: the meter over the step
+  minus idle power over the same window.
 
 Energy is compared only with a meter that measures; an estimate would only
-restate the step time.  The RSS growth also holds what the cost model does
-not count (the backward pass's working memory, allocator slack), so it is
-expected above the prediction: it shows how far the activation budget is
-from the process's real footprint.
+restate the step time.  The RSS prediction adds to the resident activations
+the parameter gradients the step allocates (they start each step as
+``None``); the RSS growth also holds what no graph counts (the backward
+pass's transient working memory, allocator slack), so it is expected somewhat
+above the prediction: it shows how far the activation budget is from the
+process's real footprint.
 """
 
 from __future__ import annotations
@@ -66,14 +70,19 @@ class Prediction:
     energy_j: float | None
     resident: tuple[int, ...]
     node_compute_ms: tuple[float, ...]
+    rss_peak_bytes: int = 0
 
 
-def predict(graph: TrainingGraph, schedule: Schedule, device: DeviceProfile | None = None) -> Prediction:
+def predict(graph: TrainingGraph, schedule: Schedule, device: DeviceProfile | None = None,
+            gradient_bytes: Sequence[int] | None = None) -> Prediction:
     """The planner's prediction for one step of ``schedule`` on ``graph``.
 
     Paging time is added to the step time when ``device`` says paging does
     not overlap compute; energies come from the graph, priced with ``device``
-    where it has none.
+    where it has none.  ``gradient_bytes[i]`` (see :func:`gradient_bytes_per_node`)
+    is what backward node ``i`` allocates for parameter gradients; the RSS
+    prediction is the most, after any instruction, of resident activations
+    plus the gradients allocated so far.
     """
     schedule.check_graph(graph)
     priced = price_graph(graph, device) if device is not None else graph
@@ -87,12 +96,110 @@ def predict(graph: TrainingGraph, schedule: Schedule, device: DeviceProfile | No
     counts = [0] * graph.size
     for op, node in schedule.instructions:
         counts[node] += op == "compute"
+    rss_peak = _rss_peak(schedule, base.resident_bytes, gradient_bytes or [0] * graph.size)
     return Prediction(
         step_ms=base.runtime_ms + paging, compute_ms=base.runtime_ms, paging_ms=paging,
         peak_bytes=base.peak_bytes, bytes_paged=base.bytes_paged_out + base.bytes_paged_in,
         energy_j=base.energy_j if priced.has_energy else None, resident=base.resident_bytes,
-        node_compute_ms=tuple(c * n.compute_ms for c, n in zip(counts, graph.nodes)),
+        node_compute_ms=tuple(c * n.compute_ms for c, n in zip(counts, graph.nodes)), rss_peak_bytes=rss_peak,
     )
+
+
+def _rss_peak(schedule: Schedule, resident: Sequence[int], gradient_bytes: Sequence[int]) -> int:
+    grads, peak = 0, 0
+    for (op, node), activations in zip(schedule.instructions, resident):
+        if op == "compute":
+            grads += gradient_bytes[node]  # backward nodes compute once: no double count
+        peak = max(peak, activations + grads)
+    return peak
+
+
+def gradient_bytes_per_node(model: Any, segments: Any) -> list[int]:
+    """Bytes of parameter gradients each backward node allocates (gradients start the step as ``None``).
+
+    A parameter shared by several units is charged to the backward node that
+    runs first (the last unit in forward order), where its ``.grad`` appears.
+    """
+    modules = dict(model.named_modules())
+    out = [0] * segments.size
+    seen: set[int] = set()
+    for forward in range(len(segments.units), 0, -1):
+        for name in segments.units[forward - 1].modules:
+            for p in modules[name].parameters():
+                if p.requires_grad and id(p) not in seen:
+                    seen.add(id(p))
+                    out[segments.backward_of(forward)] += p.nbytes
+    return out
+
+
+def timeline_step_ms(graph: TrainingGraph, schedule: Schedule, device: DeviceProfile,
+                     hidden_fraction: float | None = None) -> float:
+    """Step time replayed with the executor's single I/O thread beside the compute thread, ms.
+
+    The planner's model either ignores paging time (overlap) or adds all of it
+    (none).  The executor does neither: a ``page_out`` queues a write and the
+    step goes on, ``free`` of a paged value waits for its write, a ``page_in``
+    waits for a read issued at the prefetch point :func:`agent.prefetch.plan_prefetch`
+    picks (as the executor does), and transfers queue one after another.  The
+    step waits only where the I/O thread is behind.  Transfers that do run
+    beside compute still slow it by ``1 - hidden_fraction`` of their time (the
+    share the profile measured was not hidden; default 1 or 0 from
+    ``device.paging_overlaps_compute``).
+    """
+    from agent.prefetch import plan_prefetch
+
+    if hidden_fraction is None:
+        hidden_fraction = 1.0 if device.paging_overlaps_compute else 0.0
+    instructions = list(schedule.instructions)
+    sizes = [n.bytes for n in graph.nodes]
+    resident = simulate(graph, instructions).resident_bytes
+    limit = schedule.memory_budget if schedule.memory_budget is not None else max(resident, default=0)
+    reads_at = plan_prefetch(instructions, sizes, resident, limit)
+    line = _Timeline(graph, device)
+    for position, (op, node) in enumerate(instructions):
+        for ahead in reads_at.get(position, ()):
+            line.queue_read(ahead)
+        line.run(op, node)
+    return line.now + (1.0 - hidden_fraction) * line.io_beside_compute_ms
+
+
+class _Timeline:
+    """Clock of the compute thread and of the one I/O thread, in ms."""
+
+    def __init__(self, graph: TrainingGraph, device: DeviceProfile) -> None:
+        self.graph, self.device = graph, device
+        self.now = 0.0            # compute thread
+        self.io_free = 0.0        # when the I/O thread finishes its queue
+        self.io_beside_compute_ms = 0.0
+        self.written: dict[int, float] = {}
+        self.read: dict[int, float] = {}
+        self._busy: list[tuple[float, float]] = []  # I/O intervals, to tell how much ran beside compute
+
+    def queue(self, duration_ms: float) -> float:
+        start = max(self.io_free, self.now)
+        self.io_free = start + duration_ms
+        self._busy.append((start, self.io_free))
+        return self.io_free
+
+    def queue_read(self, node: int) -> None:
+        self.read[node] = self.queue(self.device.pagein_seconds(self.graph.nodes[node].bytes) * 1e3)
+
+    def run(self, op: str, node: int) -> None:
+        if op == "compute":
+            start = self.now
+            self.now += self.graph.nodes[node].compute_ms
+            self.io_beside_compute_ms += self._io_within(start, self.now)
+        elif op == "page_out":
+            self.written[node] = self.queue(self.device.pageout_seconds(self.graph.nodes[node].bytes) * 1e3)
+        elif op == "free" and node in self.written:
+            self.now = max(self.now, self.written[node])  # RAM is released once the bytes are on flash
+        elif op == "page_in":
+            if node not in self.read:
+                self.queue_read(node)
+            self.now = max(self.now, self.read.pop(node))
+
+    def _io_within(self, start: float, end: float) -> float:
+        return sum(max(0.0, min(b, end) - max(a, start)) for a, b in self._busy)
 
 
 @dataclass(frozen=True)
@@ -200,19 +307,60 @@ def validate(
         The profile the figures are predicted with (paging overlap, powers).
     meter:
         An energy meter; energy is compared only when it really measures.
-    """
-    from agent.executor import Executor
 
-    keep_large_tensors_on_mmap()
-    prediction = predict(graph, schedule, device)
-    records: list[_Step] = []
-    with Executor(workload.model, segments, graph, schedule, swap_dir=swap_dir) as executor:
+    The process's allocator is left as it is: call
+    :func:`keep_large_tensors_on_mmap` first (as ``poet-edge`` does, for the
+    profile too) for an honest peak RSS.
+    """
+    with Validator(workload, graph, segments, schedule, swap_dir=swap_dir, device=device, meter=meter) as v:
         for k in range(warmup + steps):
-            step = _run_step(executor, workload, meter)
-            workload.model.zero_grad(set_to_none=True)
-            if k >= warmup:
-                records.append(step)
-    return _report(prediction, records, schedule, device, meter, warmup)
+            v.step(measured=k >= warmup)
+        return v.report()
+
+
+class Validator:
+    """One schedule's executor, stepped on demand; :func:`validate` in pieces.
+
+    Benchmarks interleave the steps of several validators, so that a shared
+    machine's drift falls on all schedules alike.
+    """
+
+    def __init__(self, workload: Any, graph: TrainingGraph, segments: Any, schedule: Schedule, *,
+                 swap_dir: str | Path | None = None, device: DeviceProfile | None = None,
+                 meter: EnergyMeter | None = None) -> None:
+        from agent.executor import Executor
+
+        self.workload, self.schedule, self.device, self.meter = workload, schedule, device, meter
+        self.prediction = predict(graph, schedule, device, gradient_bytes_per_node(workload.model, segments))
+        self.executor = Executor(workload.model, segments, graph, schedule, swap_dir=swap_dir)
+        self.records: list[_Step] = []
+        self.warmup = 0
+
+    def step(self, measured: bool = True) -> StepStats:
+        """Run one step (gradients cleared after it); keep its figures when ``measured``."""
+        record = _run_step(self.executor, self.workload, self.meter)
+        self.workload.model.zero_grad(set_to_none=True)
+        if measured:
+            self.records.append(record)
+        else:
+            self.warmup += 1
+        return record.stats
+
+    def report(self) -> ValidationReport:
+        """Predicted against measured over the measured steps so far."""
+        if not self.records:
+            raise ValueError("no measured step yet: call step() first")
+        return _report(self.prediction, self.records, self.schedule, self.device, self.meter, self.warmup)
+
+    def close(self) -> None:
+        """Stop the executor's pager and remove its files."""
+        self.executor.close()
+
+    def __enter__(self) -> "Validator":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _run_step(executor: Any, workload: Any, meter: EnergyMeter | None) -> _Step:
@@ -240,8 +388,9 @@ def _report(p: Prediction, records: Sequence[_Step], schedule: Schedule, device:
                f"compute {p.compute_ms:,.1f} ms, {overlap}"),
         Figure("ledger peak", "B", p.peak_bytes, max(s.ledger_peak_bytes for s in stats),
                f"budget {schedule.memory_budget / 1e6:,.2f} MB" if schedule.memory_budget else "unconstrained"),
-        Figure("RSS growth", "B", p.peak_bytes, statistics.median(rss) if rss else None,
-               "peak RSS over the step's start; holds backward working memory" if rss else "not measurable here"),
+        Figure("RSS growth", "B", p.rss_peak_bytes, statistics.median(rss) if rss else None,
+               "peak RSS over the step's start vs activations + parameter gradients allocated so far"
+               if rss else "not measurable here"),
         Figure("bytes paged", "B", p.bytes_paged, statistics.median(s.bytes_paged for s in stats),
                f"I/O thread busy {statistics.median(s.io_seconds for s in stats) * 1e3:,.1f} ms, step waited "
                f"{statistics.median(s.io_wait_seconds for s in stats) * 1e3:,.1f} ms"),

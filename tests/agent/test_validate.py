@@ -10,13 +10,14 @@ import torch
 import torch.nn as nn
 
 from agent.energy import EstimatedMeter, NominalPowers
-from agent.validate import Figure, plot_memory, predict, validate
+from agent.validate import Figure, gradient_bytes_per_node, plot_memory, predict, timeline_step_ms, validate
 from agent.zoo import Workload, cross_entropy
 from schedules import DeviceProfile
 from schedules.cli import OK, REJECTED, main
 from schedules.extract import extract
 from schedules.plan import plan
 from tests.agent.models import page_everything, schedule_for
+from tests.schedules.graphs import linear_graph
 
 
 class Sleepy(nn.Module):
@@ -160,3 +161,45 @@ def test_validate_refuses_a_graph_of_another_input_shape(tmp_path, capsys):
                  "--graph", str(graph_path), "--steps", "1"])
     assert code == REJECTED
     assert "was not extracted from this model and input" in capsys.readouterr().err
+
+
+# -- the I/O timeline model ------------------------------------------------------------
+def _paging_device(seconds_per_page: float) -> DeviceProfile:
+    """Every transfer takes ``seconds_per_page`` (latency only): easy to count."""
+    return replace(DeviceProfile.builtin("rpi4"), pagein_bandwidth_bps=1e18, pageout_bandwidth_bps=1e18,
+                   pagein_latency_s=seconds_per_page, pageout_latency_s=seconds_per_page)
+
+
+def test_timeline_without_paging_is_the_compute_time():
+    graph = linear_graph(5)
+    schedule = schedule_for(graph, list(plan(graph, "rpi4", method="store-all").schedule.instructions))
+    for hidden in (0.0, 1.0):
+        assert timeline_step_ms(graph, schedule, _paging_device(1.0), hidden) == pytest.approx(graph.total_compute_ms)
+
+
+def test_timeline_waits_for_writes_before_freeing_and_charges_unhidden_io():
+    graph = linear_graph(5)
+    instructions = page_everything(graph)
+    schedule = schedule_for(graph, instructions)
+    writes = sum(op == "page_out" for op, _ in instructions)
+    reads = sum(op == "page_in" for op, _ in instructions)
+    slow = _paging_device(1.0)  # 1000 ms a page, far above any node's compute
+    hidden = timeline_step_ms(graph, schedule, slow, 1.0)
+    exposed = timeline_step_ms(graph, schedule, slow, 0.0)
+    # page_everything frees each page right after writing it: every write is waited for
+    assert hidden >= graph.total_compute_ms + 1000.0 * writes
+    assert hidden <= graph.total_compute_ms + 1000.0 * (writes + reads)  # never worse than strictly serial
+    assert exposed >= hidden
+    fast = _paging_device(1e-9)
+    assert timeline_step_ms(graph, schedule, fast, 0.0) == pytest.approx(graph.total_compute_ms, rel=1e-6)
+
+
+def test_rss_prediction_adds_the_gradients_allocated_so_far(extracted):
+    workload, graph, segments = extracted
+    grads = gradient_bytes_per_node(workload.model, segments)
+    params = sum(p.nbytes for p in workload.model.parameters())
+    assert sum(grads) == params and all(grads[i] == 0 for i in range(segments.loss_node + 1))
+    schedule = plan(graph, "rpi4", method="store-all").schedule
+    p = predict(graph, schedule, None, grads)
+    assert p.peak_bytes < p.rss_peak_bytes <= p.peak_bytes + params
+    assert predict(graph, schedule).rss_peak_bytes == p.peak_bytes  # no gradients given: activations only
