@@ -1,0 +1,209 @@
+"""Validation benchmark: the planner's predictions held against the executor's measurements, here.
+
+For each model (resnet18 at 32x3x64x64, the BERT encoder at 8x128 by default)
+and each memory budget as a fraction of M, the unconstrained activation peak
+(store-all's):
+
+1. profile this machine with the model (:func:`schedules.profile.profile_workload`:
+   node times and bytes, swap path, overlap, powers);
+2. plan with POET at the budget (a budget below the graph's lower bound --
+   the largest node plus its inputs -- is infeasible for every schedule; it is
+   reported and raised to that bound, so the cost model is still checked there);
+3. run the schedules through :class:`agent.validate.Validator`, their steps
+   interleaved round-robin so that a shared machine's drift falls on all alike;
+4. print predicted against measured step time, ledger peak, RSS growth and bytes
+   paged, each with its error, against the targets: step time within 15%,
+   ledger peak within 5%.
+
+Two step-time predictions are printed: the planner's own (compute, plus all
+paging time when the profile says paging does not overlap compute) and the
+overlap-aware one of :func:`agent.validate.timeline_step_ms`, which replays
+the schedule with the executor's single I/O thread, its prefetching and the
+profile's measured overlap.  With ``--diagnose`` the nodes whose measured time
+strays furthest from the graph's are listed.
+
+Run ``python benchmarks/validate.py`` (``--help`` for the options).  The
+defaults suit the shared 2-vCPU machine this project is developed on: one
+compute thread (a pool of two stalls for whole scheduler slices when other
+processes compete for the cores) and the load average printed beside the
+figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from agent.validate import ValidationReport, Validator, keep_large_tensors_on_mmap, timeline_step_ms  # noqa: E402
+from agent.zoo import load_workload, parse_shape  # noqa: E402
+from schedules.budgets import memory_lower_bound, store_all_peak  # noqa: E402
+from schedules.plan import plan  # noqa: E402
+from schedules.profile import profile_workload  # noqa: E402
+
+TARGETS = {"step time": 15.0, "ledger peak": 5.0}
+DEFAULT_MODELS = ("resnet18:32x3x64x64", "bert:8x128")
+
+
+@dataclass
+class Row:
+    """One model at one budget: what was planned and how the prediction held."""
+
+    model: str
+    fraction: float
+    budget: int
+    note: str
+    status: str
+    step_pred_ms: float | None = None
+    step_timeline_ms: float | None = None
+    step_meas_ms: float | None = None
+    step_err: float | None = None
+    timeline_err: float | None = None
+    ledger_err: float | None = None
+    rss_err: float | None = None
+    paged_pred: int | None = None
+    paged_meas: int | None = None
+    io_wait_ms: float | None = None
+    load: float | None = None
+
+
+def bench_model(spec: str, fractions: list[float], args: argparse.Namespace, swap: Path) -> list[Row]:
+    """Profile, plan each budget and validate the schedules with interleaved steps."""
+    name, _, shape = spec.partition(":")
+    work = load_workload(name, parse_shape(shape) if shape else None)
+    print(f"\n== {name} {shape}: profiling (load {os.getloadavg()[0]:.1f}) ...", file=sys.stderr, flush=True)
+    profile, segments = profile_workload(work.model, work.example, work.loss_fn, swap, name=name,
+                                         repeats=args.repeats)
+    graph, device = profile.graph, profile.device
+    peak, floor = store_all_peak(graph), memory_lower_bound(graph)
+    print(_profile_line(name, profile, peak, floor), flush=True)
+    rows, validators, planned = [], [], set()
+    for fraction in fractions:
+        budget, note = int(fraction * peak), ""
+        if budget < floor:
+            budget, note = floor, f"{100 * fraction:.0f}% infeasible (< lower bound {floor / peak:.0%}): raised"
+        if budget in planned:
+            rows.append(Row(name, fraction, budget, note + "; same budget as above, not run again", "same"))
+            continue
+        planned.add(budget)
+        result = plan(graph, device, memory_budget=budget, time_limit=args.time_limit, gap=args.gap)
+        rows.append(Row(name, fraction, budget, note, result.status))
+        if result.feasible:
+            validators.append((rows[-1], Validator(work, graph, segments, result.schedule, swap_dir=swap,
+                                                   device=device)))
+    _interleave([v for _, v in validators], args.warmup, args.steps)
+    for row, v in validators:
+        _fill(row, v.report(), v, profile)
+        v.close()
+        if args.diagnose:
+            _diagnose(v.report(), graph)
+    return rows
+
+
+def _interleave(validators: list[Validator], warmup: int, steps: int) -> None:
+    for k in range(warmup + steps):
+        for v in validators:
+            v.step(measured=k >= warmup)
+
+
+def _fill(row: Row, report: ValidationReport, v: Validator, profile: Any) -> None:
+    step = report.figure("step time")
+    timeline = timeline_step_ms(v.executor.graph, v.schedule, profile.device, profile.overlap.hidden_fraction)
+    row.step_pred_ms, row.step_meas_ms, row.step_err = step.predicted, step.measured, step.error_pct
+    row.step_timeline_ms = timeline
+    row.timeline_err = 100.0 * (step.measured - timeline) / timeline
+    row.ledger_err = report.figure("ledger peak").error_pct
+    row.rss_err = report.figure("RSS growth").error_pct
+    paged = report.figure("bytes paged")
+    row.paged_pred, row.paged_meas = int(paged.predicted), int(paged.measured)
+    row.io_wait_ms = statistics.median(s.io_wait_seconds for s in report.stats) * 1e3
+    row.load = os.getloadavg()[0]
+
+
+def _profile_line(name: str, profile: Any, peak: int, floor: int) -> str:
+    d = profile.device
+    return (f"{name}: {profile.graph.size} nodes, plain step {profile.graph.total_compute_ms:,.1f} ms, "
+            f"M = {peak / 1e6:.2f} MB, lower bound {floor / 1e6:.2f} MB ({floor / peak:.0%} of M); "
+            f"page-out {d.pageout_bandwidth_bps / 1e6:,.0f} MB/s + {d.pageout_latency_s * 1e3:.2f} ms, "
+            f"page-in {d.pagein_bandwidth_bps / 1e6:,.0f} MB/s + {d.pagein_latency_s * 1e3:.2f} ms, "
+            f"overlap {profile.overlap.hidden_fraction:.0%} hidden")
+
+
+def _diagnose(report: ValidationReport, graph: Any, worst: int = 6) -> None:
+    rows = sorted(report.node_time_errors(), key=lambda r: -abs(r[2] - r[1]))[:worst]
+    for node, predicted, measured in rows:
+        print(f"    node {node:3d} {graph.nodes[node].name:<24} predicted {predicted:8.2f} ms  "
+              f"measured {measured:8.2f} ms")
+
+
+def print_table(rows: list[Row]) -> None:
+    """The figures, one row per model and budget, with the targets' verdicts."""
+    head = (f"{'model':<9} {'budget':>16} {'status':>9} {'pred ms':>9} {'timeline':>9} {'meas ms':>9} "
+            f"{'err':>7} {'tl err':>7} {'ledger':>7} {'RSS':>7} {'paged MB':>13} {'I/O wait':>9} {'load':>5}")
+    print("\n" + head)
+    for r in rows:
+        budget = f"{100 * r.fraction:.0f}% {r.budget / 1e6:.2f}MB"
+        if r.step_meas_ms is None:
+            print(f"{r.model:<9} {budget:>16} {r.status:>9}  {r.note}")
+            continue
+        paged = f"{r.paged_pred / 1e6:.1f}/{r.paged_meas / 1e6:.1f}"
+        print(f"{r.model:<9} {budget:>16} {r.status:>9} {r.step_pred_ms:9.1f} {r.step_timeline_ms:9.1f} "
+              f"{r.step_meas_ms:9.1f} {_pct(r.step_err):>7} {_pct(r.timeline_err):>7} {_pct(r.ledger_err):>7} "
+              f"{_pct(r.rss_err):>7} {paged:>13} {r.io_wait_ms:8.1f}ms {r.load:5.1f}  {r.note}")
+    print(f"targets: |step time error| <= {TARGETS['step time']:.0f}%, |ledger peak error| <= "
+          f"{TARGETS['ledger peak']:.0f}%")
+    for r in rows:
+        if r.step_err is None:
+            continue
+        verdict = ["step " + ("ok" if abs(r.step_err) <= TARGETS["step time"] else "MISSED"),
+                   "timeline " + ("ok" if abs(r.timeline_err) <= TARGETS["step time"] else "MISSED"),
+                   "ledger " + ("ok" if abs(r.ledger_err) <= TARGETS["ledger peak"] else "MISSED")]
+        print(f"  {r.model} at {100 * r.fraction:.0f}%: " + ", ".join(verdict))
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.1f}%"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
+                        help="comma-separated NAME:SHAPE (default resnet18:32x3x64x64,bert:8x128)")
+    parser.add_argument("--budgets", default="1.0,0.5,0.3", help="fractions of M (default 1.0,0.5,0.3)")
+    parser.add_argument("--steps", type=int, default=8, help="measured steps per schedule (default 8)")
+    parser.add_argument("--warmup", type=int, default=1, help="unmeasured steps first (default 1)")
+    parser.add_argument("--repeats", type=int, default=7, help="profile: timed runs per node (default 7)")
+    parser.add_argument("--threads", type=int, default=1, help="torch compute threads (default 1)")
+    parser.add_argument("--time-limit", type=float, default=120.0, help="MILP time limit per budget, s")
+    parser.add_argument("--gap", type=float, default=0.01, help="MILP relative gap (default 0.01)")
+    parser.add_argument("--swap-dir", help="where to page (default a temporary directory under the repo)")
+    parser.add_argument("--diagnose", action="store_true", help="list the nodes whose times stray most")
+    parser.add_argument("--json", help="write every figure to this file")
+    args = parser.parse_args()
+    keep_large_tensors_on_mmap()  # the profile and the steps under one allocator; honest RSS
+    torch.set_num_threads(args.threads)
+    fractions = [float(f) for f in args.budgets.split(",")]
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="poet-validate-", dir=args.swap_dir or REPO) as swap:
+        rows = [row for spec in args.models.split(",") for row in bench_model(spec, fractions, args, Path(swap))]
+    print_table(rows)
+    print(f"({time.perf_counter() - started:.0f} s, {args.threads} thread(s), torch {torch.__version__})")
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
