@@ -209,23 +209,32 @@ class Runtime:
 class ModelState:
     """What a step changes in the model, saved at its start so an aborted step can be undone.
 
-    Gradients already present (gradient accumulation across steps) are set aside
-    and added back once the step succeeds, in place, as ``AccumulateGrad`` would.
+    Gradients are handled by what they hold, so that no step costs a second copy
+    of them in the common cases:
+
+    * ``None`` (``zero_grad()``'s default): left alone; a rollback sets them back to ``None``;
+    * all zeros (``zero_grad(set_to_none=False)``): kept in place, so autograd adds
+      into them exactly as plain ``backward()`` does; a rollback zeroes them again;
+    * anything else (gradient accumulation across steps): set aside and added back,
+      in place, once the step succeeds -- the one case that holds two copies.
     """
 
     def __init__(self, model: nn.Module) -> None:
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.grads = [p.grad for p in self.params]
+        self.original = [p.grad for p in self.params]
+        self.kept = [g is not None and not bool(g.any()) for g in self.original]
+        self.aside = [None if kept else g for g, kept in zip(self.original, self.kept)]
         with torch.no_grad():
             self.buffers = [(b, b.clone()) for b in model.buffers()]
         self.rng = RngState.capture()
-        for p in self.params:
-            p.grad = None
+        for p, kept in zip(self.params, self.kept):
+            if not kept:
+                p.grad = None
 
     def commit(self) -> None:
         """The step succeeded: fold the set-aside gradients back in."""
         with torch.no_grad():
-            for p, old in zip(self.params, self.grads):
+            for p, old in zip(self.params, self.aside):
                 if old is not None and p.grad is not None:
                     p.grad = old.add_(p.grad)
                 elif old is not None:
@@ -234,8 +243,10 @@ class ModelState:
     def rollback(self) -> None:
         """The step failed: gradients, buffers and RNG as they were before it."""
         with torch.no_grad():
-            for p, old in zip(self.params, self.grads):
-                p.grad = old
+            for p, original, kept in zip(self.params, self.original, self.kept):
+                if kept:
+                    original.zero_()
+                p.grad = original
             for buffer, saved in self.buffers:
                 buffer.copy_(saved)
         self.rng.restore()
