@@ -13,10 +13,12 @@ profile says paging does not overlap compute); :func:`validate` runs
 compares, each with the error in percent (``(measured - predicted) /
 predicted``), median over the measured steps:
 
-* step time: the simulated runtime, plus all paging time where the device
-  profile says paging does not overlap compute; measured: the median
-  ``StepStats.step_seconds``.  :func:`timeline_step_ms` is a finer model
-  (the executor's I/O thread and prefetching replayed beside compute);
+* step time: :func:`timeline_step_ms`, the schedule replayed with the
+  executor's I/O thread and prefetching beside compute; measured: the median
+  ``StepStats.step_seconds``;
+* planner step: the planner's own model -- the simulated compute time, plus
+  all paging time where the profile says paging does not overlap compute,
+  none where it does -- against the same measurement;
 * ledger peak: the simulated peak of resident activation bytes; measured:
   the largest ``StepStats.ledger_peak_bytes``;
 * RSS growth: simulated activations plus the parameter gradients allocated
@@ -57,12 +59,15 @@ from schedules.simulate import simulate
 class Prediction:
     """What the cost model expects from one step of a schedule.
 
-    ``resident[k]`` is the simulated resident bytes after instruction ``k``;
-    ``paging_ms`` the paging time included in ``step_ms`` (0 when paging is
-    taken to overlap compute, or no device profile says otherwise).
+    ``step_ms`` is the I/O-timeline model's step time (:func:`timeline_step_ms`;
+    the compute time without a device profile); ``planner_step_ms`` the
+    planner's own model, compute plus ``paging_ms`` -- all paging time where
+    the profile says paging does not overlap compute, else none.
+    ``resident[k]`` is the simulated resident bytes after instruction ``k``.
     """
 
     step_ms: float
+    planner_step_ms: float
     compute_ms: float
     paging_ms: float
     peak_bytes: int
@@ -74,12 +79,13 @@ class Prediction:
 
 
 def predict(graph: TrainingGraph, schedule: Schedule, device: DeviceProfile | None = None,
-            gradient_bytes: Sequence[int] | None = None) -> Prediction:
-    """The planner's prediction for one step of ``schedule`` on ``graph``.
+            gradient_bytes: Sequence[int] | None = None, hidden_fraction: float | None = None) -> Prediction:
+    """The cost model's prediction for one step of ``schedule`` on ``graph``.
 
-    Paging time is added to the step time when ``device`` says paging does
-    not overlap compute; energies come from the graph, priced with ``device``
-    where it has none.  ``gradient_bytes[i]`` (see :func:`gradient_bytes_per_node`)
+    The step time comes from :func:`timeline_step_ms` with ``device`` and
+    ``hidden_fraction`` (the share of paging a profile measured hidden behind
+    compute), and also from the planner's simpler model; energies come from
+    the graph, priced with ``device`` where it has none.  ``gradient_bytes[i]`` (see :func:`gradient_bytes_per_node`)
     is what backward node ``i`` allocates for parameter gradients; the RSS
     prediction is the most, after any instruction, of resident activations
     plus the gradients allocated so far.
@@ -97,8 +103,9 @@ def predict(graph: TrainingGraph, schedule: Schedule, device: DeviceProfile | No
     for op, node in schedule.instructions:
         counts[node] += op == "compute"
     rss_peak = _rss_peak(schedule, base.resident_bytes, gradient_bytes or [0] * graph.size)
+    step = timeline_step_ms(graph, schedule, device, hidden_fraction) if device is not None else base.runtime_ms
     return Prediction(
-        step_ms=base.runtime_ms + paging, compute_ms=base.runtime_ms, paging_ms=paging,
+        step_ms=step, planner_step_ms=base.runtime_ms + paging, compute_ms=base.runtime_ms, paging_ms=paging,
         peak_bytes=base.peak_bytes, bytes_paged=base.bytes_paged_out + base.bytes_paged_in,
         energy_j=base.energy_j if priced.has_energy else None, resident=base.resident_bytes,
         node_compute_ms=tuple(c * n.compute_ms for c, n in zip(counts, graph.nodes)), rss_peak_bytes=rss_peak,
@@ -236,7 +243,8 @@ class ValidationReport:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def figure(self, name: str) -> Figure:
-        """The row called ``name`` (``step time``, ``ledger peak``, ``RSS growth``, ``bytes paged``, ``energy``)."""
+        """The row called ``name``: ``step time``, ``planner step``, ``ledger peak``, ``RSS growth``,
+        ``bytes paged`` or ``energy``."""
         for f in self.figures:
             if f.name == name:
                 return f
@@ -287,6 +295,7 @@ def validate(
     warmup: int = 1,
     device: DeviceProfile | None = None,
     meter: EnergyMeter | None = None,
+    hidden_fraction: float | None = None,
 ) -> ValidationReport:
     """Run ``warmup + steps`` steps of ``schedule`` on ``workload`` and compare with :func:`predict`.
 
@@ -307,12 +316,17 @@ def validate(
         The profile the figures are predicted with (paging overlap, powers).
     meter:
         An energy meter; energy is compared only when it really measures.
+    hidden_fraction:
+        Share of paging time hidden behind compute, as a profile measured it
+        (:attr:`schedules.profile.Overlap.hidden_fraction`); by default 1 or 0
+        from ``device.paging_overlaps_compute``.
 
     The process's allocator is left as it is: call
     :func:`keep_large_tensors_on_mmap` first (as ``poet-edge`` does, for the
     profile too) for an honest peak RSS.
     """
-    with Validator(workload, graph, segments, schedule, swap_dir=swap_dir, device=device, meter=meter) as v:
+    with Validator(workload, graph, segments, schedule, swap_dir=swap_dir, device=device, meter=meter,
+                   hidden_fraction=hidden_fraction) as v:
         for k in range(warmup + steps):
             v.step(measured=k >= warmup)
         return v.report()
@@ -327,11 +341,12 @@ class Validator:
 
     def __init__(self, workload: Any, graph: TrainingGraph, segments: Any, schedule: Schedule, *,
                  swap_dir: str | Path | None = None, device: DeviceProfile | None = None,
-                 meter: EnergyMeter | None = None) -> None:
+                 meter: EnergyMeter | None = None, hidden_fraction: float | None = None) -> None:
         from agent.executor import Executor
 
         self.workload, self.schedule, self.device, self.meter = workload, schedule, device, meter
-        self.prediction = predict(graph, schedule, device, gradient_bytes_per_node(workload.model, segments))
+        self.prediction = predict(graph, schedule, device, gradient_bytes_per_node(workload.model, segments),
+                                  hidden_fraction)
         self.executor = Executor(workload.model, segments, graph, schedule, swap_dir=swap_dir)
         self.records: list[_Step] = []
         self.warmup = 0
@@ -381,11 +396,14 @@ def _report(p: Prediction, records: Sequence[_Step], schedule: Schedule, device:
             meter: EnergyMeter | None, warmup: int) -> ValidationReport:
     stats = [r.stats for r in records]
     rss = [s.peak_rss_growth_bytes for s in stats if s.peak_rss_growth_bytes is not None]
-    overlap = "paging overlaps compute" if device is None or device.paging_overlaps_compute else \
-        f"incl. {p.paging_ms:,.1f} ms paging"
+    overlap = "paging taken as overlapped" if device is None or device.paging_overlaps_compute else \
+        f"+ {p.paging_ms:,.1f} ms paging"
+    step_ms = statistics.median(s.step_seconds for s in stats) * 1e3
     figures = [
-        Figure("step time", "ms", p.step_ms, statistics.median(s.step_seconds for s in stats) * 1e3,
-               f"compute {p.compute_ms:,.1f} ms, {overlap}"),
+        Figure("step time", "ms", p.step_ms, step_ms,
+               "I/O-thread timeline model" if device is not None else "compute only (no device profile)"),
+        Figure("planner step", "ms", p.planner_step_ms, step_ms,
+               f"the planner's model: compute {p.compute_ms:,.1f} ms, {overlap}"),
         Figure("ledger peak", "B", p.peak_bytes, max(s.ledger_peak_bytes for s in stats),
                f"budget {schedule.memory_budget / 1e6:,.2f} MB" if schedule.memory_budget else "unconstrained"),
         Figure("RSS growth", "B", p.rss_peak_bytes, statistics.median(rss) if rss else None,

@@ -13,10 +13,11 @@ machine it runs on:
   ``posix_fadvise(DONTNEED)`` included, so the page cache never serves a
   read); ``seconds = latency + bytes / bandwidth`` is fitted by least
   squares to the median time of each size, per direction;
-* **overlap** (:func:`measure_overlap`) -- a compute loop of about the same
-  length as a batch of page transfers, run alone, then beside the transfers
-  on a background thread (as the executor's pager does): the share of the
-  shorter one hidden by the concurrency says whether paging overlaps compute;
+* **overlap** (:func:`measure_overlap`) -- the model's own training step and
+  page transfers of about the same length on a background thread (as the
+  executor's pager does), each alone and then together: the share of the
+  shorter one hidden by the concurrency says whether paging overlaps compute
+  (:attr:`Profile.overlap` keeps the share itself);
 * **power** (:func:`measure_power`) -- idle, computing and paging power from
   the best meter :func:`agent.energy.detect_meter` finds; with no meter the
   nominal powers of a named device or of a generic host, labelled estimates;
@@ -280,8 +281,8 @@ OVERLAP_THRESHOLD = 0.5
 def measure_overlap(
     swap_dir: str | Path,
     page_bytes: int,
-    compute: ComputeLoop | None = None,
-    pages: int = 6,
+    compute: ComputeLoop | StepLoop | None = None,
+    pages: int | None = None,
     trials: int = 5,
     progress: Progress = _quiet,
 ) -> Overlap:
@@ -297,18 +298,25 @@ def measure_overlap(
     page_bytes:
         Size of each transferred page (take the graph's largest).
     compute:
-        The compute loop; by default a matrix multiply calibrated to last as
-        long as the transfers.
+        The work to run beside the transfers: best the model's own training
+        step (:class:`StepLoop`), which competes for memory bandwidth as
+        training does; by default a matrix multiply calibrated to last as long
+        as the transfers.
     pages, trials:
-        Write-and-read round trips per I/O job, and trials.
+        Write-and-read round trips per I/O job (by default as many as last
+        about as long as ``compute``, or 6), and trials.
     """
     directory = _swap_dir(swap_dir)
     path = _page_path(directory)
     data = _random_storage(max(int(page_bytes), 4096))
-    io = _IoJob(path, data, pages)
+    io = _IoJob(path, data, pages or 1)
     results: list[tuple[float, float, float, float, float]] = []
     try:
-        compute = compute or ComputeLoop().calibrate(io.run())
+        if compute is None:
+            io.pages = pages or 6
+            compute = ComputeLoop().calibrate(io.run())
+        elif pages is None:  # transfers as long as the compute: the overlap is then the most telling
+            io.pages = max(2, round(compute.run() / max(io.run(), 1e-6)))
         for trial in range(trials):
             progress("overlap", trial, trials)
             compute_s, io_s = compute.run(), io.run()
@@ -322,6 +330,31 @@ def measure_overlap(
         path.unlink(missing_ok=True)
     hidden, compute_s, io_s, together_s, beside_s = sorted(results)[len(results) // 2]
     return Overlap(compute_s, io_s, together_s, beside_s, hidden, hidden >= OVERLAP_THRESHOLD, data.nbytes())
+
+
+class StepLoop:
+    """One plain training step of the model (forward, backward), undone after each run.
+
+    Gradients, BatchNorm statistics and the RNG are rolled back, so measuring
+    leaves the model as it was.
+    """
+
+    def __init__(self, model: torch.nn.Module, example: tuple[Any, Any], loss_fn: Callable[[Any, Any], Any]) -> None:
+        self.model, self.example, self.loss_fn = model, example, loss_fn
+
+    def run(self) -> float:
+        """Run one step; returns its seconds."""
+        from agent.runtime import ModelState
+
+        inputs, targets = self.example
+        args = inputs if isinstance(inputs, tuple) else (inputs,)
+        state = ModelState(self.model)
+        try:
+            started = time.perf_counter()
+            self.loss_fn(self.model(*args), targets).backward()
+            return time.perf_counter() - started
+        finally:
+            state.rollback()
 
 
 @dataclass
@@ -574,7 +607,8 @@ def profile_workload(
     extract_s = time.perf_counter() - started
     progress("extract", 1, 1)
     swap = measure_swap_path(swap_dir, graph_page_sizes(graph), swap_repeats, progress)
-    overlap = measure_overlap(swap_dir, max(graph_page_sizes(graph)), progress=progress)
+    overlap = measure_overlap(swap_dir, max(graph_page_sizes(graph)), StepLoop(model, example, loss_fn),
+                              progress=progress)
     compute = ComputeLoop().calibrate(0.5)
     with _chosen_meter(meter, meter_config, estimate) as (chosen, skipped):
         io = _IoJob(_page_path(_swap_dir(swap_dir)), _random_storage(max(graph_page_sizes(graph))), 4)
@@ -664,7 +698,7 @@ def _sources(swap: SwapPath, overlap: Overlap, power: PowerFigures, repeats: int
         "pageout_bandwidth_bps": path, "pageout_latency_s": path,
         "pagein_bandwidth_bps": path, "pagein_latency_s": path,
         "paging_overlaps_compute": f"measured: {overlap.page_bytes / 1e6:.3g} MB pages on a background thread "
-                                   f"beside a matrix-multiply loop, {100 * overlap.hidden_fraction:.0f}% hidden "
+                                   f"beside the model's training step, {100 * overlap.hidden_fraction:.0f}% hidden "
                                    f"(overlap from {100 * OVERLAP_THRESHOLD:.0f}%)",
         **power.sources,
         "ram_bytes": "measured: physical memory (sysconf)",
