@@ -170,3 +170,12 @@ def test_zoo_model_by_name_and_unusable_names_are_usage_errors(tmp_path, capsys)
     assert main(["profile", "--model", "resnet18", "--input", "32x3", "--swap-dir", str(tmp_path)]) == 2
     workload = load_workload("unet", (1, 3, 8, 8))
     assert workload.model.training and workload.targets.shape == (1, 8, 8)
+
+
+def test_the_commands_load_without_torch():
+    """``poet-edge --help`` must stay fast: the profile and validate handlers import torch, not the module."""
+    import subprocess
+    import sys
+
+    code = "import sys, schedules.cli as c; c.build_parser(); import agent.cli; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=os.getcwd()).returncode == 0
