@@ -67,9 +67,17 @@ class ReferenceOutcome:
 Grid = list[list[pulp.LpVariable]]
 
 
-def _grid(name: str, rows: int, cols: int, up: float | None = None, cat: str = pulp.LpBinary) -> Grid:
+def new_variable(problem: pulp.LpProblem, name: str, low: float | None, up: float | None, cat: str) -> pulp.LpVariable:
+    """A PuLP variable owned by ``problem`` (PuLP >= 3.3 deprecates free-standing ones)."""
+    if hasattr(problem, "add_variable"):
+        return problem.add_variable(name, low, up, cat)
+    return pulp.LpVariable(name, low, up, cat)
+
+
+def _grid(problem: pulp.LpProblem, name: str, rows: int, cols: int, up: float | None = None,
+          cat: str = pulp.LpBinary) -> Grid:
     """A dense ``rows x cols`` matrix of PuLP variables."""
-    return [[pulp.LpVariable(f"{name}_{r}_{c}", 0, up, cat) for c in range(cols)] for r in range(rows)]
+    return [[new_variable(problem, f"{name}_{r}_{c}", 0, up, cat) for c in range(cols)] for r in range(rows)]
 
 
 class ReferenceMilp:
@@ -82,8 +90,9 @@ class ReferenceMilp:
         self.T = T = graph.size
         self.edges = list(graph.edges)
         self.problem = pulp.LpProblem("POET_reference", pulp.LpMinimize)
-        self.R, self.SRam, self.SSd = _grid("R", T, T), _grid("SRam", T, T), _grid("SSd", T, T)
-        self.MIn, self.MOut = _grid("MIn", T, T), _grid("MOut", T, T)
+        p = self.problem
+        self.R, self.SRam, self.SSd = _grid(p, "R", T, T), _grid(p, "SRam", T, T), _grid(p, "SSd", T, T)
+        self.MIn, self.MOut = _grid(p, "MIn", T, T), _grid(p, "MOut", T, T)
         self._objective()
         self._structure()
         self._correctness()
@@ -132,8 +141,8 @@ class ReferenceMilp:
     def _memory(self, budget: float) -> None:
         """Big-M hazard indicators and the U recurrence, bounded by the budget."""
         T, p, m = self.T, self.problem, [n.bytes for n in self.graph.nodes]
-        self.Free = _grid("FreeE", T, len(self.edges))
-        self.U = _grid("U", T, T, up=budget, cat=pulp.LpContinuous)
+        self.Free = _grid(p, "FreeE", T, len(self.edges))
+        self.U = _grid(p, "U", T, T, up=budget, cat=pulp.LpContinuous)
         succ = self.graph.successors
         for t in range(T):
             for e, (i, k) in enumerate(self.edges):
@@ -162,12 +171,18 @@ class ReferenceMilp:
                     self.problem += grid[t][i] == value(t, i)
 
     def solve(self, *, time_limit: float | None = None, threads: int = 1, solver: str = "highs",
-              msg: bool = False) -> ReferenceOutcome:
-        """Solve with HiGHS (PuLP's highspy interface) or CBC, one thread by default."""
+              gap: float | None = None, msg: bool = False) -> ReferenceOutcome:
+        """Solve with HiGHS (PuLP's highspy interface) or CBC, one thread by default.
+
+        ``gap`` is the relative MIP gap; ``None`` keeps the solver's default
+        (1e-4 for HiGHS), as the published code does.
+        """
         if solver == "highs":
-            backend = pulp.HiGHS(msg=msg, threads=threads, timeLimit=time_limit)
+            # HiGHS' default absolute gap (1e-6 J) would end the search early on millijoule graphs
+            extra = {} if gap is None else {"gapAbs": 0.0}
+            backend = pulp.HiGHS(msg=msg, threads=threads, timeLimit=time_limit, gapRel=gap, **extra)
         else:
-            backend = pulp.PULP_CBC_CMD(msg=msg, threads=threads, timeLimit=time_limit)
+            backend = pulp.PULP_CBC_CMD(msg=msg, threads=threads, timeLimit=time_limit, gapRel=gap)
         started = time.perf_counter()
         self.problem.solve(backend)
         seconds = time.perf_counter() - started
@@ -210,8 +225,9 @@ def _bound_and_gap(problem: pulp.LpProblem, solver: str, objective: float | None
 
 def solve_reference(graph: TrainingGraph, *, memory_budget: float | None, runtime_budget_ms: float | None,
                     paging: bool = True, remat: bool = True, time_limit: float | None = None,
-                    threads: int = 1, solver: str = "highs", msg: bool = False) -> ReferenceOutcome:
+                    threads: int = 1, solver: str = "highs", gap: float | None = None,
+                    msg: bool = False) -> ReferenceOutcome:
     """Build the dense published formulation and solve it; see :class:`ReferenceMilp`."""
     model = ReferenceMilp(graph, memory_budget=memory_budget, runtime_budget_ms=runtime_budget_ms,
                           paging=paging, remat=remat)
-    return model.solve(time_limit=time_limit, threads=threads, solver=solver, msg=msg)
+    return model.solve(time_limit=time_limit, threads=threads, solver=solver, gap=gap, msg=msg)

@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -392,16 +393,21 @@ class PoetFormulation:
 
     # -- solutions -----------------------------------------------------------------
     def decode(self, x: Sequence[float]) -> Matrices:
-        """Read the decision matrices from a column vector (SSd rebuilt from MOut)."""
+        """Read the plan from a column vector.
+
+        ``R``, ``MIn`` and ``MOut`` are rounded; ``SRam`` (continuous, reduction 4)
+        is rebuilt as the least residency those decisions need, which is never
+        more than the solver's values and so never more memory; ``SSd`` holds
+        from the stage after the first page-out on.
+        """
         mats = Matrices.empty(self.T)
         np.fill_diagonal(mats.R, True)
-        for grid, cols in ((mats.R, self.R), (mats.SRam, self.SRam), (mats.MIn, self.MIn), (mats.MOut, self.MOut)):
+        for grid, cols in ((mats.R, self.R), (mats.MIn, self.MIn), (mats.MOut, self.MOut)):
             for (t, i), col in cols.items():
                 grid[t, i] = x[col] > 0.5
-        # on flash from the stage after the first page-out, for the rest of the step
-        mats.SSd[:] = np.cumsum(mats.MOut, axis=0) > 0
-        mats.SSd[1:] = mats.SSd[:-1].copy()
-        mats.SSd[0] = False
+        for i in range(self.T):
+            mats.SRam[:, i] = _least_residency(self.graph, mats, i)
+        mats.SSd[1:] = np.cumsum(mats.MOut, axis=0)[:-1] > 0
         return mats
 
     def encode(self, mats: Matrices) -> np.ndarray:
@@ -431,6 +437,31 @@ class PoetFormulation:
             if j > k and (t, j) in self.R:
                 value = min(value, 1.0 - x[self.R[t, j]])
         return value
+
+
+def _least_residency(graph: TrainingGraph, mats: Matrices, i: int) -> np.ndarray:
+    """Stages at whose start node ``i`` must be in RAM, given when it is computed, paged in and out.
+
+    ``i`` is needed at the start of ``u`` when a consumer runs in ``u`` without
+    ``i`` being recomputed there, or when ``u`` pages it out; it is then kept from
+    its latest source before ``u`` (a computation, or a page-in, in stage ``c``)
+    through ``u``.
+    """
+    T = graph.size
+    computed = mats.R[:, i]
+    consumed = np.zeros(T, dtype=bool)
+    for j in graph.successors[i]:
+        consumed |= mats.R[:, j]
+    needed = (consumed & ~computed) | mats.MOut[:, i]
+    resident = np.zeros(T, dtype=bool)
+    source = computed | mats.MIn[:, i]
+    last_source = -1
+    for t in range(T):
+        if needed[t] and last_source >= 0:
+            resident[last_source + 1 : t + 1] = True
+        if source[t]:
+            last_source = t
+    return resident
 
 
 def _combine(*parts: tuple[Expr, float]) -> Expr:
@@ -629,7 +660,10 @@ def _backend(solver: str) -> str:
         except ImportError:
             pass
     import pulp
-    if not pulp.PULP_CBC_CMD(msg=False).available():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        available = pulp.PULP_CBC_CMD(msg=False).available()
+    if not available:
         raise SolverError("no MILP solver: install highspy (pip install highspy) or CBC (PuLP's bundled cbc)")
     return "cbc"
 
@@ -819,9 +853,10 @@ def build_pulp_problem(model: SparseMilp, name: str = "POET"):
     import pulp
 
     problem = pulp.LpProblem(name, pulp.LpMinimize)
+    # PuLP >= 3.3 wants variables created by their problem; older releases only have LpVariable
+    make = getattr(problem, "add_variable", None) or pulp.LpVariable
     variables = [
-        pulp.LpVariable(n, None if lo == -INF else lo, None if up == INF else up,
-                        pulp.LpInteger if integer else pulp.LpContinuous)
+        make(n, None if lo == -INF else lo, None if up == INF else up, pulp.LpInteger if integer else pulp.LpContinuous)
         for n, lo, up, integer in zip(model.col_names, model.col_lower, model.col_upper, model.col_integer)
     ]
     problem += pulp.LpAffineExpression(
@@ -850,8 +885,10 @@ def _solve_cbc(model: SparseMilp, time_limit: float | None, gap: float, threads:
     if start is not None:
         for var, value in zip(variables, start):
             var.setInitialValue(round(value) if var.cat == pulp.LpInteger else value)
-    backend = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, gapRel=gap, threads=threads,
-                                warmStart=start is not None)
+    with warnings.catch_warnings():  # PuLP 3.3 announces PULP_CBC_CMD's move to COIN_CMD in 4.0
+        warnings.simplefilter("ignore", DeprecationWarning)
+        backend = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, gapRel=gap, threads=threads,
+                                    warmStart=start is not None)
     try:
         problem.solve(backend)
     except pulp.PulpSolverError as exc:
