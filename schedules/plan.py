@@ -13,9 +13,9 @@ from typing import Callable
 
 from schedules.baselines import HEURISTIC_BASELINES, BaselineProblem
 from schedules.device import DeviceProfile, paging_time_ms, price_graph
-from schedules.errors import PlannerError, ScheduleViolation, UnknownNameError
+from schedules.errors import PlannerError, ScheduleViolation, SolverError, UnknownNameError
 from schedules.graph import TrainingGraph
-from schedules.matrices import Matrices, to_instructions
+from schedules.matrices import Instruction, Matrices, to_instructions
 from schedules.milp import MilpOutcome, SolveProgress, solve_poet_milp
 from schedules.schedule import Schedule, SolverInfo
 from schedules.simulate import SimulationReport, simulate
@@ -151,7 +151,7 @@ def _best_heuristic(ctx: _Context) -> Matrices | None:
         if matrices is None:
             continue
         try:
-            report = _simulate(ctx, matrices)
+            report = _simulate(ctx, to_instructions(ctx.graph, matrices))
         except ScheduleViolation:
             continue
         if best is None or report.energy_j < best[0]:
@@ -169,8 +169,8 @@ def _from_milp(ctx: _Context, outcome: MilpOutcome) -> PlanResult:
                            gap=outcome.gap, bound=outcome.bound_j, seconds=outcome.solve_seconds)
 
 
-def _simulate(ctx: _Context, matrices: Matrices) -> SimulationReport:
-    return simulate(ctx.graph, to_instructions(ctx.graph, matrices), memory_budget=ctx.problem.memory_budget,
+def _simulate(ctx: _Context, instructions: list[Instruction]) -> SimulationReport:
+    return simulate(ctx.graph, instructions, memory_budget=ctx.problem.memory_budget,
                     runtime_budget_ms=ctx.problem.runtime_budget_ms, paging_time_ms=ctx.problem.counted_paging_ms)
 
 
@@ -178,8 +178,12 @@ def _checked_result(ctx: _Context, matrices: Matrices, *, status: str, objective
                     gap: float | None, bound: float | None, seconds: float) -> PlanResult:
     instructions = to_instructions(ctx.graph, matrices)
     try:
-        report = _simulate(ctx, matrices)
+        report = _simulate(ctx, instructions)
     except ScheduleViolation as exc:
+        if ctx.method in MILP_METHODS:
+            # The MILP proved this plan fits; a replay that disagrees is a bug, not a budget problem.
+            raise SolverError(f"the {ctx.method} MILP's plan failed the simulator ({exc}); please report this "
+                              "with the graph file and budgets") from exc
         return PlanResult(False, "infeasible", None, None, seconds, None, ctx.method,
                           message=f"{ctx.method} does not fit the budgets: {exc}")
     objective = report.energy_j if objective is None else objective
