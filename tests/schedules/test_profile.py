@@ -179,3 +179,20 @@ def test_the_commands_load_without_torch():
 
     code = "import sys, schedules.cli as c; c.build_parser(); import agent.cli; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=os.getcwd()).returncode == 0
+
+
+def test_progress_display_draws_on_a_terminal_and_prints_lines_elsewhere():
+    import io
+
+    from agent.cli import StageProgress
+
+    terminal = io.StringIO()
+    with StageProgress("profile m", stream=terminal, live=True) as progress:
+        for done in range(4):
+            progress("swap path", done, 3)
+    plain = io.StringIO()
+    with StageProgress("profile m", stream=plain, live=False) as progress:
+        for done in range(4):
+            progress("swap path", done, 3)
+    assert plain.getvalue().count("\n") == 2 and "swap path done" in plain.getvalue()
+    assert "Traceback" not in terminal.getvalue()
