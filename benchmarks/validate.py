@@ -170,7 +170,8 @@ def _diagnose(report: ValidationReport, graph: Any, worst: int = 6) -> None:
 def print_table(rows: list[Row]) -> None:
     """The figures, one row per model and budget, with the targets' verdicts."""
     head = (f"{'model':<9} {'budget':>16} {'status':>9} {'planner':>9} {'timeline':>9} {'measured':>9} "
-            f"{'pl err':>7} {'tl err':>7} {'rel err':>7} {'ledger':>7} {'RSS':>7} {'paged MB':>13} {'I/O wait':>9} {'load':>5}")
+            f"{'pl err':>7} {'tl err':>7} {'rel err':>7} {'ledger':>7} {'RSS':>7} {'paged MB':>13} "
+            f"{'I/O wait':>9} {'load':>5}")
     print("\n" + head)
     for r in rows:
         budget = f"{100 * r.fraction:.0f}% {r.budget / 1e6:.2f}MB"

@@ -137,7 +137,8 @@ def test_energy_is_compared_only_with_a_meter_that_measures(extracted):
         report = validate(workload, graph, segments, schedule, steps=2, warmup=0, device=device, meter=supply)
     energy = report.figure("energy")
     assert energy.predicted == pytest.approx(predict(graph, schedule, device).energy_j)
-    assert len(report.energy) == 2 and all(s >= stats.step_seconds for (_, s), stats in zip(report.energy, report.stats))
+    assert len(report.energy) == 2
+    assert all(s >= stats.step_seconds for (_, s), stats in zip(report.energy, report.stats))
     # 30 W measured minus 10 W idle over each step (the median of two is their mean)
     assert energy.measured == pytest.approx(sum(20.0 * s for _, s in report.energy) / 2, rel=0.01)
     with EstimatedMeter(NominalPowers(1.0, 1.0, 1.0)) as estimate:

@@ -1,4 +1,4 @@
-"""The profiler: real swap-path and overlap measurements, labelled power figures, output the planner and executor take."""
+"""The profiler: real swap-path and overlap measurements, labelled power figures, output planner and executor take."""
 
 from __future__ import annotations
 
