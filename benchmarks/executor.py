@@ -1,0 +1,431 @@
+"""Executor benchmark: POET schedules run for real, against PyTorch's own remedies, in one run.
+
+For each model (resnet18 at 32x3x64x64, the BERT encoder at 8x128 by default)
+and each budget as a fraction of M, the unconstrained activation peak (the
+store-all ledger peak):
+
+1. profile this machine (:func:`schedules.profile.profile_workload`: swap path
+   through the executor's page files, overlap, powers) and extract the graph;
+2. plan with POET (``schedules.plan``) at the budget and run several steps
+   through :class:`agent.executor.Executor`;
+3. run, interleaved with those steps so that drift on a shared machine hits all
+   alike, a plain PyTorch step, ``torch.utils.checkpoint`` per block (every
+   segment count, the fastest that fits kept), and saved tensors offloaded to
+   disk through ``saved_tensors_hooks`` (``save_on_cpu``'s idea, to a file);
+4. measure the raw sequential write and read bandwidth of the swap directory's
+   filesystem with a large file (``fsync``, page cache dropped) before and after.
+
+Printed side by side: ledger peak / budget; peak RSS growth over the model's
+fixed memory (parameters and gradients, which exist before the step) / budget; step
+time / plain step time (the minimum over the interleaved repetitions); the same
+for the remedies; bytes paged and the achieved page-out and page-in bandwidth /
+raw bandwidth.  ``--json`` keeps every figure.
+
+Run ``python benchmarks/executor.py`` (re-executes itself with
+``MALLOC_MMAP_THRESHOLD_=65536`` so freed activations leave the process and
+RSS means something; see ``agent.rss``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+from torch.utils.checkpoint import checkpoint_sequential  # noqa: E402
+
+from agent import rss  # noqa: E402
+from agent.executor import Executor  # noqa: E402
+from agent.zoo import Workload, load_workload  # noqa: E402
+from schedules.device import DeviceProfile, price_graph  # noqa: E402
+from schedules.errors import PlannerError  # noqa: E402
+from schedules.extract import extract  # noqa: E402
+from schedules.plan import plan  # noqa: E402
+from schedules.profile import profile_workload  # noqa: E402
+from schedules.simulate import simulate  # noqa: E402
+
+MB = 1e6
+TARGETS = {"rss_over_budget": 1.10, "time_at_50": 1.10, "time_at_30": 1.30, "bandwidth_share": 0.80}
+
+
+# -- measuring one step -----------------------------------------------------------------
+@dataclass
+class Sample:
+    """One measured step: wall seconds and peak RSS growth above the step's start, less new gradients."""
+
+    seconds: float
+    growth: int | None
+
+
+def measure_step(model: nn.Module, run: Callable[[], Any]) -> Sample:
+    """Run one step of ``model``; RSS growth is measured above the step's start.
+
+    Gradients are zeroed in place first (they exist from the warm-up), so the
+    growth is what the step adds over the model's fixed memory -- parameters and
+    gradients -- whatever the allocator does with freshly allocated gradients.
+    """
+    model.zero_grad(set_to_none=False)
+    before = rss.start_window()
+    started = time.perf_counter()
+    run()
+    seconds = time.perf_counter() - started
+    peak = rss.peak_since_start()
+    return Sample(seconds, None if before is None or peak is None else peak - before)
+
+
+@dataclass
+class Method:
+    """A way to run a training step, measured over interleaved repetitions."""
+
+    name: str
+    run: Callable[[], Any]
+    model: nn.Module
+    samples: list[Sample] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def measure(self) -> None:
+        self.samples.append(measure_step(self.model, self.run))
+
+    @property
+    def seconds(self) -> float:
+        return min(s.seconds for s in self.samples)
+
+    @property
+    def growth(self) -> int | None:
+        values = [s.growth for s in self.samples if s.growth is not None]
+        return min(values) if values else None
+
+
+def interleaved(methods: list[Method], repeats: int) -> None:
+    """One warm-up each, then ``repeats`` rounds of one step per method."""
+    for method in methods:
+        method.run()
+    for _ in range(repeats):
+        for method in methods:
+            method.measure()
+
+
+# -- PyTorch's remedies --------------------------------------------------------------------
+def _out_of_place(model: nn.Module) -> nn.Module:
+    """A copy with out-of-place ReLUs: checkpoint_sequential breaks at a boundary after an in-place one."""
+    model = copy.deepcopy(model)
+    for module in model.modules():
+        if isinstance(module, nn.ReLU):
+            module.inplace = False
+    return model
+
+
+def checkpoint_variants(work: Workload) -> list[tuple[str, nn.Module, Callable[[], Any]]]:
+    """``torch.utils.checkpoint`` per block at every sensible granularity, as ``(label, model, step)``."""
+    if hasattr(work.model, "gradient_checkpointing_enable"):  # transformers: one checkpoint per layer
+        model = copy.deepcopy(work.model)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return [("per layer", model, lambda: work.loss_fn(model(work.inputs), work.targets).backward())]
+    model = _out_of_place(work.model)
+    blocks = _as_sequence(model)
+    sequential = nn.Sequential(*blocks)
+    variants = []
+    for segments in sorted({2, 3, 4, 6, 8, len(blocks)}):
+        if segments > len(blocks):
+            continue
+
+        def step(segments: int = segments) -> None:
+            out = checkpoint_sequential(sequential, segments, work.inputs, use_reentrant=False)
+            work.loss_fn(out, work.targets).backward()
+
+        variants.append((f"{segments} segments", model, step))
+    return variants
+
+
+def _as_sequence(model: nn.Module) -> list[nn.Module]:
+    """A torchvision ResNet as its blocks in order (the model's own modules, shared)."""
+    blocks = [model.conv1, model.bn1, model.relu, model.maxpool]
+    for name in ("layer1", "layer2", "layer3", "layer4"):
+        blocks.extend(getattr(model, name))
+    return [*blocks, model.avgpool, nn.Flatten(1), model.fc]
+
+
+class DiskOffload:
+    """``saved_tensors_hooks`` that write every saved tensor of 1 MB or more to a file and read it back."""
+
+    def __init__(self, directory: Path, model: nn.Module) -> None:
+        self.directory = directory
+        self.fixed = {p.untyped_storage().data_ptr() for p in (*model.parameters(), *model.buffers())}
+        self.written: dict[int, Path] = {}
+        self.count = 0
+
+    def pack(self, t: torch.Tensor) -> Any:
+        storage = t.untyped_storage()
+        if storage.nbytes() < (1 << 20) or storage.data_ptr() in self.fixed:
+            return t
+        path = self.written.get(storage.data_ptr())
+        if path is None:  # deduplicate by storage: a conv's input is also the previous ReLU's output
+            path = self.directory / f"offload-{os.getpid()}-{self.count}.bin"
+            self.count += 1
+            flat = torch.empty(0, dtype=torch.uint8).set_(storage)
+            flat.numpy().tofile(path)
+            self.written[storage.data_ptr()] = path
+        return path, storage.nbytes(), t.dtype, tuple(t.shape), t.stride(), t.storage_offset()
+
+    @staticmethod
+    def unpack(packed: Any) -> torch.Tensor:
+        if isinstance(packed, torch.Tensor):
+            return packed
+        path, nbytes, dtype, size, stride, offset = packed
+        data = torch.from_file(str(path), size=nbytes, dtype=torch.uint8).clone()
+        return torch.empty(0, dtype=dtype).set_(data.untyped_storage(), offset, size, stride)
+
+    @contextmanager
+    def hooks(self) -> Iterator[None]:
+        self.written.clear()
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack):
+                yield
+        finally:
+            for path in self.directory.glob(f"offload-{os.getpid()}-*.bin"):
+                path.unlink()
+
+
+# -- the raw filesystem --------------------------------------------------------------------
+def raw_bandwidth(directory: Path, nbytes: int = 256 << 20, repeats: int = 3) -> tuple[float, float]:
+    """Sequential write and read bytes/s of a large file in ``directory`` (fsync'd, page cache dropped)."""
+    data = torch.randint(0, 256, (nbytes,), dtype=torch.uint8)
+    view = memoryview(data.numpy()).cast("B")
+    into = memoryview(torch.empty(nbytes, dtype=torch.uint8).numpy()).cast("B")
+    path = directory / f"raw-{os.getpid()}.bin"
+    writes, reads = [], []
+    try:
+        for _ in range(repeats):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            started = time.perf_counter()
+            for start in range(0, nbytes, 8 << 20):
+                os.write(fd, view[start:start + (8 << 20)])
+            os.fsync(fd)
+            writes.append(nbytes / (time.perf_counter() - started))
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+            fd = os.open(path, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            started = time.perf_counter()
+            for start in range(0, nbytes, 8 << 20):
+                os.readv(fd, [into[start:start + (8 << 20)]])
+            reads.append(nbytes / (time.perf_counter() - started))
+            os.close(fd)
+    finally:
+        path.unlink(missing_ok=True)
+    return statistics.median(writes), statistics.median(reads)
+
+
+# -- one model ---------------------------------------------------------------------------------
+@dataclass
+class BudgetRow:
+    """Everything measured at one budget."""
+
+    fraction: float
+    budget: int
+    feasible: bool
+    status: str = ""
+    solve_seconds: float = 0.0
+    ledger_peak: int | None = None
+    growth: int | None = None
+    seconds: float | None = None
+    plain_seconds: float | None = None
+    bytes_paged_out: int = 0
+    bytes_paged_in: int = 0
+    pageout_bps: float | None = None
+    pagein_bps: float | None = None
+    recomputed: int = 0
+    runtime_budget: float | None = None
+    checkpoint: dict[str, Any] = field(default_factory=dict)
+    offload: dict[str, Any] = field(default_factory=dict)
+
+
+def bench_model(name: str, shape: tuple[int, ...], fractions: list[float], repeats: int, swap: Path,
+                time_limit: float, segments: list[str] | None) -> dict[str, Any]:
+    work = load_workload(name, shape)
+    print(f"\n== {name} {'x'.join(map(str, shape))}: profiling this machine and extracting ...", flush=True)
+    profile, _ = profile_workload(work.model, work.example, work.loss_fn, swap, name=name, repeats=3)
+    device: DeviceProfile = profile.device
+    graph, cut = extract(work.model, work.example, work.loss_fn, segments=segments, repeats=5)
+    graph = price_graph(graph, device)
+    store_all = plan(graph, device, method="store-all").schedule
+    M = simulate(graph, store_all).peak_bytes
+    print(f"   {graph.size} nodes, M = {M / MB:.1f} MB, plain compute {graph.total_compute_ms:.0f} ms, "
+          f"page-out {device.pageout_bandwidth_bps / MB:.0f} MB/s, page-in {device.pagein_bandwidth_bps / MB:.0f} MB/s, "
+          f"overlap {device.paging_overlaps_compute}", flush=True)
+    raw_before = raw_bandwidth(swap)
+    plain = Method("plain", lambda: work.loss_fn(work.model(work.inputs), work.targets).backward(), work.model)
+    remedies = [Method(f"checkpoint {label}", step, model) for label, model, step in checkpoint_variants(work)]
+    offload = DiskOffload(swap, work.model)
+
+    def offload_step() -> None:
+        with offload.hooks():
+            work.loss_fn(work.model(work.inputs), work.targets).backward()
+
+    offloaded = Method("offload to disk", offload_step, work.model)
+    interleaved([plain, *remedies, offloaded], repeats)
+    remedy_plain = plain.seconds  # the plain steps interleaved with the remedies: their yardstick
+    rows = [bench_budget(f, M, graph, cut, work, device, plain, remedies, offloaded, repeats, swap, time_limit)
+            for f in fractions]
+    raw_after = raw_bandwidth(swap)
+    raw = (statistics.mean([raw_before[0], raw_after[0]]), statistics.mean([raw_before[1], raw_after[1]]))
+    return {"model": name, "shape": shape, "nodes": graph.size, "M": M, "device": device.to_dict(),
+            "raw_write_bps": raw[0], "raw_read_bps": raw[1], "plain_seconds": plain.seconds,
+            "remedy_plain_seconds": remedy_plain,
+            "plain_growth": plain.growth, "rows": [asdict(r) for r in rows]}
+
+
+def bench_budget(fraction: float, M: int, graph, cut, work: Workload, device: DeviceProfile, plain: Method,
+                 remedies: list[Method], offloaded: Method, repeats: int, swap: Path,
+                 time_limit: float) -> BudgetRow:
+    budget = int(fraction * M)
+    try:
+        result, runtime_budget = plan_within_time(graph, device, budget, time_limit)
+    except PlannerError as exc:  # a planner bug must not hide the other figures; keep the inputs to report it
+        keep = Path(tempfile.mkdtemp(prefix="poet-bench-failure-"))
+        graph.save(keep / "graph.json")
+        device.save(keep / "device.json")
+        print(f"   {fraction:4.0%} of M: planner error ({exc}); graph and device kept in {keep}", flush=True)
+        result, runtime_budget = None, None
+    row = BudgetRow(fraction, budget, bool(result and result.feasible),
+                    result.status if result else "error", result.solve_seconds if result else 0.0)
+    row.runtime_budget = runtime_budget
+    if result is None:
+        result = type("NoPlan", (), {"feasible": False, "status": "error", "solve_seconds": 0.0})()
+    print(f"   {fraction:4.0%} of M = {budget / MB:6.1f} MB: POET {result.status} in {result.solve_seconds:.1f} s "
+          f"(runtime budget {runtime_budget or 'none'})", flush=True)
+    if result.feasible:
+        with Executor(work.model, cut, graph, result.schedule, swap_dir=swap) as ex:
+            stats: list = []
+
+            def poet_step() -> None:
+                ex.step(work.inputs, work.targets)
+                stats.append(ex.last_stats)
+
+            poet = Method("poet", poet_step, work.model)
+            interleaved([plain, poet], repeats)
+        best = min(stats, key=lambda s: s.step_seconds)
+        row.ledger_peak, row.growth, row.seconds = best.ledger_peak_bytes, poet.growth, poet.seconds
+        row.plain_seconds = min(s.seconds for s in plain.samples[-repeats:])
+        row.bytes_paged_out, row.bytes_paged_in = best.bytes_paged_out, best.bytes_paged_in
+        row.pageout_bps = _rate(sum(s.bytes_paged_out for s in stats), sum(s.io_out_seconds for s in stats))
+        row.pagein_bps = _rate(sum(s.bytes_paged_in for s in stats), sum(s.io_in_seconds for s in stats))
+        row.recomputed = result.simulation.recomputed_nodes if result.simulation else 0
+    limit = budget * TARGETS["rss_over_budget"]
+    fitting = [m for m in remedies if m.growth is not None and m.growth <= limit]
+    if fitting:
+        best_remedy = min(fitting, key=lambda m: m.seconds)
+        row.checkpoint = {"config": best_remedy.name, "seconds": best_remedy.seconds, "growth": best_remedy.growth}
+    else:
+        lowest = min(remedies, key=lambda m: m.growth if m.growth is not None else float("inf"))
+        row.checkpoint = {"config": None, "lowest_growth": lowest.growth, "lowest_config": lowest.name}
+    row.offload = {"fits": offloaded.growth is not None and offloaded.growth <= limit,
+                   "seconds": offloaded.seconds, "growth": offloaded.growth}
+    return row
+
+
+RUNTIME_BUDGETS = (1.1, 1.3, None)  # the step-time targets first; then whatever fits the memory
+
+
+def plan_within_time(graph, device: DeviceProfile, budget: int, time_limit: float):
+    """POET at ``budget`` with the tightest runtime budget it can meet (paging time counted where it
+    does not overlap compute here); returns the result and the runtime budget used."""
+    result = None
+    for runtime_budget in RUNTIME_BUDGETS:
+        result = plan(graph, device, memory_budget=budget, runtime_budget=runtime_budget, time_limit=time_limit,
+                      count_paging_time=not device.paging_overlaps_compute)
+        if result.feasible:
+            return result, runtime_budget
+    return result, None
+
+
+def _rate(nbytes: int, seconds: float) -> float | None:
+    return nbytes / seconds if seconds > 0 and nbytes > 0 else None
+
+
+# -- report ---------------------------------------------------------------------------------------
+def print_report(result: dict[str, Any]) -> None:
+    M, plain = result["M"], result["remedy_plain_seconds"]
+    raw_w, raw_r = result["raw_write_bps"], result["raw_read_bps"]
+    print(f"\n{result['model']} {'x'.join(map(str, result['shape']))}: {result['nodes']} nodes, "
+          f"M = {M / MB:.1f} MB; plain step {result['plain_seconds']:.3f} s, RSS growth {_mb(result['plain_growth'])} "
+          f"({_ratio(result['plain_growth'], M)} of M); raw write {raw_w / MB:.0f} MB/s, read {raw_r / MB:.0f} MB/s")
+    print(f"{'budget':>7} {'POET':>10} {'rt':>4} {'ledger/B':>9} {'RSS/B':>7} {'time':>7} | {'checkpoint':>22} {'RSS/B':>7} "
+          f"{'time':>7} | {'offload RSS/B':>13} {'time':>7} | {'paged MB':>9} {'out/raw':>8} {'in/raw':>7}")
+    for r in result["rows"]:
+        B = r["budget"]
+        ck = r["checkpoint"]
+        ck_name = ck.get("config") or f"none fits ({_ratio(ck.get('lowest_growth'), B)})"
+        ck_time = _ratio(ck.get("seconds"), plain) if ck.get("config") else "-"
+        off = r["offload"]
+        time_ratio = _ratio(r["seconds"], r["plain_seconds"]) if r["seconds"] else "-"
+        paged = (r["bytes_paged_out"] + r["bytes_paged_in"]) / MB
+        rt = f"{r['runtime_budget']:.1f}" if r.get("runtime_budget") else "-"
+        print(f"{r['fraction']:>7.0%} {r['status'][:10]:>10} {rt:>4} {_ratio(r['ledger_peak'], B):>9} {_ratio(r['growth'], B):>7} "
+              f"{time_ratio:>7} | {ck_name[:22]:>22} {_ratio(ck.get('growth'), B) if ck.get('config') else '-':>7} "
+              f"{ck_time:>7} | {_ratio(off['growth'], B):>13} {_ratio(off['seconds'], plain):>7} | {paged:>9.1f} "
+              f"{_ratio(r['pageout_bps'], raw_w):>8} {_ratio(r['pagein_bps'], raw_r):>7}")
+
+
+def _mb(value: float | None) -> str:
+    return "-" if value is None else f"{value / MB:.1f} MB"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "-" if a is None or not b else f"{a / b:.2f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="resnet18:32x3x64x64,bert:8x128",
+                        help="name:shape pairs from agent.zoo, comma separated")
+    parser.add_argument("--budgets", default="1.0,0.75,0.6,0.5,0.3,0.2", help="fractions of M")
+    parser.add_argument("--repeats", type=int, default=3, help="measured steps per method and budget")
+    parser.add_argument("--swap-dir", type=Path, default=None, help="default: a temporary directory in /var/tmp")
+    parser.add_argument("--time-limit", type=float, default=120.0, help="MILP seconds per budget")
+    parser.add_argument("--bert-sublayers", action="store_true", default=True,
+                        help="cut BERT layers into attention / intermediate / output (lower feasible budgets)")
+    parser.add_argument("--json", type=Path, default=None, help="write every figure here")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    results = []
+    with (nullcontext(args.swap_dir) if args.swap_dir else tempfile.TemporaryDirectory(dir="/var/tmp")) as swap:
+        swap = Path(swap)
+        swap.mkdir(parents=True, exist_ok=True)
+        for spec in args.models.split(","):
+            name, _, shape_text = spec.partition(":")
+            shape = tuple(int(x) for x in shape_text.split("x"))
+            segments = bert_sublayers(load_workload(name, shape).model) if name == "bert" and args.bert_sublayers else None
+            results.append(bench_model(name, shape, [float(f) for f in args.budgets.split(",")], args.repeats,
+                                       swap, args.time_limit, segments))
+            print_report(results[-1])
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1, default=str))
+    return 0
+
+
+def bert_sublayers(model: nn.Module) -> list[str]:
+    """Segments for a BERT classifier with each layer cut into attention, intermediate and output."""
+    layers = len(model.bert.encoder.layer)
+    inner = [f"bert.encoder.layer.{k}.{part}" for k in range(layers) for part in ("attention", "intermediate", "output")]
+    return ["bert.embeddings", *inner, "bert.pooler", "dropout", "classifier"]
+
+
+if __name__ == "__main__":
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_") != "65536":
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"})
+    sys.exit(main())
