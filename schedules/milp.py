@@ -677,7 +677,45 @@ def _warm_start_vector(form: PoetFormulation, warm_start: Matrices | None) -> np
         return None
     if warm_start.R.shape != (form.T, form.T):
         raise SolverError(f"warm start matrices are {warm_start.R.shape}, the graph needs {(form.T, form.T)}")
-    return form.encode(warm_start)
+    return form.encode(canonical_plan(form.graph, warm_start))
+
+
+def canonical_plan(graph: TrainingGraph, mats: Matrices) -> Matrices:
+    """The same plan with page-outs and page-ins where the reduced model expects them.
+
+    Each node is paged out at most once, in the stage right after the
+    computation whose value it writes, and each page-in moves to the stage
+    right before the next consumer; residency is then rebuilt as the least
+    the plan needs.  Energy never rises and memory never does either, so a
+    feasible warm start stays feasible (reduction 1b of the module docstring).
+    """
+    out = Matrices(mats.R.copy(), np.zeros_like(mats.SRam), np.zeros_like(mats.SSd),
+                   np.zeros_like(mats.MIn), np.zeros_like(mats.MOut))
+    for i in range(graph.size):
+        written = _first_write(mats, i)
+        if written is None:
+            continue
+        out.MOut[written, i] = True
+        consumed = np.zeros(graph.size, dtype=bool)
+        for j in graph.successors[i]:
+            consumed |= mats.R[:, j]
+        for t in np.flatnonzero(mats.MIn[:, i]).tolist():
+            later = [u for u in np.flatnonzero(consumed).tolist() if u > t and not mats.R[u, i]]
+            if later:  # a page-in nobody reads afterwards is dropped
+                out.MIn[max(later[0] - 1, written + 1), i] = True
+    for i in range(graph.size):
+        out.SRam[:, i] = _least_residency(graph, out, i)
+    out.SSd[1:] = np.cumsum(out.MOut, axis=0)[:-1] > 0
+    return out
+
+
+def _first_write(mats: Matrices, i: int) -> int | None:
+    """The stage right after the computation whose value the first page-out of ``i`` writes."""
+    outs = np.flatnonzero(mats.MOut[:, i])
+    if outs.size == 0:
+        return None
+    computed = [c for c in np.flatnonzero(mats.R[:, i]).tolist() if c < outs[0]]
+    return computed[-1] + 1 if computed else int(outs[0])
 
 
 def store_all_plan(graph: TrainingGraph) -> Matrices:

@@ -17,7 +17,9 @@ import pytest
 from schedules.errors import SolverError
 from schedules.graph import Node, TrainingGraph
 from schedules.matrices import Matrices
-from schedules.milp import MilpOutcome, PoetFormulation, SolveProgress, build_pulp_problem, plan_energy, solve_poet_milp
+from schedules.milp import (
+    MilpOutcome, PoetFormulation, SolveProgress, build_pulp_problem, canonical_plan, plan_energy, solve_poet_milp,
+)
 
 REPO = Path(__file__).parents[2]
 GRAPHS = REPO.parent / "shared/bench/poet_graphs"
@@ -271,6 +273,26 @@ def test_warm_start_and_progress() -> None:
     assert seen and all(isinstance(p, SolveProgress) for p in seen)
     assert seen[0].incumbent_j == pytest.approx(first.objective_j, rel=1e-9)  # the warm start is the first incumbent
     assert all(p.bound_j is None or p.incumbent_j is None or p.bound_j <= p.incumbent_j * (1 + 1e-9) for p in seen)
+
+
+def test_a_warm_start_that_pages_late_is_moved_where_the_model_expects_it() -> None:
+    graph = chain_graph(7, seed=1)
+    budgets = dict(memory_budget=0.7 * store_all_peak(graph), runtime_budget_ms=1.05 * graph.total_compute_ms)
+    best = solve_poet_milp(graph, **budgets).matrices
+    assert best.MOut.any()
+    late = Matrices(best.R.copy(), best.SRam.copy(), best.SSd.copy(), best.MIn.copy(), best.MOut.copy())
+    for t, i in np.argwhere(best.MOut):  # page out one stage later, keeping the value resident meanwhile
+        late.MOut[t, i], late.MOut[t + 1, i] = False, True
+        late.SRam[t + 1, i] = True
+        late.SSd[t + 1, i] = False
+    assert_valid(graph, late)
+    canonical = canonical_plan(graph, late)
+    assert plan_energy(graph, canonical) == pytest.approx(plan_energy(graph, late), rel=1e-12)
+    assert max(reference_peaks(graph, canonical)) <= max(reference_peaks(graph, late))
+    assert_valid(graph, canonical, **budgets)
+    seen: list[SolveProgress] = []
+    solve_poet_milp(graph, warm_start=late, progress=seen.append, time_limit=5, **budgets)
+    assert seen[0].incumbent_j <= plan_energy(graph, late) * (1 + 1e-12)
 
 
 def test_cbc_finds_the_same_optimum() -> None:
