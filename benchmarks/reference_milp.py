@@ -109,7 +109,8 @@ class ReferenceMilp:
     def _objective(self) -> None:
         nodes, T = self.graph.nodes, self.T
         self.problem += pulp.lpSum(
-            self.R[t][i] * nodes[i].compute_j + self.MIn[t][i] * nodes[i].pagein_j + self.MOut[t][i] * nodes[i].pageout_j
+            self.R[t][i] * nodes[i].compute_j + self.MIn[t][i] * nodes[i].pagein_j
+            + self.MOut[t][i] * nodes[i].pageout_j
             for t in range(T) for i in range(T)
         )
 

@@ -201,7 +201,8 @@ class SparseMilp:
             return True
         values = np.asarray(self.row_value) * x[np.asarray(self.row_index, dtype=np.int64)]
         activity = np.add.reduceat(values, np.asarray(self.row_start[:-1], dtype=np.int64)) if len(values) else 0.0
-        return bool(np.all(activity >= np.asarray(self.row_lower) - tol) and np.all(activity <= np.asarray(self.row_upper) + tol))
+        within_lower = np.all(activity >= np.asarray(self.row_lower) - tol)
+        return bool(within_lower and np.all(activity <= np.asarray(self.row_upper) + tol))
 
     def add_row(self, terms: dict[int, float], lower: float, upper: float, why: str) -> None:
         """Append ``lower <= sum terms <= upper``; a row without terms is checked at once."""
@@ -329,7 +330,7 @@ class PoetFormulation:
             self.model.add_row(terms, -INF, 0.0, f"node {i} resident at stage {t1}")
 
     def _add_paging(self) -> None:
-        """Flash persistence; page in only what is on flash, right before a consumer; page out what was just computed."""
+        """Flash persistence; page in what is on flash, right before a consumer; page out what was just computed."""
         for (t, i), col in self.SSd.items():
             terms = {col: 1.0}
             for source in (self.SSd.get((t - 1, i)), self.MOut.get((t - 1, i))):
