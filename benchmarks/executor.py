@@ -283,7 +283,7 @@ def bench_model(name: str, shape: tuple[int, ...], fractions: list[float], repea
             for f in fractions]
     raw_after = raw_bandwidth(swap)
     raw = (statistics.mean([raw_before[0], raw_after[0]]), statistics.mean([raw_before[1], raw_after[1]]))
-    return {"model": name, "shape": shape, "nodes": graph.size, "M": M, "device": device.to_dict(),
+    return {"model": name, "shape": shape, "nodes": graph.size, "threads": torch.get_num_threads(), "M": M, "device": device.to_dict(),
             "raw_write_bps": raw[0], "raw_read_bps": raw[1], "plain_seconds": plain.seconds,
             "remedy_plain_seconds": remedy_plain,
             "plain_growth": plain.growth, "rows": [asdict(r) for r in rows]}
@@ -309,7 +309,8 @@ def bench_budget(fraction: float, M: int, graph, cut, work: Workload, device: De
     print(f"   {fraction:4.0%} of M = {budget / MB:6.1f} MB: POET {result.status} in {result.solve_seconds:.1f} s "
           f"(runtime budget {runtime_budget or 'none'})", flush=True)
     if result.feasible:
-        with Executor(work.model, cut, graph, result.schedule, swap_dir=swap) as ex:
+        # measure_rss off: the benchmark measures RSS the same way around every method's step
+        with Executor(work.model, cut, graph, result.schedule, swap_dir=swap, measure_rss=False) as ex:
             stats: list = []
 
             def poet_step() -> None:
@@ -399,8 +400,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-limit", type=float, default=120.0, help="MILP seconds per budget")
     parser.add_argument("--bert-sublayers", action="store_true", default=True,
                         help="cut BERT layers into attention / intermediate / output (lower feasible budgets)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch compute threads (default 1: on a small shared machine, OpenMP threads that "
+                             "spin-wait for a busy core make step times vary fivefold; 1 leaves a core to paging)")
     parser.add_argument("--json", type=Path, default=None, help="write every figure here")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     results = []
     with (nullcontext(args.swap_dir) if args.swap_dir else tempfile.TemporaryDirectory(dir="/var/tmp")) as swap:
