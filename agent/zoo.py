@@ -157,7 +157,7 @@ def _conv_block(cin: int, cout: int) -> nn.Sequential:
 class SmallUNet(nn.Module):
     """A two-level U-Net whose skip connections (``torch.cat``) cross segments."""
 
-    def __init__(self, channels: int = 16, classes: int = 4) -> None:
+    def __init__(self, channels: int = 16, classes: int = 4, dropout: float = 0.0) -> None:
         super().__init__()
         c = channels
         self.enc1, self.enc2, self.bottom = _conv_block(3, c), _conv_block(c, 2 * c), _conv_block(2 * c, 4 * c)
@@ -166,6 +166,7 @@ class SmallUNet(nn.Module):
         self.dec2 = _conv_block(4 * c, 2 * c)
         self.up1 = nn.ConvTranspose2d(2 * c, c, 2, stride=2)
         self.dec1 = _conv_block(2 * c, c)
+        self.drop = nn.Dropout2d(dropout)  # p > 0: recomputation must replay its masks
         self.head = nn.Conv2d(c, classes, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -174,7 +175,7 @@ class SmallUNet(nn.Module):
         b = self.bottom(self.pool(e2))                               # B, 4c, H/4, W/4
         d2 = self.dec2(torch.cat([self.up2(b), e2], dim=1))          # B, 2c, H/2, W/2
         d1 = self.dec1(torch.cat([self.up1(d2), e1], dim=1))         # B, c, H, W
-        return self.head(d1)                                         # B, classes, H, W
+        return self.head(self.drop(d1))                              # B, classes, H, W
 
 
 def _unet(shape: tuple[int, ...]) -> Workload:

@@ -4,37 +4,15 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
+from agent.zoo import SmallUNet, cross_entropy, logits_cross_entropy  # noqa: F401 - re-exported to the tests
 from schedules.graph import TrainingGraph
 from schedules.matrices import Instruction
 
 
-def conv_block(cin: int, cout: int) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
-
-
-class TinyUNet(nn.Module):
-    """A U-Net whose skip connections cross segments (``torch.cat`` between encoder and decoder)."""
-
-    def __init__(self, c: int = 8, classes: int = 4) -> None:
-        super().__init__()
-        self.enc1, self.enc2, self.bottom = conv_block(3, c), conv_block(c, 2 * c), conv_block(2 * c, 4 * c)
-        self.pool = nn.MaxPool2d(2)
-        self.up2 = nn.ConvTranspose2d(4 * c, 2 * c, 2, stride=2)
-        self.dec2 = conv_block(4 * c, 2 * c)
-        self.up1 = nn.ConvTranspose2d(2 * c, c, 2, stride=2)
-        self.dec1 = conv_block(2 * c, c)
-        self.drop = nn.Dropout2d(0.2)
-        self.head = nn.Conv2d(c, classes, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        e1 = self.enc1(x)                                            # B, c, H, W
-        e2 = self.enc2(self.pool(e1))                                # B, 2c, H/2, W/2
-        b = self.bottom(self.pool(e2))                               # B, 4c, H/4, W/4
-        d2 = self.dec2(torch.cat([self.up2(b), e2], dim=1))          # B, 2c, H/2, W/2
-        d1 = self.dec1(torch.cat([self.up1(d2), e1], dim=1))         # B, c, H, W
-        return self.head(self.drop(d1))                              # B, classes, H, W
+def TinyUNet(c: int = 8, classes: int = 4) -> nn.Module:  # noqa: N802 - used like the class it builds
+    """The zoo's U-Net, small and with dropout: skip connections cross segments, masks must be replayed."""
+    return SmallUNet(channels=c, classes=classes, dropout=0.2)
 
 
 def mlp() -> nn.Module:
@@ -69,13 +47,6 @@ def bert_example(batch: int = 2, length: int = 16, vocab: int = 500, labels: int
     return torch.randint(0, vocab, (batch, length)), torch.randint(0, labels, (batch,))
 
 
-def logits_cross_entropy(output, targets: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy on a transformers model output (``.logits``)."""
-    return F.cross_entropy(output.logits, targets)
-
-
-def cross_entropy(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(output, targets)
 
 
 def page_everything(graph: TrainingGraph) -> list[Instruction]:
