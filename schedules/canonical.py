@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from schedules.errors import FormatError
+
+T = TypeVar("T")
 
 
 def canonical_json(value: Any) -> bytes:
@@ -22,6 +24,15 @@ def read_json_object(path: str | Path, what: str) -> dict[str, Any]:
     except OSError as exc:
         raise FormatError(f"cannot read {what} file {path}: {exc.strerror or exc}") from exc
     return parse_json_object(text, f"{what} file {path}")
+
+
+def load_validated(path: str | Path, what: str, from_dict: Callable[[dict[str, Any]], T]) -> T:
+    """Read ``path`` as JSON and build it with ``from_dict``; format errors name the file."""
+    data = read_json_object(path, what)
+    try:
+        return from_dict(data)
+    except FormatError as exc:
+        raise type(exc)(f"{path}: {exc}") from exc
 
 
 def parse_json_object(text: str | bytes, what: str) -> dict[str, Any]:

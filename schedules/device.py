@@ -47,7 +47,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from schedules.canonical import read_json_object
+from schedules.canonical import load_validated
 from schedules.errors import FormatError, PlannerError, UnknownNameError, UnsupportedVersionError
 from schedules.graph import Node, TrainingGraph
 
@@ -198,11 +198,7 @@ class DeviceProfile:
     @classmethod
     def load(cls, path: str | Path) -> "DeviceProfile":
         """Load a profile file written by :meth:`save` or by hand."""
-        data = read_json_object(path, "device profile")
-        try:
-            return cls.from_dict(data)
-        except FormatError as exc:
-            raise type(exc)(f"{path}: {exc}") from exc
+        return load_validated(path, "device profile", cls.from_dict)
 
     def save(self, path: str | Path) -> None:
         """Write the profile as indented JSON.

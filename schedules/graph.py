@@ -20,7 +20,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable, Literal
 
-from schedules.canonical import canonical_json, finite_number, read_json_object
+from schedules.canonical import canonical_json, finite_number, load_validated
 from schedules.errors import FormatError, UnsupportedVersionError
 
 NodeKind = Literal["forward", "loss", "backward"]
@@ -183,11 +183,7 @@ class TrainingGraph:
     @classmethod
     def load(cls, path: str | Path) -> "TrainingGraph":
         """Load a graph file (ours or a POET reference graph)."""
-        data = read_json_object(path, "training graph")
-        try:
-            return cls.from_dict(data)
-        except FormatError as exc:
-            raise type(exc)(f"{path}: {exc}") from exc
+        return load_validated(path, "training graph", cls.from_dict)
 
     def save(self, path: str | Path) -> None:
         """Write the graph in our versioned format."""
