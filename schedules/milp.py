@@ -89,9 +89,14 @@ large models whose simplex root would not fit in the time left, (d) is
 skipped; ``relax_and_round`` stops after (c).  Progress is reported after
 each phase and from HiGHS' MIP callbacks.
 
-Measured (one thread, this 2-core machine, busy; gap 1e-6): vgg16_cifar at
-1.5 MB / 1.5 optimal in about 1 s (dense reference: 26-38 s at gap 1e-4);
-resnet18_cifar at 3 MB / 7.6 optimal in 0.3 s (reference 181-213 s).
+Measured by ``benchmarks/solver.py`` (one thread, a busy 2-core machine; ours at
+gap 1e-6 with the best baseline as warm start, the dense reference at HiGHS'
+default 1e-4, 600 s): vgg16_cifar 1.5 MB / 1.5 optimal in 1.1 s (reference
+20.7 s, same optimum within 5e-8); resnet18_cifar 3 MB / 7.6 optimal in 0.2 s
+(reference 85 s); resnet18_cifar 1.5 MB / 1.5 7.89687 J, gap 3.5e-4, in 60 s
+(reference 7.92585 J, gap 4.2e-3, at 600 s); at half the forward activations
+and 1.5: vgg16 gap 3.3e-6, resnet18 1.7e-4, bert 3.3e-4 (LP bound) and
+resnet50 9.9e-4 (its LP takes 240 s: the bound is store-all's), each in 60 s.
 Tried without a measurable gain: ``R + SRam <= 1``, ``MIn + SRam <= 1``,
 "recompute only what is read" for input nodes, binary ``SRam``, HiGHS
 heuristic-effort and symmetry options.
