@@ -160,6 +160,11 @@ class ReferenceMilp:
             for k in range(T - 1):
                 freed = pulp.lpSum(m[self.edges[e][0]] * self.Free[t][e] for e in inputs[k])
                 p += self.U[t][k + 1] == self.U[t][k] + self.R[t][k + 1] * m[k + 1] - freed
+        # Not in the paper: a node's workspace while it computes (0 on the reference graphs, so no rows).
+        for k, node in enumerate(self.graph.nodes):
+            if node.workspace_bytes:
+                for t in range(T):
+                    p += self.U[t][k] + self.R[t][k] * node.workspace_bytes <= budget
 
     def _runtime(self, budget_ms: float) -> None:
         ms = [n.compute_ms for n in self.graph.nodes]

@@ -109,7 +109,8 @@ def milp_stage_peaks(graph: TrainingGraph, m: Matrices) -> list[int]:
     ``t`` unless ``SRam[t+1,i]`` keeps it.  Unlike the instruction list, a
     value resident at the start of ``t`` that no node of stage ``t`` reads
     (one being paged out, say) counts for the whole stage, and so does a value
-    computed in ``t`` that nothing in ``t`` reads.
+    computed in ``t`` that nothing in ``t`` reads.  While ``k`` computes, its
+    workspace counts on top (``U[t,k] + w_k <= budget``).
     """
     sizes = [n.bytes for n in graph.nodes]
     T = graph.size
@@ -119,7 +120,7 @@ def milp_stage_peaks(graph: TrainingGraph, m: Matrices) -> list[int]:
         peak = current
         for k in np.flatnonzero(m.R[t]).tolist():
             current += sizes[k]
-            peak = max(peak, current)
+            peak = max(peak, current + graph.nodes[k].workspace_bytes)
             kept = m.SRam[t + 1] if t + 1 < T else np.zeros(T, dtype=bool)
             for i in graph.predecessors[k]:
                 if not kept[i] and not any(m.R[t, j] for j in graph.successors[i] if j > k):
@@ -134,7 +135,8 @@ def milp_peak_bytes(graph: TrainingGraph, m: Matrices) -> int:
 
 
 def simulated_stage_peaks(graph: TrainingGraph, m: Matrices) -> list[int]:
-    """Peak resident bytes of each stage when the matrices' instruction list is replayed.
+    """Peak memory (resident bytes, plus workspace while computing) of each stage when the
+    matrices' instruction list is replayed.
 
     Raises :class:`ScheduleViolation` when the matrices are inconsistent.  An
     instruction belongs to the stage whose own node (``compute t``, always
@@ -142,7 +144,7 @@ def simulated_stage_peaks(graph: TrainingGraph, m: Matrices) -> list[int]:
     therefore counts in stage ``t + 1``, where the MILP counts it too.
     """
     instructions = to_instructions(graph, m)
-    trace = simulate(graph, instructions).resident_bytes
+    trace = simulate(graph, instructions).working_bytes
     peaks = [0] * graph.size
     stage = 0
     for (op, node), resident in zip(instructions, trace):

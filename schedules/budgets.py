@@ -64,15 +64,15 @@ class BudgetSearch:
 
 
 def memory_lower_bound(graph: TrainingGraph) -> int:
-    """Largest ``bytes(node) + sum(bytes(inputs))``: no schedule fits a smaller budget."""
-    return max(node.bytes + sum(graph.nodes[p].bytes for p in graph.predecessors[i])
+    """Largest ``bytes(node) + workspace(node) + sum(bytes(inputs))``: no schedule fits a smaller budget."""
+    return max(node.bytes + node.workspace_bytes + sum(graph.nodes[p].bytes for p in graph.predecessors[i])
                for i, node in enumerate(graph.nodes))
 
 
 def store_all_peak(graph: TrainingGraph) -> int:
-    """Peak activation bytes of plain backpropagation (store-all), by simulation."""
+    """Peak memory of plain backpropagation (store-all, workspaces included), by simulation."""
     instructions = to_instructions(graph, store_all(BaselineProblem(graph, None, None)))
-    return simulate(graph, instructions).peak_bytes
+    return simulate(graph, instructions).peak_memory_bytes
 
 
 def smallest_feasible_budget(

@@ -563,7 +563,7 @@ def run_verify(args: argparse.Namespace) -> int:
     print(f"graph       ok ({graph.model or Path(args.graph).stem}, {graph.size} nodes)")
     report = _replay(graph, schedule, load_device(args.device) if args.device else _builtin_or_none(schedule.device))
     energy = f", energy {report.energy_j:.6g} J" if graph.has_energy or report.energy_j else ""
-    print(f"replay      ok (peak {format_bytes(report.peak_bytes)} within {format_bytes(schedule.memory_budget)}, "
+    print(f"replay      ok (peak {format_bytes(report.peak_memory_bytes)} within {format_bytes(schedule.memory_budget)}, "
           f"runtime {report.runtime_ms:,.1f} ms{energy})")
     return OK
 

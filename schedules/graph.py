@@ -35,6 +35,10 @@ class Node:
 
     ``compute_j``, ``pagein_j`` and ``pageout_j`` are ``None`` until a device
     profile has priced the node (see :func:`schedules.device.price_graph`).
+    ``workspace_bytes`` is memory the node needs only while it computes, on top
+    of its inputs and its own value, and gives back when it finishes: a
+    backward node's activation gradients inside its unit, kernel workspaces.
+    Extraction measures it; the POET reference graphs do not have it (0).
     """
 
     name: str
@@ -45,6 +49,7 @@ class Node:
     compute_j: float | None = None
     pagein_j: float | None = None
     pageout_j: float | None = None
+    workspace_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -124,13 +129,16 @@ class TrainingGraph:
 
     @cached_property
     def fingerprint(self) -> str:
-        """SHA-256 over what a schedule's validity depends on: names, kinds, bytes, edges.
+        """SHA-256 over what a schedule's validity depends on: names, kinds, bytes, workspace, edges.
 
         Timings and energies are left out on purpose: re-profiling the same model
-        on another device changes them but does not invalidate a schedule.
+        on another device changes them but does not invalidate a schedule.  A
+        node's workspace joins the hash only when it has one, so graphs without
+        workspaces keep the fingerprints they always had.
         """
         shape = {
-            "nodes": [[n.name, n.kind, n.segment, n.bytes] for n in self.nodes],
+            "nodes": [[n.name, n.kind, n.segment, n.bytes, *([n.workspace_bytes] if n.workspace_bytes else [])]
+                      for n in self.nodes],
             "edges": [list(e) for e in self.edges],
         }
         return "sha256:" + hashlib.sha256(canonical_json(shape)).hexdigest()
@@ -193,7 +201,8 @@ class TrainingGraph:
 def _node_to_dict(n: Node) -> dict[str, Any]:
     return {
         "name": n.name, "kind": n.kind, "segment": n.segment, "compute_ms": n.compute_ms,
-        "bytes": n.bytes, "compute_j": n.compute_j, "pagein_j": n.pagein_j, "pageout_j": n.pageout_j,
+        "bytes": n.bytes, "workspace_bytes": n.workspace_bytes,
+        "compute_j": n.compute_j, "pagein_j": n.pagein_j, "pageout_j": n.pageout_j,
     }
 
 
@@ -213,6 +222,7 @@ def _node_from_dict(d: Any, i: int) -> Node:
         segment=str(d.get("segment", "")),
         compute_ms=finite_number(d.get("compute_ms"), f"node {i} compute_ms"),
         bytes=int(finite_number(d.get("bytes"), f"node {i} bytes")),
+        workspace_bytes=int(finite_number(d.get("workspace_bytes", 0), f"node {i} workspace_bytes")),
         compute_j=energy("compute_j"),
         pagein_j=energy("pagein_j"),
         pageout_j=energy("pageout_j"),
@@ -290,5 +300,5 @@ def _validate(g: TrainingGraph) -> None:
     if kinds.count("loss") > 1:
         raise FormatError(f"a training graph has at most one loss node, found {kinds.count('loss')}")
     for i, n in enumerate(g.nodes):
-        if n.bytes < 0 or n.compute_ms < 0:
-            raise FormatError(f"node {i} ({n.name}): bytes and compute_ms must be non-negative")
+        if n.bytes < 0 or n.compute_ms < 0 or n.workspace_bytes < 0:
+            raise FormatError(f"node {i} ({n.name}): bytes, workspace_bytes and compute_ms must be non-negative")

@@ -22,6 +22,7 @@ compute time, ``e = (i, k)`` an edge (``k`` consumes ``i``)::
                             (two aggregated big-M inequalities per (t, e))
           U[t,0]   = R[t,0] m_0 + sum_i SRam[t,i] m_i
           U[t,k+1] = U[t,k] + R[t,k+1] m_{k+1} - sum_{(i,k) in E} m_i Free_E[t,(i,k)]
+          U[t,k] + R[t,k] w_k <= budget    (our addition: w_k, node k's workspace while it computes)
           sum_t,i R[t,i] ms_i <= runtime budget
 
 ``paging=False`` fixes SSd, MIn, MOut to 0 (remat-only, Checkmate);
@@ -385,10 +386,11 @@ class PoetFormulation:
         last computation of the stage) cannot lower any checked ``U``.
         """
         m, nbytes = self.model, [n.bytes / budget for n in self.graph.nodes]
+        workspace = [n.workspace_bytes / budget for n in self.graph.nodes]
         positions = [k for k in range(t + 1) if self.can_compute(t, k)]
         terms: dict[int, float] = {self.SRam[t, i]: nbytes[i] for i in range(t) if (t, i) in self.SRam}
         most = sum(terms.values())  # U if every candidate were resident and nothing freed
-        if most + sum(nbytes[k] for k in positions) <= 1.0 + 1e-9:
+        if most + sum(nbytes[k] for k in positions) + max(workspace[k] for k in positions) <= 1.0 + 1e-9:
             return  # this stage fits whatever is decided
         const, previous = 0.0, None
         for k in positions:
@@ -397,7 +399,7 @@ class PoetFormulation:
                 terms[col] = terms.get(col, 0.0) + coef * nbytes[k]
             const += r_const * nbytes[k]
             most += nbytes[k]
-            if most > 1.0 + 1e-9:
+            if most + workspace[k] > 1.0 + 1e-9:
                 # U[t,k] >= U[t,prev] + (computed since) - (freed since): only U's upper bound matters, so
                 # ">=" is exact; equalities with free-below U trip a HiGHS 1.15 presolve bug (see docstring)
                 u = m.add_col(f"U_{t}_{k}", 0.0, 1.0, 0.0, False)
@@ -407,6 +409,9 @@ class PoetFormulation:
                     terms[previous] = terms.get(previous, 0.0) + 1.0
                 self._memory_rows.append((u, m.num_rows))
                 m.add_row(terms, -INF, -const, f"memory at stage {t} after node {k}")
+                if workspace[k]:  # while k computes it also holds its workspace: U + ws_k R[t,k] <= 1
+                    m.add_row({u: 1.0, **{c: v * workspace[k] for c, v in r_terms.items()}},
+                              -INF, 1.0 - r_const * workspace[k], f"workspace of node {k} at stage {t}")
                 previous, terms, const = u, {}, 0.0
             if k == t:
                 break

@@ -195,7 +195,7 @@ def _checked_result(ctx: _Context, matrices: Matrices, *, status: str, objective
         device=ctx.device.name if ctx.device is not None else ctx.graph.source or "graph-costs",
         memory_budget=None if ctx.problem.memory_budget is None else int(ctx.problem.memory_budget),
         runtime_budget_ms=ctx.problem.runtime_budget_ms,
-        predicted_peak_bytes=report.peak_bytes,
+        predicted_peak_bytes=report.peak_memory_bytes,  # what the budget bounds: values plus workspace
         predicted_runtime_ms=report.runtime_ms,
         predicted_energy_j=report.energy_j,
         solver=SolverInfo(method=ctx.method, solver=ctx.solver if ctx.method in MILP_METHODS else "heuristic",

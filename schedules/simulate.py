@@ -6,7 +6,8 @@ Rules (each broken rule raises :class:`ScheduleViolation` naming the instruction
 * ``free i`` and ``page_out i`` need ``i`` resident; ``page_out`` of a value
   already on flash is refused (it would write it twice);
 * ``page_in i`` needs a flash copy and ``i`` not resident;
-* resident bytes never exceed the memory budget;
+* resident bytes, plus the workspace of a node while it computes, never
+  exceed the memory budget;
 * every backward node is computed exactly once (gradients are accumulated);
 * the total runtime stays within the runtime budget.
 """
@@ -29,7 +30,11 @@ _RUNTIME_RTOL = 1e-9
 class SimulationReport:
     """What replaying a schedule predicts.
 
-    ``resident_bytes[k]`` is the activation bytes in RAM after instruction ``k``.
+    ``resident_bytes[k]`` is the activation bytes in RAM after instruction ``k``
+    (what the executor's ledger measures); ``working_bytes[k]`` adds the
+    workspace of the node instruction ``k`` computes, the most memory the
+    instruction needs at once.  ``peak_bytes`` is the peak of the first,
+    ``peak_memory_bytes`` of the second: what the memory budget bounds.
     """
 
     peak_bytes: int
@@ -42,6 +47,8 @@ class SimulationReport:
     bytes_paged_in: int
     recomputed_nodes: int
     resident_bytes: tuple[int, ...]
+    working_bytes: tuple[int, ...]
+    peak_memory_bytes: int
 
 
 def simulate(
@@ -83,11 +90,12 @@ class _Replay:
         self.resident: set[int] = set()
         self.on_flash: set[int] = set()
         self.computed = [0] * graph.size
-        self.current = self.peak = 0
+        self.current = self.peak = self.peak_memory = 0
         self.runtime_ms = 0.0
         self.energy = {"compute": 0.0, "page_in": 0.0, "page_out": 0.0}
         self.paged = {"page_in": 0, "page_out": 0}
         self.trace: list[int] = []
+        self.working: list[int] = []
 
     def step(self, position: int, op: str, node: int) -> None:
         if not 0 <= node < self.g.size:
@@ -96,12 +104,16 @@ class _Replay:
         if handler is None:
             raise ScheduleViolation(f"instruction {position}: unknown op {op!r}", position)
         handler(position, node)
+        workspace = self.g.nodes[node].workspace_bytes if op == "compute" else 0
+        working = self.current + workspace
         self.trace.append(self.current)
-        if self.budget is not None and self.current > self.budget:
+        self.working.append(working)
+        if self.budget is not None and working > self.budget:
+            held = f"{self.current} resident bytes" + (f" and {workspace} of workspace" if workspace else "")
             raise ScheduleViolation(
-                f"instruction {position} ({op} {node}): {self.current} resident bytes exceed the budget of "
-                f"{int(self.budget)}", position)
+                f"instruction {position} ({op} {node}): {held} exceed the budget of {int(self.budget)}", position)
         self.peak = max(self.peak, self.current)
+        self.peak_memory = max(self.peak_memory, working)
 
     def _compute(self, position: int, node: int) -> None:
         missing = [p for p in self.g.predecessors[node] if p not in self.resident]
@@ -172,4 +184,6 @@ class _Replay:
             bytes_paged_in=self.paged["page_in"],
             recomputed_nodes=sum(c - 1 for c in self.computed if c > 1),
             resident_bytes=tuple(self.trace),
+            working_bytes=tuple(self.working),
+            peak_memory_bytes=self.peak_memory,
         )

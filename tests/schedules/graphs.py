@@ -14,6 +14,7 @@ independently, compute energy follows time, paging energy follows bytes.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Sequence
 
 from hypothesis import strategies as st
@@ -70,6 +71,16 @@ def _node(name: str, kind: str, segment: str, size: int, ms: float) -> Node:
     return Node(name=name, kind=kind, segment=segment, compute_ms=ms, bytes=size,  # type: ignore[arg-type]
                 compute_j=ms * COMPUTE_J_PER_MS, pagein_j=size * PAGEIN_J_PER_BYTE,
                 pageout_j=size * PAGEOUT_J_PER_BYTE)
+
+
+def with_workspace(graph: TrainingGraph, share: float = 0.8) -> TrainingGraph:
+    """``graph`` with every backward node given a workspace of ``share`` times its own bytes.
+
+    Like a real backward pass, which holds the activation gradients inside its
+    unit (and kernel scratch) while it runs and gives them back when it ends.
+    """
+    return graph.with_nodes([replace(n, workspace_bytes=int(share * n.bytes)) if n.kind == "backward" else n
+                             for n in graph.nodes])
 
 
 def linear_graph(n: int) -> TrainingGraph:

@@ -28,6 +28,7 @@ from tests.schedules.graphs import (
     training_dags,
     training_graph,
     unet_graph,
+    with_workspace,
 )
 
 FIXED = ("store-all", "checkpoint-all", "sqrt-n")
@@ -212,7 +213,17 @@ def test_capuchin_respects_the_milp_accounting_unless_told_otherwise():
 def test_stage_peaks_agree_with_the_replay_peak():
     graph = unet_graph(3)
     m = capuchin(BaselineProblem(graph, math.ceil(0.75 * resident_peak(graph)), None))
-    assert max(simulated_stage_peaks(graph, m)) == simulate(graph, to_instructions(graph, m)).peak_bytes
+    assert max(simulated_stage_peaks(graph, m)) == simulate(graph, to_instructions(graph, m)).peak_memory_bytes
+
+
+@pytest.mark.parametrize("name", sorted(HEURISTIC_BASELINES))
+def test_baselines_count_a_computing_nodes_workspace(name):
+    graph = with_workspace(unet_graph(3))
+    budget = math.ceil(0.8 * simulate(graph, to_instructions(graph, store_all(BaselineProblem(graph, None, None))))
+                       .peak_memory_bytes)
+    m, report = check_baseline(graph, name, budget)
+    if m is not None:
+        assert max(simulated_stage_peaks(graph, m)) == report.peak_memory_bytes > report.peak_bytes
 
 
 def test_sqrt_n_on_a_single_layer_keeps_everything():

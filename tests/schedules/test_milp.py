@@ -14,12 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from schedules.errors import SolverError
+from schedules.errors import ScheduleViolation, SolverError
 from schedules.graph import Node, TrainingGraph
-from schedules.matrices import Matrices
+from schedules.matrices import Matrices, to_instructions
 from schedules.milp import (
     MilpOutcome, PoetFormulation, SolveProgress, build_pulp_problem, canonical_plan, plan_energy, solve_poet_milp,
 )
+from schedules.simulate import simulate
+from tests.schedules.graphs import with_workspace
 
 REPO = Path(__file__).parents[2]
 GRAPHS = REPO.parent / "shared/bench/poet_graphs"
@@ -130,7 +132,7 @@ def assert_feasible_in_published_model(graph: TrainingGraph, m: Matrices, **budg
 
 
 def reference_peaks(graph: TrainingGraph, m: Matrices) -> list[float]:
-    """Peak of the published U recurrence in each stage, from the matrices alone."""
+    """Peak of the published U recurrence in each stage (plus a computing node's workspace), from the matrices."""
     T, size = graph.size, [n.bytes for n in graph.nodes]
     peaks = []
     for t in range(T):
@@ -140,7 +142,7 @@ def reference_peaks(graph: TrainingGraph, m: Matrices) -> list[float]:
             if not m.R[t, k]:
                 continue
             current += size[k]
-            peak = max(peak, current)
+            peak = max(peak, current + graph.nodes[k].workspace_bytes)
             for i in graph.predecessors[k]:
                 kept = t + 1 < T and m.SRam[t + 1, i]
                 if not kept and not any(m.R[t, j] for j in graph.successors[i] if j > k):
@@ -185,12 +187,16 @@ def test_linear_reference_graph_has_the_dense_optimum(memory: int) -> None:
     assert_feasible_in_published_model(graph, ours.matrices, **budgets)
 
 
-@pytest.mark.parametrize("seed, fraction, factor", [
-    (1, 0.6, 1.2), (1, 0.7, 1.05), (8, 0.6, None), (0, 0.7, 1.5), (7, 0.6, 1.1), (2, 0.6, 1.5),
-    (2, 0.75, 1.05),  # HiGHS 1.15 presolve lost this optimum when U was free below with equality rows
+@pytest.mark.parametrize("seed, fraction, factor, workspace", [
+    (1, 0.6, 1.2, 0.0), (1, 0.7, 1.05, 0.0), (8, 0.6, None, 0.0), (0, 0.7, 1.5, 0.0), (7, 0.6, 1.1, 0.0),
+    (2, 0.6, 1.5, 0.0),
+    (2, 0.75, 1.05, 0.0),  # HiGHS 1.15 presolve lost this optimum when U was free below with equality rows
+    # backward nodes holding a workspace while they compute (our rows U[t,k] + w_k R[t,k] <= budget)
+    (0, 0.7, 1.5, 0.8), (1, 0.6, 1.5, 0.8), (2, 0.8, 1.5, 0.8), (4, 0.7, 1.5, 0.8), (3, 0.6, 1.5, 0.8),
 ])
-def test_synthetic_chain_has_the_dense_optimum(seed: int, fraction: float, factor: float | None) -> None:
-    graph = chain_graph(7, seed=seed)
+def test_synthetic_chain_has_the_dense_optimum(seed: int, fraction: float, factor: float | None,
+                                               workspace: float) -> None:
+    graph = with_workspace(chain_graph(7, seed=seed), workspace)
     budgets = dict(memory_budget=fraction * store_all_peak(graph),
                    runtime_budget_ms=None if factor is None else factor * graph.total_compute_ms)
     ours, dense = exact_pair(graph, **budgets)
@@ -200,6 +206,8 @@ def test_synthetic_chain_has_the_dense_optimum(seed: int, fraction: float, facto
     assert_same_optimum(ours, dense)
     assert_valid(graph, ours.matrices, **budgets)
     assert_feasible_in_published_model(graph, ours.matrices, **budgets)
+    replay = simulate(graph, to_instructions(graph, ours.matrices), memory_budget=budgets["memory_budget"])
+    assert (replay.peak_memory_bytes > replay.peak_bytes) == bool(workspace)  # the workspace was there and fit
 
 
 @pytest.mark.parametrize("paging, remat", [(False, True), (True, False)])
@@ -211,6 +219,18 @@ def test_switches_have_the_dense_optimum(paging: bool, remat: bool) -> None:
     assert ours.status == dense.status
     if dense.status == "optimal":
         assert ours.objective_j == pytest.approx(dense.objective_j, rel=SAME)
+
+
+def test_a_plan_blind_to_workspace_breaks_the_budget_the_aware_plan_keeps() -> None:
+    blind_graph = chain_graph(7, seed=1)
+    graph = with_workspace(blind_graph)
+    budgets = dict(memory_budget=0.7 * store_all_peak(graph), runtime_budget_ms=1.5 * graph.total_compute_ms)
+    blind = solve_poet_milp(blind_graph, **budgets)
+    aware = solve_poet_milp(graph, **budgets)
+    with pytest.raises(ScheduleViolation, match="of workspace exceed the budget"):
+        simulate(graph, to_instructions(graph, blind.matrices), memory_budget=budgets["memory_budget"])
+    simulate(graph, to_instructions(graph, aware.matrices), memory_budget=budgets["memory_budget"])
+    assert aware.objective_j >= blind.objective_j * (1 - 1e-9)
 
 
 # -- the contract ------------------------------------------------------------------------

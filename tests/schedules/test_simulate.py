@@ -1,5 +1,7 @@
 """The simulator: replays accept valid schedules, measure them, and reject every broken rule by instruction."""
 
+from dataclasses import replace
+
 import pytest
 
 from schedules.errors import ScheduleViolation
@@ -99,3 +101,15 @@ def test_runtime_over_budget_is_rejected():
     assert simulate(GRAPH, STORE_ALL, runtime_budget_ms=total).runtime_ms == pytest.approx(total)
     with pytest.raises(ScheduleViolation, match="exceeds the runtime budget"):
         simulate(GRAPH, STORE_ALL, runtime_budget_ms=total * 0.99)
+
+
+def test_workspace_counts_while_its_node_computes_and_is_given_back():
+    heavy = GRAPH.with_nodes([replace(n, workspace_bytes=50) if i == G1 else n for i, n in enumerate(GRAPH.nodes)])
+    report = simulate(heavy, STORE_ALL)
+    assert report.resident_bytes == simulate(GRAPH, STORE_ALL).resident_bytes  # the values are what they were
+    assert report.working_bytes[3] == 954  # compute g1: 904 resident + its 50 bytes of workspace
+    assert report.working_bytes[4:] == report.resident_bytes[4:]  # given back once g1 is done
+    assert (report.peak_bytes, report.peak_memory_bytes) == (904, 954)
+    with pytest.raises(ScheduleViolation, match="904 resident bytes and 50 of workspace exceed the budget of 953"):
+        simulate(heavy, STORE_ALL, memory_budget=953)
+    assert simulate(heavy, STORE_ALL, memory_budget=954).peak_memory_bytes == 954
