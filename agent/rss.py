@@ -4,8 +4,9 @@ Process RSS holds a large fixed part (libraries, the model) and glibc keeps
 freed blocks, so a lifetime peak says little.  What works (see
 ``../shared/notes/pytorch.md``): ``malloc_trim(0)``, then write ``5`` to
 ``/proc/self/clear_refs`` (resets ``VmHWM``), read ``VmRSS``, run the step,
-read ``VmHWM``.  Run with ``MALLOC_MMAP_THRESHOLD_=65536`` in the environment
-so large tensors live on mmap and return to the system when freed.
+read ``VmHWM``.  Large tensors must live on mmap so that they return to the
+system when freed: ``MALLOC_MMAP_THRESHOLD_=65536`` in the environment, or
+:func:`return_freed_memory` from inside the process.
 """
 
 from __future__ import annotations
@@ -27,6 +28,22 @@ def _libc() -> ctypes.CDLL | None:
 
 
 _LIBC = _libc()
+_M_MMAP_THRESHOLD = -3  # mallopt parameter (glibc malloc.h)
+FREED_MEMORY_THRESHOLD = 64 << 10
+
+
+def return_freed_memory(threshold: int = FREED_MEMORY_THRESHOLD) -> bool:
+    """Serve allocations of ``threshold`` bytes and more from mmap, so freeing a tensor gives its pages back.
+
+    glibc otherwise raises its mmap threshold after the first large free and
+    keeps later freed tensors in the heap: RSS would stay at the step's peak
+    and a memory budget would mean nothing to the rest of the device.  Same
+    as ``MALLOC_MMAP_THRESHOLD_=65536`` in the environment; affects
+    allocations made from now on.  Returns False where there is no glibc.
+    """
+    if _LIBC is None or not hasattr(_LIBC, "mallopt"):
+        return False
+    return bool(_LIBC.mallopt(_M_MMAP_THRESHOLD, threshold))
 
 
 def _status_kib(field: str) -> int | None:
@@ -47,6 +64,11 @@ def start_window() -> int | None:
         _CLEAR_REFS.write_text("5")
     except OSError:
         return None  # no clear_refs (not Linux, or not permitted): a peak would mean nothing
+    return current()
+
+
+def current() -> int | None:
+    """Resident set now, in bytes (``None`` off Linux)."""
     kib = _status_kib("VmRSS")
     return None if kib is None else kib * 1024
 

@@ -28,8 +28,9 @@
    runs the step in store-all order several times: each node's bytes are the
    storages its value owns (outputs plus unique saved-for-backward tensors;
    parameters and tensors owned by another node are not counted), its time is
-   the median of the runs, and which other values each unit's saved tensors
-   point into decides the backward node's edges.
+   the median of the runs, its workspace the peak RSS while it computes above
+   what it holds before and keeps after, and which other values each unit's
+   saved tensors point into decides the backward node's edges.
 
 Graph layout (POET's, see :mod:`agent.segments`): node 0 the inputs, units
 ``1..S``, the loss ``S+1``, backward nodes mirrored after it.  Edges: a
@@ -54,6 +55,7 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
+from agent import rss
 from agent.runtime import ModelState, Runtime
 from agent.segments import Port, Segments, TensorMeta, Unit, pytree_leaf, run_unit
 from schedules.errors import PlannerError
@@ -405,6 +407,7 @@ class _Measured:
     compute_ms: list[float]
     refs: dict[int, set[int]]
     grad_ports: dict[int, set[Port]]
+    workspace: list[int] = field(default_factory=list)
 
 
 def _measure(model: nn.Module, segs: Segments, inputs: Any, targets: Any, repeats: int) -> _Measured:
@@ -427,7 +430,43 @@ def _measure(model: nn.Module, segs: Segments, inputs: Any, targets: Any, repeat
                 grad_ports={b: runtime.gradient_ports(b) for b in range(segs.loss_node + 1, segs.size)})
         runtime.finish()
     first.compute_ms = [statistics.median(s[1:] if repeats else s) for s in samples]
+    first.workspace = _measure_workspace(runtime, segs, first.bytes, inputs, targets)
     return first
+
+
+def _measure_workspace(runtime: Runtime, segs: Segments, value_bytes: list[int], inputs: Any, targets: Any,
+                       passes: int = 2) -> list[int]:
+    """Each node's workspace: the process's peak RSS while it computes, above what it holds before and keeps after.
+
+    Measured on the real step, because what a backward pass holds while it
+    runs (the activation gradients inside its unit, kernel scratch) is decided
+    by PyTorch's kernels, not visible from Python.  Large allocations are
+    moved to mmap first (:func:`agent.rss.return_freed_memory`) so that RSS
+    follows tensors; the largest figure of ``passes`` runs is kept.  Parameter
+    gradients are allocated by a first, unmeasured run and zeroed in place
+    between runs: they are fixed memory, counted in ``fixed_bytes``, while the
+    gradient a backward pass adds into them is working memory.  Zero for every
+    node where peak RSS cannot be read (not Linux).
+    """
+    workspace = [0] * segs.size
+    if not rss.return_freed_memory():
+        return workspace
+    for run in range(passes + 1):
+        with torch.no_grad():
+            for p in runtime.model.parameters():
+                if p.grad is not None:
+                    p.grad.zero_()
+        runtime.start(inputs, targets)
+        for node in range(segs.size):
+            before = rss.start_window()
+            runtime.compute(node)
+            peak = rss.peak_since_start()
+            if before is None or peak is None:
+                return [0] * segs.size
+            if run:
+                workspace[node] = max(workspace[node], peak - before - value_bytes[node])
+        runtime.finish()
+    return workspace
 
 
 def _build_graph(model: nn.Module, segs: Segments, m: _Measured) -> TrainingGraph:
@@ -436,7 +475,7 @@ def _build_graph(model: nn.Module, segs: Segments, m: _Measured) -> TrainingGrap
         kind = segs.kind(i)
         segment = segs.name(segs.forward_of(i)) if kind == "backward" else segs.name(i)
         nodes.append(Node(name=segs.name(i), kind="forward" if kind == "input" else kind, segment=segment,
-                          compute_ms=m.compute_ms[i], bytes=m.bytes[i]))
+                          compute_ms=m.compute_ms[i], bytes=m.bytes[i], workspace_bytes=m.workspace[i]))
     param_bytes = sum(p.nbytes for p in model.parameters())
     buffer_bytes = sum(b.nbytes for b in model.buffers())
     return TrainingGraph(

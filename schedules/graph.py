@@ -129,16 +129,16 @@ class TrainingGraph:
 
     @cached_property
     def fingerprint(self) -> str:
-        """SHA-256 over what a schedule's validity depends on: names, kinds, bytes, workspace, edges.
+        """SHA-256 over what a schedule's validity depends on: names, kinds, bytes, edges.
 
-        Timings and energies are left out on purpose: re-profiling the same model
-        on another device changes them but does not invalidate a schedule.  A
-        node's workspace joins the hash only when it has one, so graphs without
-        workspaces keep the fingerprints they always had.
+        Timings, energies and workspaces are left out on purpose: they are
+        measurements of the machine (workspaces depend on the kernels PyTorch
+        picks there), re-profiling changes them but does not make a schedule
+        one for another model.  Whoever runs a schedule replays it on their own
+        graph, which refuses it if its workspaces no longer fit the budget.
         """
         shape = {
-            "nodes": [[n.name, n.kind, n.segment, n.bytes, *([n.workspace_bytes] if n.workspace_bytes else [])]
-                      for n in self.nodes],
+            "nodes": [[n.name, n.kind, n.segment, n.bytes] for n in self.nodes],
             "edges": [list(e) for e in self.edges],
         }
         return "sha256:" + hashlib.sha256(canonical_json(shape)).hexdigest()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -84,6 +85,26 @@ def test_graph_round_trips_and_fingerprint_is_stable(resnet, tmp_path):
     assert TrainingGraph.load(tmp_path / "g.json").fingerprint == graph.fingerprint
     again, _ = extract(model, example, cross_entropy, repeats=1)
     assert again.fingerprint == graph.fingerprint
+
+
+class _Scratch(nn.Module):
+    """``(x + 1) * 2``: the sum is a temporary nobody saves, freed before the unit ends."""
+
+    def forward(self, x):
+        return (x + 1) * 2
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="peak RSS needs Linux /proc")
+def test_workspace_is_the_memory_a_node_holds_only_while_it_computes():
+    model = nn.Sequential(nn.Linear(256, 256), _Scratch(), nn.Linear(256, 10)).train()
+    x, y = torch.randn(8192, 256), torch.randint(0, 10, (8192,))  # 8 MiB activations
+    graph, segments = extract(model, (x, y), cross_entropy, repeats=1)
+    scratch = graph.nodes[2]
+    assert scratch.name == "1"
+    assert scratch.bytes == x.nbytes  # its output only: add and mul by a constant save nothing
+    assert 0.9 * x.nbytes <= scratch.workspace_bytes <= 1.6 * x.nbytes  # the temporary x + 1
+    last = graph.nodes[3]
+    assert last.workspace_bytes < 0.25 * x.nbytes  # a Linear to 10 classes needs no scratch of that size
 
 
 def test_extraction_leaves_model_and_rng_untouched():
