@@ -19,11 +19,30 @@ computations of forward nodes are not in stage order (the RNG stream would
 not match plain training).  During a step the ledger checks resident bytes
 after every instruction.  Any failure rolls the model back (gradients,
 buffers, RNG) and removes the step's page files before the error propagates.
+
+Energy: given an :class:`~agent.energy.EnergyMeter`, the executor runs each
+step's instructions inside a :class:`~agent.energy.StepEnergyAccount` and
+``last_stats.energy`` holds the step's total and per node class.  Each
+instruction of the main thread is charged to the class of what it does or
+waits for: ``compute`` to compute; ``page_in`` and the queueing of its
+prefetch to page-in; ``page_out`` (queueing the write) and a ``free`` that
+waits for that write to reach flash to page-out.  A ``free`` of a value never
+paged waits for nothing; it stays untracked, with the executor's other
+overhead (``StepEnergy.untracked_joules``).  The I/O thread's own reading
+and writing is not attributed apart: it overlaps whatever the main thread does
+and every meter sees the whole device (or CPU package), so the joules it
+draws beside a computation land in compute.  The page-in and page-out classes
+are therefore the paging the step *waited for*, not all paging work; the I/O
+thread's busy time per direction is ``io_in_seconds`` / ``io_out_seconds``.
+The nominal-power estimate charges overlapped I/O at compute power for the
+same reason.  The caller owns the meter (starts it, or lets the account start
+it, and closes it).
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +50,7 @@ import torch
 import torch.nn as nn
 
 from agent import rss
+from agent.energy import Activity, EnergyMeter, StepEnergy, StepEnergyAccount
 from agent.errors import ScheduleRefusedError
 from agent.ledger import Ledger, StepStats
 from agent.pager import FreeSpace, Pager, disk_free
@@ -59,6 +79,9 @@ class Executor:
         Measure the process's peak RSS over each step (resets ``VmHWM``).
     free_space:
         How to read the swap filesystem's free bytes (tests inject a reading).
+    meter:
+        Energy meter; with one, each step's energy per node class is in
+        ``last_stats.energy`` (see the module docstring for the attribution).
     """
 
     def __init__(
@@ -71,12 +94,14 @@ class Executor:
         *,
         measure_rss: bool = True,
         free_space: FreeSpace = disk_free,
+        meter: EnergyMeter | None = None,
     ) -> None:
         self.report = _check(segments, graph, schedule)
         self.graph, self.schedule = graph, schedule
         self.instructions = tuple(schedule.instructions)
         self.runtime = Runtime(model, segments)
         self.measure_rss = measure_rss
+        self.meter = meter
         self.paged_nodes = sorted({n for op, n in self.instructions if op == "page_out"})
         self.pager: Pager | None = None
         if self.paged_nodes:
@@ -99,25 +124,30 @@ class Executor:
                 self.pager.reset_counters()
                 self.pager.reserve({n: self.graph.nodes[n].bytes for n in self.paged_nodes})
             rss_before = rss.start_window() if self.measure_rss else None
-            started = time.perf_counter()
-            for position, (op, node) in enumerate(self.instructions):
-                for ahead in self.prefetch.get(position, ()):
-                    self._prefetch(ahead)
-                began = time.perf_counter()
-                getattr(self, f"_{op}")(node)
-                node_seconds[node] += time.perf_counter() - began
-                inflight = self.pager.inflight_bytes if self.pager is not None else 0
-                ledger.record(position, self.runtime.store.resident_bytes, inflight)
+            account = StepEnergyAccount(self.meter) if self.meter is not None else None
+            with account if account is not None else nullcontext():  # its window holds the step's
+                started = time.perf_counter()
+                for position, (op, node) in enumerate(self.instructions):
+                    for ahead in self.prefetch.get(position, ()):
+                        with self._track(account, "page_in", ahead):
+                            self._prefetch(ahead)
+                    began = time.perf_counter()
+                    with self._track(account, op, node):
+                        getattr(self, f"_{op}")(node)
+                    node_seconds[node] += time.perf_counter() - began
+                    inflight = self.pager.inflight_bytes if self.pager is not None else 0
+                    ledger.record(position, self.runtime.store.resident_bytes, inflight)
+                seconds = time.perf_counter() - started
             loss = self.runtime.loss
         except BaseException:
             self._end_step()
             state.rollback()
             raise
-        seconds = time.perf_counter() - started
         peak = rss.peak_since_start() if rss_before is not None else None
         self._end_step()
         state.commit()
-        self.last_stats = self._stats(ledger, node_seconds, seconds, rss_before, peak)
+        energy = account.result if account is not None else None
+        self.last_stats = self._stats(ledger, node_seconds, seconds, rss_before, peak, energy)
         return loss
 
     def close(self) -> None:
@@ -152,13 +182,23 @@ class Executor:
         self.pager.prefetch(node, self.runtime.store.values[node].slot_bytes)
 
     # -- bookkeeping -------------------------------------------------------------
+    def _track(self, account: StepEnergyAccount | None, op: str, node: int) -> AbstractContextManager[None]:
+        """Charge the instruction ``(op, node)`` to its node class (see the module docstring)."""
+        if account is None:
+            return nullcontext()
+        if op == "free":
+            if self.pager is None or not self.pager.has_page(node):
+                return nullcontext()  # waits for nothing: executor overhead
+            return account.track(Activity.PAGE_OUT)  # waits for the write to reach flash
+        return account.track(_ACTIVITY[op])
+
     def _end_step(self) -> None:
         if self.pager is not None:
             self.pager.end_step()
         self.runtime.finish()
 
     def _stats(self, ledger: Ledger, node_seconds: list[float], seconds: float,
-               rss_before: int | None, peak: int | None) -> StepStats:
+               rss_before: int | None, peak: int | None, energy: StepEnergy | None) -> StepStats:
         pager = self.pager
         return StepStats(
             ledger=tuple(ledger.entries), predicted=tuple(self.report.resident_bytes),
@@ -168,8 +208,11 @@ class Executor:
             bytes_paged_out=pager.bytes_out if pager else 0, bytes_paged_in=pager.bytes_in if pager else 0,
             io_seconds=pager.io_seconds if pager else 0.0, io_wait_seconds=pager.wait_seconds if pager else 0.0,
             io_out_seconds=pager.seconds["out"] if pager else 0.0, io_in_seconds=pager.seconds["in"] if pager else 0.0,
-            rss_before_bytes=rss_before, peak_rss_bytes=peak,
+            rss_before_bytes=rss_before, peak_rss_bytes=peak, energy=energy,
         )
+
+
+_ACTIVITY = {"compute": Activity.COMPUTE, "page_in": Activity.PAGE_IN, "page_out": Activity.PAGE_OUT}
 
 
 def _check(segments: Segments, graph: TrainingGraph, schedule: Schedule):

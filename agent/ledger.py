@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from agent.energy.account import StepEnergy
 from agent.errors import LedgerError
 
 
@@ -29,6 +30,9 @@ class StepStats:
     thread (``io_out_seconds`` writing, ``io_in_seconds`` reading),
     ``io_wait_seconds`` time the step waited for it.  Per-node times
     are summed over recomputations; ``node_io_seconds`` is paging time per node.
+    ``energy`` is the step's energy, total and per node class, when the
+    executor was given a meter (``None`` otherwise); ``dataclasses.asdict``
+    turns it into the same plain dict as :meth:`StepEnergy.to_dict`.
     """
 
     ledger: tuple[int, ...]
@@ -46,6 +50,7 @@ class StepStats:
     io_wait_seconds: float = 0.0
     rss_before_bytes: int | None = None
     peak_rss_bytes: int | None = None
+    energy: StepEnergy | None = None
 
     @property
     def ledger_peak_bytes(self) -> int:
