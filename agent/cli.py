@@ -81,8 +81,10 @@ def _add_validate(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "validate", help="run a schedule on its model and compare predictions with measurements",
         description="Run SCHEDULE on the model for --steps steps (after --warmup) and print predicted against "
-                    "measured step time, peak bytes (ledger and RSS), bytes paged and energy (with a meter), "
-                    "each with the error in percent; optionally plot resident memory over the step.")
+                    "measured step time, peak bytes (ledger and RSS), bytes paged and energy in total and per "
+                    "node class (compute, page-in, page-out; from a meter, else the device profile's nominal "
+                    "powers, labelled as an estimate), each with the error in percent; optionally plot resident "
+                    "memory over the step.")
     _add_model_options(p)
     p.add_argument("--schedule", required=True, metavar="FILE", help="schedule from `poet-edge solve`")
     p.add_argument("--graph", required=True, metavar="FILE", help="the graph the schedule was planned for")
@@ -175,7 +177,7 @@ def run_validate(args: argparse.Namespace) -> int:
     segments = _segments_matching(workload, graph, args)
     from agent.validate import plot_memory, validate
 
-    with _meter(args) as meter:
+    with _meter(args, device) as meter:
         try:
             report = validate(workload, graph, segments, schedule, swap_dir=args.swap_dir, steps=args.steps,
                               warmup=args.warmup, device=device, meter=meter)
@@ -211,12 +213,17 @@ def _segments_matching(workload: Any, graph: Any, args: argparse.Namespace) -> A
 
 
 @contextmanager
-def _meter(args: argparse.Namespace) -> Iterator[Any]:
-    """The best meter that measures, or ``None`` (energy is then not compared)."""
-    from agent.energy import EnergyMeterError, detect_meter
+def _meter(args: argparse.Namespace, device: Any) -> Iterator[Any]:
+    """The best meter found, else the estimate from ``device``'s nominal powers, else ``None`` (no energy rows).
 
+    The estimate is labelled as one in the report; ``--meter estimate`` asks for it outright.
+    """
+    from agent.energy import EnergyMeterError, detect_meter
+    from schedules.profile import device_estimate
+
+    powers = device_estimate(device).powers if device is not None else None
     try:
-        detection = detect_meter(_meter_config(args))
+        detection = detect_meter(_meter_config(args), powers=powers)
     except EnergyMeterError as exc:
         if args.meter != "auto":
             raise CommandError(str(exc), USAGE) from exc

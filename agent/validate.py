@@ -24,11 +24,21 @@ predicted``), median over the measured steps:
 * RSS growth: simulated activations plus the parameter gradients allocated
   so far; measured: the median peak RSS above the step's starting RSS;
 * bytes paged: simulated bytes paged out and in; measured: ``StepStats.bytes_paged``;
-* energy: the simulated energy above idle; measured: the meter over the step
-  minus idle power over the same window.
+* energy: the simulated energy above idle, in total and per node class
+  (compute, page-in, page-out); measured: the executor's per-class account
+  (``StepStats.energy``, see :mod:`agent.executor` for what each class holds)
+  minus idle power over each class's time, and the meter over the step minus
+  idle power over the step.
 
-Energy is compared only with a meter that measures; an estimate would only
-restate the step time.  The RSS prediction adds to the resident activations
+Energy is compared wherever a meter exists; each energy row names its source,
+and figures from the nominal-power estimate say ``estimate``: they are the
+profile's powers times the measured time of each class, so their error is
+the time error of that class, not a measurement of power.  The measured
+page-in and page-out classes hold only the paging the step waited for (I/O
+overlapped with compute is drawn while computing and lands in compute),
+while the simulator prices all paging: where paging overlaps, expect the
+paging rows below and the compute row above their predictions, the total
+comparable.  The RSS prediction adds to the resident activations
 the parameter gradients the step allocates (they start each step as
 ``None``); the RSS growth also holds what no graph counts (the backward
 pass's transient working memory, allocator slack), so it is expected somewhat
@@ -47,7 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from agent.energy import Activity, EnergyMeter
+from agent.energy import EnergyMeter
 from agent.ledger import StepStats
 from schedules.device import DeviceProfile, paging_time_ms, price_graph
 from schedules.graph import TrainingGraph
@@ -76,6 +86,9 @@ class Prediction:
     resident: tuple[int, ...]
     node_compute_ms: tuple[float, ...]
     rss_peak_bytes: int = 0
+    class_energy_j: dict[str, float] | None = None
+    """Predicted energy above idle per node class (``compute``, ``page_in``, ``page_out``, the keys
+    of :attr:`agent.energy.StepEnergy.joules`); ``None`` where ``energy_j`` is."""
 
 
 def predict(graph: TrainingGraph, schedule: Schedule, device: DeviceProfile | None = None,
@@ -109,6 +122,8 @@ def predict(graph: TrainingGraph, schedule: Schedule, device: DeviceProfile | No
         peak_bytes=base.peak_bytes, bytes_paged=base.bytes_paged_out + base.bytes_paged_in,
         energy_j=base.energy_j if priced.has_energy else None, resident=base.resident_bytes,
         node_compute_ms=tuple(c * n.compute_ms for c, n in zip(counts, graph.nodes)), rss_peak_bytes=rss_peak,
+        class_energy_j={"compute": base.compute_energy_j, "page_in": base.pagein_energy_j,
+                        "page_out": base.pageout_energy_j} if priced.has_energy else None,
     )
 
 
@@ -231,7 +246,11 @@ class Figure:
 
 @dataclass(frozen=True)
 class ValidationReport:
-    """The figures, the prediction, every measured step's stats and, with a meter, its ``(joules, seconds)``."""
+    """The figures, the prediction, every measured step's stats and, with a meter, its ``(joules, seconds)``.
+
+    ``energy_source`` is the meter's source (empty without one) and
+    ``energy_is_estimate`` whether it is the nominal-power estimate.
+    """
 
     figures: tuple[Figure, ...]
     prediction: Prediction
@@ -241,10 +260,11 @@ class ValidationReport:
     energy_source: str = ""
     warmup: int = 0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    energy_is_estimate: bool = False
 
     def figure(self, name: str) -> Figure:
         """The row called ``name``: ``step time``, ``planner step``, ``ledger peak``, ``RSS growth``,
-        ``bytes paged`` or ``energy``."""
+        ``bytes paged``, ``energy`` and, with a meter, ``energy compute``, ``energy page-in``, ``energy page-out``."""
         for f in self.figures:
             if f.name == name:
                 return f
@@ -252,10 +272,11 @@ class ValidationReport:
 
     def table(self) -> str:
         """The rows as aligned text: figure, predicted, measured, error, note."""
-        lines = [f"{'figure':<12} {'predicted':>14} {'measured':>14} {'error':>9}  note"]
+        width = max(12, *(len(f.name) for f in self.figures))
+        lines = [f"{'figure':<{width}} {'predicted':>14} {'measured':>14} {'error':>9}  note"]
         for f in self.figures:
             err = "-" if f.error_pct is None else f"{f.error_pct:+.1f}%"
-            lines.append(f"{f.name:<12} {_fmt(f.predicted, f.unit):>14} {_fmt(f.measured, f.unit):>14} "
+            lines.append(f"{f.name:<{width}} {_fmt(f.predicted, f.unit):>14} {_fmt(f.measured, f.unit):>14} "
                          f"{err:>9}  {f.note}")
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
 
@@ -277,13 +298,6 @@ def _fmt(value: float | None, unit: str) -> str:
 
 
 # -- running ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Step:
-    stats: StepStats
-    joules: float | None = None        # the meter over the whole step call
-    meter_seconds: float | None = None  # the meter's window: a little longer than stats.step_seconds
-
-
 def validate(
     workload: Any,
     graph: TrainingGraph,
@@ -315,7 +329,8 @@ def validate(
     device:
         The profile the figures are predicted with (paging overlap, powers).
     meter:
-        An energy meter; energy is compared only when it really measures.
+        An energy meter (started here if it is not; the caller closes it):
+        the executor accounts each step's energy per node class with it.
     hidden_fraction:
         Share of paging time hidden behind compute, as a profile measured it
         (:attr:`schedules.profile.Overlap.hidden_fraction`); by default 1 or 0
@@ -347,19 +362,20 @@ class Validator:
         self.workload, self.schedule, self.device, self.meter = workload, schedule, device, meter
         self.prediction = predict(graph, schedule, device, gradient_bytes_per_node(workload.model, segments),
                                   hidden_fraction)
-        self.executor = Executor(workload.model, segments, graph, schedule, swap_dir=swap_dir)
-        self.records: list[_Step] = []
+        self.executor = Executor(workload.model, segments, graph, schedule, swap_dir=swap_dir, meter=meter)
+        self.records: list[StepStats] = []
         self.warmup = 0
 
     def step(self, measured: bool = True) -> StepStats:
         """Run one step (gradients cleared after it); keep its figures when ``measured``."""
-        record = _run_step(self.executor, self.workload, self.meter)
+        self.executor.step(self.workload.inputs, self.workload.targets)
+        stats = self.executor.last_stats
         self.workload.model.zero_grad(set_to_none=True)
         if measured:
-            self.records.append(record)
+            self.records.append(stats)
         else:
             self.warmup += 1
-        return record.stats
+        return stats
 
     def report(self) -> ValidationReport:
         """Predicted against measured over the measured steps so far."""
@@ -378,23 +394,8 @@ class Validator:
         self.close()
 
 
-def _run_step(executor: Any, workload: Any, meter: EnergyMeter | None) -> _Step:
-    if meter is None or meter.is_estimate:
-        executor.step(workload.inputs, workload.targets)
-        return _Step(executor.last_stats)
-    # The whole step is charged as compute: per-class figures need a hook inside the executor.
-    meter.set_activity(Activity.COMPUTE)
-    try:
-        with meter.measure() as m:
-            executor.step(workload.inputs, workload.targets)
-    finally:
-        meter.set_activity(Activity.IDLE)
-    return _Step(executor.last_stats, m.joules, m.seconds)
-
-
-def _report(p: Prediction, records: Sequence[_Step], schedule: Schedule, device: DeviceProfile | None,
+def _report(p: Prediction, stats: Sequence[StepStats], schedule: Schedule, device: DeviceProfile | None,
             meter: EnergyMeter | None, warmup: int) -> ValidationReport:
-    stats = [r.stats for r in records]
     rss = [s.peak_rss_growth_bytes for s in stats if s.peak_rss_growth_bytes is not None]
     overlap = "paging taken as overlapped" if device is None or device.paging_overlaps_compute else \
         f"+ {p.paging_ms:,.1f} ms paging"
@@ -412,23 +413,45 @@ def _report(p: Prediction, records: Sequence[_Step], schedule: Schedule, device:
         Figure("bytes paged", "B", p.bytes_paged, statistics.median(s.bytes_paged for s in stats),
                f"I/O thread busy {statistics.median(s.io_seconds for s in stats) * 1e3:,.1f} ms, step waited "
                f"{statistics.median(s.io_wait_seconds for s in stats) * 1e3:,.1f} ms"),
-        _energy_figure(p, records, device, meter),
+        *_energy_figures(p, stats, device, meter),
     ]
     notes = [] if device is not None else ["no device profile given: paging time counted as overlapped"]
-    energy = tuple((r.joules, r.meter_seconds) for r in records if r.joules is not None)
+    if meter is not None:
+        kind = "estimate from nominal powers, not a measurement" if meter.is_estimate else "measured"
+        notes.append(f"energy source: {meter.source} ({kind})")
+    energy = tuple((s.energy.total_joules, s.energy.total_seconds) for s in stats if s.energy is not None)
     return ValidationReport(tuple(figures), p, tuple(stats), energy, schedule.memory_budget,
-                            meter.source if meter is not None else "", warmup, tuple(notes))
+                            meter.source if meter is not None else "", warmup, tuple(notes),
+                            meter is not None and meter.is_estimate)
 
 
-def _energy_figure(p: Prediction, records: Sequence[_Step], device: DeviceProfile | None,
-                   meter: EnergyMeter | None) -> Figure:
-    if meter is None or meter.is_estimate:
-        why = "no energy meter" if meter is None else "no meter that measures (estimate only)"
-        return Figure("energy", "J", p.energy_j, None, f"not compared: {why}")
+_CLASS_ROWS = (("compute", "energy compute"), ("page_in", "energy page-in"), ("page_out", "energy page-out"))
+
+
+def _energy_figures(p: Prediction, stats: Sequence[StepStats], device: DeviceProfile | None,
+                    meter: EnergyMeter | None) -> list[Figure]:
+    """The step's energy above idle and each node class's, predicted against the executor's account."""
+    energies = [s.energy for s in stats if s.energy is not None]
+    if meter is None or not energies:
+        return [Figure("energy", "J", p.energy_j, None, "not compared: no energy meter")]
     idle_w = device.idle_power_w if device is not None else 0.0
-    above = [r.joules - idle_w * r.meter_seconds for r in records if r.joules is not None]
-    return Figure("energy", "J", p.energy_j, statistics.median(above) if above else None,
-                  f"{meter.source}, minus idle {idle_w:.2f} W over the step")
+    source = f"{meter.source} (nominal powers x measured time)" if meter.is_estimate else meter.source
+    total = statistics.median(e.total_joules - idle_w * e.total_seconds for e in energies)
+    out = [Figure("energy", "J", p.energy_j, total, f"{source}, minus idle {idle_w:.2f} W over the step")]
+    for key, name in _CLASS_ROWS:
+        predicted = p.class_energy_j[key] if p.class_energy_j is not None else None
+        measured = statistics.median(e.joules[key] - idle_w * e.seconds[key] for e in energies)
+        seconds = statistics.median(e.seconds[key] for e in energies)
+        out.append(Figure(name, "J", predicted, measured, f"{seconds * 1e3:,.1f} ms {_CLASS_NOTES[key]}"))
+    return out
+
+
+# What the executor charges to each class (agent.executor's docstring): the I/O thread overlaps compute.
+_CLASS_NOTES = {
+    "compute": "computing, and any paging the I/O thread did meanwhile",
+    "page_in": "waiting for reads (reads beside compute are in compute)",
+    "page_out": "queueing writes and waiting for them (writes beside compute are in compute)",
+}
 
 
 # -- memory honesty ---------------------------------------------------------------------

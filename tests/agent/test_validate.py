@@ -124,7 +124,7 @@ def test_paging_counts_match_and_the_prediction_includes_paging_time(extracted, 
     assert all(s.io_seconds > 0 for s in report.stats)
 
 
-def test_energy_is_compared_only_with_a_meter_that_measures(extracted):
+def test_energy_is_compared_with_a_meter_and_an_estimate_says_so(extracted):
     workload, graph, segments = extracted
     schedule = plan(graph, "rpi4", method="store-all").schedule
     device = replace(DeviceProfile.builtin("rpi4"), idle_power_w=10.0)
@@ -141,9 +141,14 @@ def test_energy_is_compared_only_with_a_meter_that_measures(extracted):
     assert all(s >= stats.step_seconds for (_, s), stats in zip(report.energy, report.stats))
     # 30 W measured minus 10 W idle over each step (the median of two is their mean)
     assert energy.measured == pytest.approx(sum(20.0 * s for _, s in report.energy) / 2, rel=0.01)
+    assert not report.energy_is_estimate and "bench supply (test)" in energy.note
     with EstimatedMeter(NominalPowers(1.0, 1.0, 1.0)) as estimate:
-        unmetered = validate(workload, graph, segments, schedule, steps=1, warmup=0, meter=estimate)
-    assert unmetered.figure("energy").measured is None and "estimate" in unmetered.figure("energy").note
+        estimated = validate(workload, graph, segments, schedule, steps=1, warmup=0, meter=estimate)
+    # No device profile: nothing predicted, idle taken as 0 W, so the row is the estimate's whole step.
+    assert estimated.figure("energy").measured == pytest.approx(estimated.energy[0][0])
+    assert estimated.energy_is_estimate and "estimate" in estimated.figure("energy").note
+    unmetered = validate(workload, graph, segments, schedule, steps=1, warmup=0)
+    assert unmetered.figure("energy").measured is None and "no energy meter" in unmetered.figure("energy").note
 
 
 def test_plot_draws_predicted_and_measured_memory(extracted, tmp_path):
