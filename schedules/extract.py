@@ -436,26 +436,27 @@ def _measure(model: nn.Module, segs: Segments, inputs: Any, targets: Any, repeat
 
 def _measure_workspace(runtime: Runtime, segs: Segments, value_bytes: list[int], inputs: Any, targets: Any,
                        passes: int = 2) -> list[int]:
-    """Each node's workspace: the process's peak RSS while it computes, above what it holds before and keeps after.
+    """Each node's workspace: the process's peak RSS while it computes, above what it held before and its value.
 
     Measured on the real step, because what a backward pass holds while it
     runs (the activation gradients inside its unit, kernel scratch) is decided
     by PyTorch's kernels, not visible from Python.  Large allocations are
     moved to mmap first (:func:`agent.rss.return_freed_memory`) so that RSS
-    follows tensors; the largest figure of ``passes`` runs is kept.  Parameter
-    gradients are allocated by a first, unmeasured run and zeroed in place
-    between runs: they are fixed memory, counted in ``fixed_bytes``, while the
-    gradient a backward pass adds into them is working memory.  Zero for every
-    node where peak RSS cannot be read (not Linux).
+    follows tensors; a first run warms up, the largest figure of ``passes``
+    runs after it is kept.  Each run starts with ``.grad = None``, as the
+    executor's steps do (:class:`agent.runtime.ModelState`): a parameter's
+    gradient allocated by a node is fixed memory (``fixed_bytes``) and is not
+    counted in the node's workspace.  Zero for every node where peak RSS
+    cannot be read (not Linux).
     """
     workspace = [0] * segs.size
     if not rss.return_freed_memory():
         return workspace
+    params = [p for p in runtime.model.parameters() if p.requires_grad]
+    has_grad: set[int] = set()
     for run in range(passes + 1):
-        with torch.no_grad():
-            for p in runtime.model.parameters():
-                if p.grad is not None:
-                    p.grad.zero_()
+        for p in params:
+            p.grad = None
         runtime.start(inputs, targets)
         for node in range(segs.size):
             before = rss.start_window()
@@ -463,8 +464,11 @@ def _measure_workspace(runtime: Runtime, segs: Segments, value_bytes: list[int],
             peak = rss.peak_since_start()
             if before is None or peak is None:
                 return [0] * segs.size
+            new_grads = sum(p.grad.nbytes for p in params if p.grad is not None and id(p) not in has_grad)
+            has_grad.update(id(p) for p in params if p.grad is not None)
             if run:
-                workspace[node] = max(workspace[node], peak - before - value_bytes[node])
+                workspace[node] = max(workspace[node], peak - before - value_bytes[node] - new_grads)
+        has_grad.clear()
         runtime.finish()
     return workspace
 
