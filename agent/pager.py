@@ -13,7 +13,8 @@
 * Files are named ``poet-<pid>-<token>-n<node>.page``; ``end_step`` removes
   this step's files, and a new pager removes files left by dead processes.
 
-Nothing here knows torch beyond storages; page format in :mod:`agent.pagefile`.
+Nothing here knows torch beyond storages; page format, O_DIRECT and the copy/I-O pipeline (a helper
+thread with a 2 MiB bounce buffer per I/O thread) in :mod:`agent.pagefile`.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ from agent import pagefile
 from agent.errors import PageError, SwapSpaceError
 
 _NAME = re.compile(r"^poet-(\d+)-[0-9a-f]+-n\d+\.page$")
-# Per-page allowance for the header, whose size depends on the slot count (up to 8000 slots).
-HEADER_ALLOWANCE = 64 << 10
+# Per-page allowance for the header, whose size depends on the slot count (up to 8000 slots), and the
+# padding of the data to a whole block (pagefile.page_size).
+HEADER_ALLOWANCE = (64 << 10) + pagefile.BLOCK
 
 FreeSpace = Callable[[Path], int]
 

@@ -1,0 +1,150 @@
+"""Page files: odd sizes across the chunk pipeline, corruption anywhere, the buffered fallback, a clean page cache."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import mmap
+import os
+import struct
+
+import pytest
+import torch
+
+from agent import pagefile
+from agent.errors import PageCorruptError
+
+CHUNK = pagefile._CHUNK
+
+
+def _storages(*sizes: int) -> list[torch.UntypedStorage]:
+    return [torch.randint(0, 256, (n,), dtype=torch.uint8).untyped_storage() for n in sizes]
+
+
+def _same(a: list[torch.UntypedStorage], b: list[torch.UntypedStorage]) -> bool:
+    as_tensor = lambda s: torch.empty(0, dtype=torch.uint8).set_(s)  # noqa: E731
+    return len(a) == len(b) and all(torch.equal(as_tensor(x), as_tensor(y)) for x, y in zip(a, b))
+
+
+def _cached_pages(path) -> int:
+    """Pages of ``path`` in the page cache (``mincore`` over a private mapping of the file, never touched)."""
+    size = os.path.getsize(path)
+    libc = ctypes.CDLL(None, use_errno=True)
+    vector = (ctypes.c_ubyte * -(-size // mmap.PAGESIZE))()
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) as mapping:
+        holder = ctypes.c_char.from_buffer(mapping)
+        try:
+            status = libc.mincore(ctypes.c_void_p(ctypes.addressof(holder)), ctypes.c_size_t(size), vector)
+        finally:
+            del holder
+    assert status == 0, os.strerror(ctypes.get_errno())
+    return sum(v & 1 for v in vector)
+
+
+@pytest.mark.parametrize("sizes", [
+    (1,), (4097,), (CHUNK,), (CHUNK + 1,), (0, 0), (0, 5, 0),
+    (CHUNK - 3, 7, CHUNK + 4096, 1),  # slots that straddle chunk boundaries
+    (3 * CHUNK + 11,),                # several chunks: both halves of the bounce buffer reused
+])
+def test_odd_sizes_round_trip(tmp_path, sizes):
+    slots = _storages(*sizes)
+    path = tmp_path / "p.page"
+    assert pagefile.write(path, 5, slots) == sum(sizes)
+    assert path.stat().st_size == pagefile.page_size(list(sizes))
+    assert pagefile.page_size(list(sizes)) % pagefile.BLOCK == 0
+    assert _same(pagefile.read(path, 5, list(sizes)), slots)
+
+
+@pytest.mark.parametrize("at", [0, CHUNK - 1, CHUNK, 2 * CHUNK + 4100])
+def test_a_flipped_byte_anywhere_is_caught(tmp_path, at):
+    sizes = [CHUNK + 10, CHUNK + 4100]  # the last byte is in the last, partial block
+    path = tmp_path / "p.page"
+    pagefile.write(path, 3, _storages(*sizes))
+    with open(path, "r+b") as f:
+        f.seek(pagefile.data_offset(2) + at)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x01]))
+    with pytest.raises(PageCorruptError, match="checksum"):
+        pagefile.read(path, 3, sizes)
+
+
+def test_an_old_format_page_is_refused_with_its_version(tmp_path):
+    path = tmp_path / "p.page"
+    pagefile.write(path, 2, _storages(100))
+    with open(path, "r+b") as f:
+        f.seek(8)
+        f.write(struct.pack("<I", 1))
+    with pytest.raises(PageCorruptError, match="format version 1, this build reads 2"):
+        pagefile.read(path, 2, [100])
+
+
+def test_a_truncated_last_chunk_is_refused(tmp_path):
+    path = tmp_path / "p.page"
+    pagefile.write(path, 1, _storages(CHUNK + 5000))
+    os.truncate(path, pagefile.data_offset(1) + CHUNK + 100)
+    with pytest.raises(PageCorruptError, match="truncated"):
+        pagefile.read(path, 1, [CHUNK + 5000])
+
+
+def _refuse_direct_open(monkeypatch) -> list[int]:
+    refused: list[int] = []
+    real_open = os.open
+
+    def fake_open(path, flags, *args):
+        if flags & pagefile._O_DIRECT:
+            refused.append(flags)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(pagefile.os, "open", fake_open)
+    return refused
+
+
+@pytest.mark.skipif(not pagefile._O_DIRECT, reason="no O_DIRECT on this platform: the buffered path is the only one")
+def test_a_filesystem_refusing_o_direct_gets_the_buffered_path(tmp_path, monkeypatch):
+    refused = _refuse_direct_open(monkeypatch)
+    slots = _storages(CHUNK + 4097, 3)
+    path = tmp_path / "p.page"
+    pagefile.write(path, 9, slots)
+    assert _same(pagefile.read(path, 9, [CHUNK + 4097, 3]), slots)
+    assert len(refused) == 2  # the write and the read each tried O_DIRECT first
+    assert _cached_pages(path) == 0  # fdatasync + DONTNEED kept the page out of RAM
+
+
+@pytest.mark.skipif(not pagefile._O_DIRECT, reason="no O_DIRECT on this platform")
+def test_o_direct_refused_at_the_first_write_is_retried_buffered(tmp_path, monkeypatch):
+    calls: list[int] = []
+    real = pagefile._pwrite_all
+
+    def refuse_once(fd, view, position):
+        calls.append(position)
+        if len(calls) == 1:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, view, position)
+
+    monkeypatch.setattr(pagefile, "_pwrite_all", refuse_once)
+    slots = _storages(2 * CHUNK + 1)
+    path = tmp_path / "p.page"
+    pagefile.write(path, 4, slots)
+    assert _same(pagefile.read(path, 4, [2 * CHUNK + 1]), slots)
+    assert len(calls) > 4  # the whole page was written again
+
+
+def test_pages_leave_nothing_in_the_page_cache(tmp_path):
+    slots = _storages(3 * CHUNK + 123)
+    path = tmp_path / "p.page"
+    pagefile.reserve(path, pagefile.page_size([3 * CHUNK + 123]))
+    pagefile.write(path, 1, slots)
+    assert _cached_pages(path) == 0
+    pagefile.read(path, 1, [3 * CHUNK + 123])
+    assert _cached_pages(path) == 0
+
+
+def test_other_io_errors_are_not_mistaken_for_a_refusal(tmp_path, monkeypatch):
+    def broken(fd, view, position):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(pagefile, "_pwrite_all", broken)
+    with pytest.raises(pagefile.PageError, match="Input/output error"):
+        pagefile.write(tmp_path / "p.page", 1, _storages(10))
