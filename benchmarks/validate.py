@@ -25,6 +25,12 @@ paging time when the profile says paging does not overlap compute, none when
 it does), to show where the planner's runtime model goes wrong.  With ``--diagnose`` the nodes whose measured time
 strays furthest from the graph's are listed.
 
+With ``--meter`` (``auto``, or a meter kind; default ``none``) each step's
+energy is accounted per node class by the executor and held against the
+simulator's, the source named and the nominal-power estimate (the fallback
+when no sensor answers) labelled as such; the default leaves the per-instruction
+meter reads out of the timed steps.
+
 Run ``python benchmarks/validate.py`` (``--help`` for the options).  The
 defaults suit the shared 2-vCPU machine this project is developed on: one
 compute thread (a pool of two stalls for whole scheduler slices when other
@@ -50,11 +56,12 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
+from agent.energy import EnergyMeter, MeterConfig, detect_meter  # noqa: E402
 from agent.validate import ValidationReport, Validator, keep_large_tensors_on_mmap  # noqa: E402
 from agent.zoo import load_workload, parse_shape  # noqa: E402
 from schedules.budgets import memory_lower_bound, store_all_peak  # noqa: E402
 from schedules.plan import plan  # noqa: E402
-from schedules.profile import profile_workload  # noqa: E402
+from schedules.profile import device_estimate, profile_workload  # noqa: E402
 
 TARGETS = {"step time": 15.0, "ledger peak": 5.0}
 DEFAULT_MODELS = ("resnet18:32x3x64x64", "bert:8x128")
@@ -81,6 +88,8 @@ class Row:
     paged_meas: int | None = None
     io_wait_ms: float | None = None
     load: float | None = None
+    energy: dict[str, list[float | None]] | None = None  # row name -> [predicted J, measured J, error %]
+    energy_source: str = ""
 
 
 def bench_model(spec: str, fractions: list[float], args: argparse.Namespace, swap: Path) -> list[Row]:
@@ -93,6 +102,7 @@ def bench_model(spec: str, fractions: list[float], args: argparse.Namespace, swa
     graph, device = profile.graph, profile.device
     peak, floor = store_all_peak(graph), memory_lower_bound(graph)
     print(_profile_line(name, profile, peak, floor), flush=True)
+    meter = _open_meter(args.meter, device)
     rows, validators, planned = [], [], set()
     for fraction in fractions:
         budget, note = int(fraction * peak), ""
@@ -106,8 +116,13 @@ def bench_model(spec: str, fractions: list[float], args: argparse.Namespace, swa
         rows.append(Row(name, fraction, budget, note, result.status))
         if result.feasible:
             validators.append((rows[-1], Validator(work, graph, segments, result.schedule, swap_dir=swap,
-                                                   device=device, hidden_fraction=profile.overlap.hidden_fraction)))
-    _interleave([v for _, v in validators], args.warmup, args.steps)
+                                                   device=device, meter=meter,
+                                                   hidden_fraction=profile.overlap.hidden_fraction)))
+    try:
+        _interleave([v for _, v in validators], args.warmup, args.steps)
+    finally:
+        if meter is not None:
+            meter.close()
     for row, v in validators:
         _fill(row, v.report())
         v.close()
@@ -115,6 +130,15 @@ def bench_model(spec: str, fractions: list[float], args: argparse.Namespace, swa
             _diagnose(v.report(), graph)
     _relative_to_plain(rows, peak)
     return rows
+
+
+def _open_meter(kind: str, device: Any) -> EnergyMeter | None:
+    """The meter ``--meter`` asks for (the profile's nominal powers as the estimate), or ``None``."""
+    if kind == "none":
+        return None
+    detection = detect_meter(MeterConfig(kind=kind), powers=device_estimate(device).powers)
+    print(detection.describe(), file=sys.stderr, flush=True)
+    return detection.meter
 
 
 def _relative_to_plain(rows: list[Row], peak: int) -> None:
@@ -149,6 +173,10 @@ def _fill(row: Row, report: ValidationReport) -> None:
     row.paged_pred, row.paged_meas = int(paged.predicted), int(paged.measured)
     row.io_wait_ms = statistics.median(s.io_wait_seconds for s in report.stats) * 1e3
     row.load = os.getloadavg()[0]
+    if report.energy:
+        row.energy = {f.name: [f.predicted, f.measured, f.error_pct] for f in report.figures
+                      if f.name.startswith("energy")}
+        row.energy_source = report.energy_source + (" (estimate)" if report.energy_is_estimate else "")
 
 
 def _profile_line(name: str, profile: Any, peak: int, floor: int) -> str:
@@ -195,10 +223,20 @@ def print_table(rows: list[Row]) -> None:
                    "planner's own model " + ("within" if abs(r.step_err) <= TARGETS["step time"] else "outside")
                    + " 15%"]
         print(f"  {r.model} at {100 * r.fraction:.0f}%: " + ", ".join(verdict))
+    for r in rows:
+        if r.energy:
+            figures = ", ".join(f"{name} {_joules(p)} / {_joules(m)} ({_pct(e)})"
+                                for name, (p, m, e) in r.energy.items())
+            print(f"  {r.model} at {100 * r.fraction:.0f}%: predicted / measured above idle: {figures}; "
+                  f"source {r.energy_source}")
 
 
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:+.1f}%"
+
+
+def _joules(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g} J"
 
 
 def main() -> int:
@@ -213,6 +251,9 @@ def main() -> int:
     parser.add_argument("--time-limit", type=float, default=120.0, help="MILP time limit per budget, s")
     parser.add_argument("--gap", type=float, default=0.01, help="MILP relative gap (default 0.01)")
     parser.add_argument("--swap-dir", help="where to page (default a temporary directory under the repo)")
+    parser.add_argument("--meter", default="none", choices=("none", "auto", "ina3221", "rapl", "estimate"),
+                        help="energy meter for the energy figures (default none; auto falls back to the profile's "
+                             "nominal-power estimate)")
     parser.add_argument("--diagnose", action="store_true", help="list the nodes whose times stray most")
     parser.add_argument("--json", help="write every figure to this file")
     args = parser.parse_args()
