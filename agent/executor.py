@@ -109,9 +109,11 @@ class Executor:
             if swap_dir is None:
                 raise ScheduleRefusedError("this schedule pages values out; give the executor a swap_dir on flash")
             self.pager = Pager(swap_dir, free_space)
-        limit = schedule.memory_budget if schedule.memory_budget is not None else self.report.peak_bytes
+        limit = schedule.memory_budget if schedule.memory_budget is not None else self.report.peak_memory_bytes
+        # read-ahead buffers go on top of what each instruction holds, its node's workspace included
         self.prefetch = plan_prefetch(self.instructions, [n.bytes for n in graph.nodes],
-                                      self.report.resident_bytes, limit)
+                                      self.report.working_bytes, limit)
+        rss.return_freed_memory()  # a freed activation must leave the process, or the budget means nothing
         self.last_stats: StepStats | None = None
 
     def step(self, inputs: Any, targets: Any) -> torch.Tensor:

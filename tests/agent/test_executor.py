@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import weakref
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,11 @@ import torchvision
 from agent import pagefile
 from agent.errors import InputMismatchError, PageCorruptError, ScheduleRefusedError, SwapSpaceError
 from agent.executor import Executor
+from agent.prefetch import plan_prefetch
 from schedules.errors import SolverError
 from schedules.extract import extract
 from schedules.plan import plan
+from schedules.simulate import simulate
 from tests.agent.models import (
     TinyUNet, cross_entropy, image_example, mlp, mlp_example, page_everything, schedule_for, unet_example,
 )
@@ -204,3 +207,33 @@ def test_zeroed_gradients_are_dropped_for_the_step_and_come_back_as_zeros_on_fai
     assert [(p.grad.shape, p.grad.stride(), p.grad.dtype) for p in model.parameters()] == layouts
     assert not any(bool(p.grad.any()) for p in model.parameters())
     ex.close()
+
+
+def test_read_ahead_leaves_room_for_each_nodes_workspace(tmp_path):
+    torch.manual_seed(0)
+    model, example = mlp(), mlp_example()
+    graph, segments = extract(model, example, cross_entropy, repeats=1)
+    graph = graph.with_nodes([replace(n, workspace_bytes=2 * n.bytes) if n.kind == "backward" else n
+                              for n in graph.nodes])
+    instructions = page_everything(graph)
+    report = simulate(graph, instructions)
+    budget = report.peak_memory_bytes + 1000
+    with Executor(model, segments, graph, schedule_for(graph, instructions, budget), swap_dir=tmp_path) as ex:
+        sizes = [n.bytes for n in graph.nodes]
+        held = [w + r for w, r in zip(report.working_bytes, _read_ahead_bytes(ex.prefetch, instructions, sizes))]
+        assert ex.prefetch and max(held) <= budget
+        blind = plan_prefetch(instructions, sizes, report.resident_bytes, budget)  # as if workspaces were not there
+        assert max(w + r for w, r in zip(report.working_bytes, _read_ahead_bytes(blind, instructions, sizes))) > budget
+        ex.step(*example)
+        assert ex.last_stats.ledger_peak_bytes <= budget
+
+
+def _read_ahead_bytes(starts: dict[int, list[int]], instructions, sizes) -> list[int]:
+    """Bytes of pages being read ahead during each instruction, for a prefetch plan."""
+    held = [0] * len(instructions)
+    for start, nodes in starts.items():
+        for node in nodes:
+            page_in = instructions.index(("page_in", node), start)
+            for position in range(max(start - 1, 0), page_in):
+                held[position] += sizes[node]
+    return held
