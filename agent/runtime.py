@@ -38,6 +38,8 @@ class Runtime:
         self.model = model
         self.segments = segments
         self.modules = dict(model.named_modules())
+        for name in segments.out_of_place:  # extraction measured them out-of-place (same values)
+            self.modules[name].inplace = False
         self.store = Store()
         self.replay = Replay()
         self.loss: torch.Tensor | None = None

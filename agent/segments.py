@@ -81,6 +81,7 @@ class Segments:
     output_leaves: tuple[Port | Any, ...]        # per output leaf: its port, or a constant
     arg_tensors: int = 1                         # node 0 ports below this are model inputs, the rest targets
     constants: tuple[torch.Tensor, ...] = ()     # tensors the trace captured by value
+    out_of_place: tuple[str, ...] = ()           # in-place modules that run with inplace=False (a unit each)
     consumers: dict[Port, tuple[int, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

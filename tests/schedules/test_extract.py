@@ -47,8 +47,10 @@ def test_resnet18_layout_follows_poet(resnet):
     kinds = [n.kind for n in graph.nodes]
     assert kinds == ["forward"] * (S + 1) + ["loss"] + ["backward"] * (S + 1)
     names = [n.name for n in graph.nodes]
-    # the in-place ReLU after bn1 would overwrite bn1's output: they are one unit
-    assert names[:4] == ["input", "conv1", "bn1+relu", "maxpool"]
+    # the in-place ReLU after bn1 would overwrite bn1's output: it runs out-of-place, a unit of its own
+    assert names[:5] == ["input", "conv1", "bn1", "relu", "maxpool"]
+    assert segments.out_of_place == ("relu",) and model.relu.inplace is False
+    assert model.layer1[0].relu.inplace  # inside a unit, in place is harmless and kept
     assert names[S + 1] == "loss" and names[S + 2] == "grad:loss" and names[-1] == "grad:conv1"
     for f in range(1, S + 2):  # backward nodes mirror the forward ones
         assert graph.nodes[segments.backward_of(f)].name == "grad:" + graph.nodes[f].name
@@ -58,7 +60,7 @@ def test_backward_edges_are_exactly_what_autograd_needs(resnet):
     _, _, graph, segments = resnet
     preds = graph.predecessors
     conv1, bn, fc, loss = 1, 2, segments.loss_node - 1, segments.loss_node
-    # conv1 saves the image (node 0), its own output is not saved; the gradient comes from bn1+relu's backward
+    # conv1 saves the image (node 0), its own output is not saved; the gradient comes from bn1's backward
     assert preds[segments.backward_of(conv1)] == (0, conv1, segments.backward_of(bn))
     # the loss saves the targets (node 0) and its log-softmax
     assert preds[segments.backward_of(loss)] == (0, loss)
@@ -123,7 +125,7 @@ def test_extraction_leaves_model_and_rng_untouched():
 def test_skip_connections_cross_segments():
     graph, segments = extract(TinyUNet().train(), unet_example(), cross_entropy, repeats=1)
     names = [n.name for n in graph.nodes]
-    enc1 = names.index("enc1.1+enc1.2")  # conv, then BN merged with its in-place ReLU
+    enc1 = names.index("enc1.2")  # conv, BN, then its in-place ReLU run out-of-place as a unit of its own
     dec1 = names.index("dec1.0")         # torch.cat([up1(d2), e1]) is glue of dec1's first unit
     assert (enc1, dec1) in graph.edges
     # enc1's gradient is the sum of what pool and dec1 hand back
