@@ -132,12 +132,16 @@ class StepEnergyAccount:
             raise RuntimeError("track() blocks cannot overlap: the same joules would be charged twice")
         try:
             self.meter.set_activity(activity)
-            t0, j0 = self._clock(), self.meter.read_joules()
+            # the timed interval nests inside the metered one: a thread preempted between the two reads
+            # must not leave more seconds than joules were read for (above-idle figures would go negative)
+            j0 = self.meter.read_joules()
+            t0 = self._clock()
             try:
                 yield
             finally:
+                seconds = self._clock() - t0
                 self._joules[activity.value] += self.meter.read_joules() - j0
-                self._seconds[activity.value] += self._clock() - t0
+                self._seconds[activity.value] += seconds
                 self.meter.set_activity(Activity.IDLE)
         finally:
             self._tracking.release()
