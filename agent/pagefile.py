@@ -99,7 +99,7 @@ def write(path: Path, node: int, storages: Sequence[torch.UntypedStorage]) -> in
 
 def read(path: Path, node: int, slot_bytes: Sequence[int]) -> list[torch.UntypedStorage]:
     """Read the page of ``node`` back into fresh storages, verifying header, sizes and checksum."""
-    buffers = [torch.empty(size, dtype=torch.uint8) for size in slot_bytes]
+    buffers = [_fresh(size) for size in slot_bytes]
     views = [memoryview(b.numpy()).cast("B") if b.numel() else memoryview(b"") for b in buffers]
     try:
         try:
@@ -279,6 +279,20 @@ def _open(path: Path, flags: int, direct: bool) -> int:
 
 
 # -- bytes -------------------------------------------------------------------------------------------
+def _fresh(size: int) -> torch.Tensor:
+    """``size`` bytes of new memory for a page-in, mapped in all at once (``MAP_POPULATE``).
+
+    A page-in fills memory nobody has touched; faulting it in page by page as
+    the copy first writes it ran at 0.6 GB/s on the development VM (below the
+    disk), the kernel populating the whole mapping at once at 3.5 GB/s.  The
+    tensor keeps the mapping alive; dropping the value unmaps it.
+    """
+    if size == 0 or not hasattr(mmap, "MAP_POPULATE"):
+        return torch.empty(size, dtype=torch.uint8)
+    area = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE)
+    return torch.frombuffer(area, dtype=torch.uint8)
+
+
 def _aligned(n: int) -> int:
     return -(-n // BLOCK) * BLOCK
 

@@ -148,3 +148,20 @@ def test_other_io_errors_are_not_mistaken_for_a_refusal(tmp_path, monkeypatch):
     monkeypatch.setattr(pagefile, "_pwrite_all", broken)
     with pytest.raises(pagefile.PageError, match="Input/output error"):
         pagefile.write(tmp_path / "p.page", 1, _storages(10))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="RSS needs Linux /proc")
+def test_read_back_memory_is_resident_while_held_and_returned_when_dropped(tmp_path):
+    from agent import rss
+
+    size = 32 << 20
+    path = tmp_path / "big.page"
+    pagefile.write(path, 3, _storages(size))
+    before = rss.current()
+    storages = pagefile.read(path, 3, [size])
+    held = rss.current()
+    storages[0][0] = 7  # writable, like any tensor memory
+    del storages
+    after = rss.current()
+    assert held - before >= 0.9 * size  # mapped in when read, not lazily later
+    assert held - after >= 0.9 * size  # and unmapped as soon as the value is dropped
