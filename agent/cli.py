@@ -114,7 +114,8 @@ def run_profile(args: argparse.Namespace) -> int:
         with StageProgress(f"profile {workload.name}") as progress:
             profile, _ = profile_workload(
                 workload.model, workload.example, workload.loss_fn, args.swap_dir, name=workload.name,
-                repeats=args.repeats, max_nodes=args.max_nodes, meter_config=_meter_config(args),
+                repeats=args.repeats, max_nodes=args.max_nodes, segments=workload.segments,
+                meter_config=_meter_config(args),
                 estimate=estimate, progress=progress)
     except ProfileError as exc:
         raise CommandError(str(exc), BAD_FILE) from exc
@@ -203,7 +204,8 @@ def _segments_matching(workload: Any, graph: Any, args: argparse.Namespace) -> A
     """Cut the model as the profile did; refuse when it does not give the graph's nodes and bytes."""
     from schedules.extract import extract
 
-    fresh, segments = extract(workload.model, workload.example, workload.loss_fn, args.max_nodes, repeats=0)
+    fresh, segments = extract(workload.model, workload.example, workload.loss_fn, args.max_nodes,
+                              segments=workload.segments, repeats=0)
     if fresh.fingerprint != graph.fingerprint:
         raise CommandError(
             f"{args.graph} was not extracted from this model and input ({fresh.size} nodes here, "

@@ -228,10 +228,12 @@ class BudgetRow:
 
 
 def bench_model(name: str, shape: tuple[int, ...], fractions: list[float], repeats: int, swap: Path,
-                time_limit: float, segments: list[str] | None) -> dict[str, Any]:
+                time_limit: float, default_cut: bool) -> dict[str, Any]:
     work = load_workload(name, shape)
+    segments = None if default_cut else work.segments
     print(f"\n== {name} {'x'.join(map(str, shape))}: profiling this machine and extracting ...", flush=True)
-    profile, _ = profile_workload(work.model, work.example, work.loss_fn, swap, name=name, repeats=3)
+    profile, _ = profile_workload(work.model, work.example, work.loss_fn, swap, name=name, repeats=3,
+                                  segments=segments)
     device: DeviceProfile = profile.device
     graph, cut = extract(work.model, work.example, work.loss_fn, segments=segments, repeats=5)
     graph = price_graph(graph, device)
@@ -375,9 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="measured steps per method and budget")
     parser.add_argument("--swap-dir", type=Path, default=None, help="default: a temporary directory in /var/tmp")
     parser.add_argument("--time-limit", type=float, default=120.0, help="MILP seconds per budget")
-    parser.add_argument("--bert-sublayers", action="store_true", default=True,
-                        help="cut BERT layers into self-attention / attention output / intermediate / output "
-                             "(lower feasible budgets)")
+    parser.add_argument("--default-cut", action="store_true",
+                        help="cut by extraction's default rule, not the zoo's segments (BERT's zoo entry cuts each "
+                             "layer into self-attention / attention output / intermediate / output)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch compute threads (default 1: on a small shared machine, OpenMP threads that "
                              "spin-wait for a busy core make step times vary fivefold; 1 leaves a core to paging)")
@@ -392,23 +394,12 @@ def main(argv: list[str] | None = None) -> int:
         for spec in args.models.split(","):
             name, _, shape_text = spec.partition(":")
             shape = tuple(int(x) for x in shape_text.split("x"))
-            segments = bert_sublayers(load_workload(name, shape).model) if name == "bert" and args.bert_sublayers else None
             results.append(bench_model(name, shape, [float(f) for f in args.budgets.split(",")], args.repeats,
-                                       swap, args.time_limit, segments))
+                                       swap, args.time_limit, args.default_cut))
             print_report(results[-1])
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))
     return 0
-
-
-def bert_sublayers(model: nn.Module) -> list[str]:
-    """Segments for a BERT classifier with each layer cut into self-attention, its output projection,
-    intermediate and output (with attention in one piece some backward node needs 33% of M at once,
-    split 22%: measured on the default 4-layer encoder at 8x128)."""
-    layers = len(model.bert.encoder.layer)
-    parts = ("attention.self", "attention.output", "intermediate", "output")
-    inner = [f"bert.encoder.layer.{k}.{part}" for k in range(layers) for part in parts]
-    return ["bert.embeddings", *inner, "bert.pooler", "dropout", "classifier"]
 
 
 if __name__ == "__main__":

@@ -98,7 +98,7 @@ def bench_model(spec: str, fractions: list[float], args: argparse.Namespace, swa
     work = load_workload(name, parse_shape(shape) if shape else None)
     print(f"\n== {name} {shape}: profiling (load {os.getloadavg()[0]:.1f}) ...", file=sys.stderr, flush=True)
     profile, segments = profile_workload(work.model, work.example, work.loss_fn, swap, name=name,
-                                         repeats=args.repeats)
+                                         repeats=args.repeats, segments=work.segments)
     graph, device = profile.graph, profile.device
     peak, floor = store_all_peak(graph), memory_lower_bound(graph)
     print(_profile_line(name, profile, peak, floor), flush=True)

@@ -455,7 +455,8 @@ def _measure(model: nn.Module, segs: Segments, inputs: Any, targets: Any, repeat
                 grad_ports={b: runtime.gradient_ports(b) for b in range(segs.loss_node + 1, segs.size)})
         runtime.finish()
     first.compute_ms = [statistics.median(s[1:] if repeats else s) for s in samples]
-    first.workspace = _measure_workspace(runtime, segs, first.bytes, inputs, targets)
+    # repeats=0 asks for structure and bytes only (re-cutting a model to match a saved graph)
+    first.workspace = _measure_workspace(runtime, segs, first.bytes, inputs, targets) if repeats else [0] * segs.size
     return first
 
 

@@ -564,6 +564,7 @@ def profile_workload(
     name: str = "",
     repeats: int = 5,
     max_nodes: int | None = None,
+    segments: Sequence[str] | None = None,
     swap_repeats: int = 5,
     meter_config: MeterConfig | None = None,
     meter: EnergyMeter | None = None,
@@ -585,6 +586,8 @@ def profile_workload(
         Timed runs per node after one warm-up; the median is kept.
     max_nodes:
         Bound on the graph's size, passed to extraction.
+    segments:
+        Module names to cut at, passed to extraction (``Workload.segments``).
     swap_repeats:
         Round trips per page size on the swap path; the median per size is fitted.
     meter_config:
@@ -603,7 +606,7 @@ def profile_workload(
     estimate = estimate or generic_host_estimate()
     progress("extract", 0, 1)
     started = time.perf_counter()
-    graph, segments = extract(model, example, loss_fn, max_nodes, repeats=repeats)
+    graph, segments = extract(model, example, loss_fn, max_nodes, segments=segments, repeats=repeats)
     extract_s = time.perf_counter() - started
     progress("extract", 1, 1)
     swap = measure_swap_path(swap_dir, graph_page_sizes(graph), swap_repeats, progress)

@@ -1,0 +1,24 @@
+"""The zoo's workloads as the profile, validate and the benchmarks build them."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.zoo import ZooError, load_workload
+from schedules.budgets import memory_lower_bound, store_all_peak
+from schedules.extract import extract
+
+
+def test_bert_is_cut_inside_each_layer_which_lowers_the_smallest_feasible_budget():
+    work = load_workload("bert", (4, 64))
+    graph, segments = extract(work.model, work.example, work.loss_fn, segments=work.segments, repeats=1)
+    names = [unit.name for unit in segments.units]
+    assert "bert.encoder.layer.0.attention.self" in names and "bert.encoder.layer.3.output" in names
+    whole, _ = extract(work.model, work.example, work.loss_fn, repeats=1)  # extraction's default: whole layers
+    assert graph.size > whole.size
+    assert memory_lower_bound(graph) / store_all_peak(graph) < 0.8 * memory_lower_bound(whole) / store_all_peak(whole)
+
+
+def test_a_shape_the_model_cannot_take_is_refused_with_an_example():
+    with pytest.raises(ZooError, match="8x128"):
+        load_workload("bert", (8, 128, 3))
