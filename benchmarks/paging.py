@@ -14,7 +14,10 @@ at one torch thread, as a training step does beside the pager's thread.  Ratios
 are to the idle raw bandwidth (what ``benchmarks/executor.py`` divides by).
 
 Run ``python benchmarks/paging.py`` (``--swap-dir`` to measure another
-filesystem; ``--json`` keeps every figure).
+filesystem; ``--json`` keeps every figure).  ``--throttle MBPS`` (root, cgroup
+v1 blkio) runs everything, raw figures included, with the swap disk limited to
+that many MB/s each way: flash of an SD card or eMMC's class, where the medium
+rather than the host's memory bounds paging.
 """
 
 from __future__ import annotations
@@ -157,12 +160,43 @@ def print_report(result: dict) -> None:
         print(f"| {size} MB | {slots} | " + " | ".join(cells) + " |")
 
 
+@contextmanager
+def throttled(directory: Path, mb_per_s: float | None) -> Iterator[None]:
+    """Run the block with ``directory``'s disk limited to ``mb_per_s`` each way (cgroup v1 blkio throttle)."""
+    if mb_per_s is None:
+        yield
+        return
+    root = Path("/sys/fs/cgroup/blkio")
+    if not (root / "blkio.throttle.read_bps_device").exists() or os.geteuid() != 0:
+        raise SystemExit("--throttle needs root and a cgroup v1 blkio hierarchy at /sys/fs/cgroup/blkio")
+    dev = os.stat(directory).st_dev
+    block = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+    if (block / "partition").exists():  # throttles apply to whole disks
+        block = block.resolve().parent
+    disk = (block / "dev").read_text().strip()
+    group = root / f"poet-bench-{os.getpid()}"
+    group.mkdir()
+    try:
+        rate = int(mb_per_s * MB)
+        (group / "blkio.throttle.read_bps_device").write_text(f"{disk} {rate}")
+        (group / "blkio.throttle.write_bps_device").write_text(f"{disk} {rate}")
+        (group / "cgroup.procs").write_text(str(os.getpid()))
+        try:
+            yield
+        finally:
+            (root / "cgroup.procs").write_text(str(os.getpid()))
+    finally:
+        group.rmdir()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--swap-dir", type=Path, default=None, help="default: a temporary directory in /var/tmp")
     parser.add_argument("--sizes", default="1,2,4,8,16,32", help="page sizes in MiB, comma separated")
     parser.add_argument("--slots", default="1,4", help="storages per page, comma separated")
     parser.add_argument("--repeats", type=int, default=7, help="round trips per page size (the median is kept)")
+    parser.add_argument("--throttle", type=float, default=None, metavar="MBPS",
+                        help="limit the swap disk to MBPS each way for the whole run (root, cgroup v1 blkio)")
     parser.add_argument("--json", type=Path, default=None, help="write every figure here")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -170,8 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     with (nullcontext(args.swap_dir) if args.swap_dir else tempfile.TemporaryDirectory(dir="/var/tmp")) as swap:
         swap = Path(swap)
         swap.mkdir(parents=True, exist_ok=True)
-        result = run(swap, [int(s) for s in args.sizes.split(",")], [int(s) for s in args.slots.split(",")],
-                     args.repeats)
+        with throttled(swap, args.throttle):
+            result = run(swap, [int(s) for s in args.sizes.split(",")], [int(s) for s in args.slots.split(",")],
+                         args.repeats)
     print_report(result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
