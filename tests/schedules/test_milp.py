@@ -378,7 +378,7 @@ def test_a_graph_without_energies_is_refused_with_a_hint() -> None:
 @pytest.mark.parametrize("name, memory, factor", [
     ("vgg16_cifar_m4", 1_500_000, 1.5),
     ("resnet18_cifar_a72", 3_000_000, 7.6),
-    ("transformer_a72", 20_000_000, 1.2),
+    ("transformer_a72", 34_000_000, 1.2),  # between its floor (31.5 MB) and store-all (37.7 MB)
 ])
 def test_reference_graphs_have_the_dense_optimum(name: str, memory: int, factor: float) -> None:
     graph = reference_graph(name)
