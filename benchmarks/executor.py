@@ -25,7 +25,8 @@ raw bandwidth.  ``--json`` keeps every figure.
 
 Run ``python benchmarks/executor.py`` (re-executes itself with
 ``MALLOC_MMAP_THRESHOLD_=65536`` so freed activations leave the process and
-RSS means something; see ``agent.rss``).
+RSS means something; see ``agent.rss``).  ``--throttle MBPS`` runs it all with
+the swap disk held to flash speed (root; see ``benchmarks/paging.py``).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from torch.utils.checkpoint import checkpoint_sequential  # noqa: E402
 from agent import rss  # noqa: E402
 from agent.executor import Executor  # noqa: E402
 from agent.zoo import Workload, load_workload  # noqa: E402
-from benchmarks.paging import raw_bandwidth  # noqa: E402
+from benchmarks.paging import raw_bandwidth, throttled  # noqa: E402
 from schedules.device import DeviceProfile, price_graph  # noqa: E402
 from schedules.errors import PlannerError  # noqa: E402
 from schedules.extract import extract  # noqa: E402
@@ -383,6 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch compute threads (default 1: on a small shared machine, OpenMP threads that "
                              "spin-wait for a busy core make step times vary fivefold; 1 leaves a core to paging)")
+    parser.add_argument("--throttle", type=float, default=None, metavar="MBPS",
+                        help="limit the swap disk to MBPS each way for the whole run, raw figures included (root, "
+                             "cgroup v1 blkio): flash of an SD card's or eMMC's class")
     parser.add_argument("--json", type=Path, default=None, help="write every figure here")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -391,11 +395,12 @@ def main(argv: list[str] | None = None) -> int:
     with (nullcontext(args.swap_dir) if args.swap_dir else tempfile.TemporaryDirectory(dir="/var/tmp")) as swap:
         swap = Path(swap)
         swap.mkdir(parents=True, exist_ok=True)
-        for spec in args.models.split(","):
-            name, _, shape_text = spec.partition(":")
-            shape = tuple(int(x) for x in shape_text.split("x"))
-            results.append(bench_model(name, shape, [float(f) for f in args.budgets.split(",")], args.repeats,
-                                       swap, args.time_limit, args.default_cut))
+        with throttled(swap, args.throttle):
+            for spec in args.models.split(","):
+                name, _, shape_text = spec.partition(":")
+                shape = tuple(int(x) for x in shape_text.split("x"))
+                results.append(bench_model(name, shape, [float(f) for f in args.budgets.split(",")], args.repeats,
+                                           swap, args.time_limit, args.default_cut))
             print_report(results[-1])
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))
