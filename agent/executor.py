@@ -113,7 +113,6 @@ class Executor:
         # read-ahead buffers go on top of what each instruction holds, its node's workspace included
         self.prefetch = plan_prefetch(self.instructions, [n.bytes for n in graph.nodes],
                                       self.report.working_bytes, limit)
-        rss.return_freed_memory()  # a freed activation must leave the process, or the budget means nothing
         self.last_stats: StepStats | None = None
 
     def step(self, inputs: Any, targets: Any) -> torch.Tensor:

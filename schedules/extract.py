@@ -466,8 +466,8 @@ def _measure_workspace(runtime: Runtime, segs: Segments, value_bytes: list[int],
 
     Measured on the real step, because what a backward pass holds while it
     runs (the activation gradients inside its unit, kernel scratch) is decided
-    by PyTorch's kernels, not visible from Python.  Large allocations are
-    moved to mmap first (:func:`agent.rss.return_freed_memory`) so that RSS
+    by PyTorch's kernels, not visible from Python.  Large allocations go to
+    mmap for these runs only (:func:`agent.rss.following_tensors`) so that RSS
     follows tensors; a first run warms up, the largest figure of ``passes``
     runs after it is kept.  Each run starts with ``.grad = None``, as the
     executor's steps do (:class:`agent.runtime.ModelState`): a parameter's
@@ -475,9 +475,13 @@ def _measure_workspace(runtime: Runtime, segs: Segments, value_bytes: list[int],
     counted in the node's workspace.  Zero for every node where peak RSS
     cannot be read (not Linux).
     """
+    with rss.following_tensors() as following:
+        return _workspace_runs(runtime, segs, value_bytes, inputs, targets, passes) if following else [0] * segs.size
+
+
+def _workspace_runs(runtime: Runtime, segs: Segments, value_bytes: list[int], inputs: Any, targets: Any,
+                    passes: int) -> list[int]:
     workspace = [0] * segs.size
-    if not rss.return_freed_memory():
-        return workspace
     params = [p for p in runtime.model.parameters() if p.requires_grad]
     has_grad: set[int] = set()
     for run in range(passes + 1):
