@@ -11,7 +11,7 @@
 Registered through :data:`schedules.cli.COMMAND_PROVIDERS`; exit codes are
 that module's.  This module imports neither torch nor the model zoo: the
 handlers do, so ``poet-edge --help`` stays fast.  Both commands make glibc
-keep large blocks on mmap (:func:`agent.validate.keep_large_tensors_on_mmap`)
+keep large blocks on mmap (:func:`agent.rss.return_freed_memory`)
 before measuring, so a profile's times and a validation's are taken under the
 same allocator and a step's peak RSS is honest.
 """
@@ -141,10 +141,10 @@ def _workload(args: argparse.Namespace) -> Any:
     """Set up torch as asked and build the workload; zoo errors are usage errors."""
     import torch
 
-    from agent.validate import keep_large_tensors_on_mmap
+    from agent.rss import return_freed_memory
     from agent.zoo import ZooError, load_workload, parse_shape
 
-    keep_large_tensors_on_mmap()
+    return_freed_memory()
     if args.threads:
         torch.set_num_threads(args.threads)
     try:

@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -35,41 +32,20 @@ _M_MMAP_THRESHOLD = -3  # mallopt parameter (glibc malloc.h)
 FREED_MEMORY_THRESHOLD = 64 << 10
 
 
-_DYNAMIC_CEILING = 32 << 20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit: where its dynamic threshold ends up
-
-
 def return_freed_memory(threshold: int = FREED_MEMORY_THRESHOLD) -> bool:
     """Serve allocations of ``threshold`` bytes and more from mmap, so freeing a tensor gives its pages back.
 
     glibc otherwise raises its mmap threshold after the first large free and
     keeps later freed tensors in the heap, where RSS does not follow them.
     Same as ``MALLOC_MMAP_THRESHOLD_=65536`` in the environment; affects
-    allocations made from now on.  It has a price: every large allocation
-    then faults its pages in afresh (a resnet18 step ran 55% slower on the
-    development VM), so use it to measure, not to train.  Returns False where
-    there is no glibc.
+    allocations made from now on, so call it early: a request can still be
+    served from free heap chunks left by earlier large frees.  It has a price:
+    every large allocation faults its pages in afresh (a resnet18 step ran 55%
+    slower on the development VM).  Returns False where there is no glibc.
     """
     if _LIBC is None or not hasattr(_LIBC, "mallopt"):
         return False
     return bool(_LIBC.mallopt(_M_MMAP_THRESHOLD, threshold))
-
-
-@contextmanager
-def following_tensors() -> Iterator[bool]:
-    """RSS follows tensors inside the block (:func:`return_freed_memory`); the process's setting after it.
-
-    Afterwards the threshold is ``MALLOC_MMAP_THRESHOLD_`` when the environment
-    sets one, else the ceiling glibc's own dynamic threshold reaches in a
-    process that has freed a few large tensors (glibc cannot go back to
-    adjusting it).  Yields whether RSS follows tensors (False without glibc).
-    """
-    following = return_freed_memory()
-    try:
-        yield following
-    finally:
-        if following:
-            setting = os.environ.get("MALLOC_MMAP_THRESHOLD_", "")
-            _LIBC.mallopt(_M_MMAP_THRESHOLD, int(setting) if setting.isdigit() else _DYNAMIC_CEILING)
 
 
 def _status_kib(field: str) -> int | None:

@@ -48,10 +48,7 @@ process's real footprint.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import math
-import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -337,7 +334,7 @@ def validate(
         from ``device.paging_overlaps_compute``.
 
     The process's allocator is left as it is: call
-    :func:`keep_large_tensors_on_mmap` first (as ``poet-edge`` does, for the
+    :func:`agent.rss.return_freed_memory` first (as ``poet-edge`` does, for the
     profile too) for an honest peak RSS.
     """
     with Validator(workload, graph, segments, schedule, swap_dir=swap_dir, device=device, meter=meter,
@@ -455,26 +452,6 @@ _CLASS_NOTES = {
 
 
 # -- memory honesty ---------------------------------------------------------------------
-_M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
-
-
-def keep_large_tensors_on_mmap(threshold: int = 65536) -> bool:
-    """Make glibc serve blocks above ``threshold`` bytes by mmap, so freed tensors leave RSS at once.
-
-    The in-process equivalent of ``MALLOC_MMAP_THRESHOLD_=65536`` (see
-    ``shared/notes/pytorch.md``): without it glibc's dynamic threshold keeps
-    freed blocks and a step's peak RSS says little.  Setting the parameter
-    also switches the dynamic threshold off.  Returns False off glibc.
-    """
-    if os.environ.get("MALLOC_MMAP_THRESHOLD_"):
-        return True
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold))
-    except (OSError, AttributeError):
-        return False
-
-
 # -- plot ---------------------------------------------------------------------------------
 def plot_memory(report: ValidationReport, path: str | Path, title: str = "") -> Path:
     """Draw predicted and measured resident activation bytes over the step (matplotlib, Agg).

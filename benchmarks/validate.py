@@ -57,7 +57,8 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from agent.energy import EnergyMeter, MeterConfig, detect_meter  # noqa: E402
-from agent.validate import ValidationReport, Validator, keep_large_tensors_on_mmap  # noqa: E402
+from agent.rss import return_freed_memory  # noqa: E402
+from agent.validate import ValidationReport, Validator  # noqa: E402
 from agent.zoo import load_workload, parse_shape  # noqa: E402
 from schedules.budgets import memory_lower_bound, store_all_peak  # noqa: E402
 from schedules.plan import plan  # noqa: E402
@@ -257,7 +258,7 @@ def main() -> int:
     parser.add_argument("--diagnose", action="store_true", help="list the nodes whose times stray most")
     parser.add_argument("--json", help="write every figure to this file")
     args = parser.parse_args()
-    keep_large_tensors_on_mmap()  # the profile and the steps under one allocator; honest RSS
+    return_freed_memory()  # the profile and the steps under one allocator; honest RSS
     torch.set_num_threads(args.threads)
     fractions = [float(f) for f in args.budgets.split(",")]
     started = time.perf_counter()

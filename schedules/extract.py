@@ -101,6 +101,9 @@ def extract(
     The model's parameters, gradients, buffers and the RNG state are left as
     they were.
     """
+    # Large tensors on mmap from the start, as the executor runs them: RSS then follows tensors (workspaces are
+    # measured by it) and node times include the page faults the executor's steps pay too.
+    following = rss.return_freed_memory()
     inputs, targets = _split_example(example_inputs)
     names = list(segments) if segments is not None else default_segments(model)
     _check_names(model, names)
@@ -108,7 +111,7 @@ def extract(
     try:
         recording = _record(model, inputs, names)
         cut = _cut(model, recording, inputs, targets, loss_fn, max_nodes)
-        measured = _measure(model, cut, inputs, targets, repeats)
+        measured = _measure(model, cut, inputs, targets, repeats, following)
     finally:
         state.rollback()
     return _build_graph(model, cut, measured), cut
@@ -435,8 +438,15 @@ class _Measured:
     workspace: list[int] = field(default_factory=list)
 
 
-def _measure(model: nn.Module, segs: Segments, inputs: Any, targets: Any, repeats: int) -> _Measured:
-    """Run the step store-all ``repeats + 1`` times (the first warms up) through the executor's runtime."""
+def _measure(model: nn.Module, segs: Segments, inputs: Any, targets: Any, repeats: int,
+             following: bool) -> _Measured:
+    """Run the step store-all ``repeats + 1`` times (the first warms up) through the executor's runtime.
+
+    Large allocations are on mmap by then (:func:`extract` calls
+    :func:`agent.rss.return_freed_memory` first), as in the executor's steps:
+    times include the page faults of fresh tensors the executor pays too, and
+    RSS follows tensors for the workspace runs.
+    """
     runtime = Runtime(model, segs)
     samples: list[list[float]] = [[] for _ in range(segs.size)]
     first: _Measured | None = None
@@ -456,7 +466,8 @@ def _measure(model: nn.Module, segs: Segments, inputs: Any, targets: Any, repeat
         runtime.finish()
     first.compute_ms = [statistics.median(s[1:] if repeats else s) for s in samples]
     # repeats=0 asks for structure and bytes only (re-cutting a model to match a saved graph)
-    first.workspace = _measure_workspace(runtime, segs, first.bytes, inputs, targets) if repeats else [0] * segs.size
+    measure = following and repeats > 0
+    first.workspace = _measure_workspace(runtime, segs, first.bytes, inputs, targets) if measure else [0] * segs.size
     return first
 
 
@@ -466,21 +477,14 @@ def _measure_workspace(runtime: Runtime, segs: Segments, value_bytes: list[int],
 
     Measured on the real step, because what a backward pass holds while it
     runs (the activation gradients inside its unit, kernel scratch) is decided
-    by PyTorch's kernels, not visible from Python.  Large allocations go to
-    mmap for these runs only (:func:`agent.rss.following_tensors`) so that RSS
-    follows tensors; a first run warms up, the largest figure of ``passes``
-    runs after it is kept.  Each run starts with ``.grad = None``, as the
-    executor's steps do (:class:`agent.runtime.ModelState`): a parameter's
-    gradient allocated by a node is fixed memory (``fixed_bytes``) and is not
-    counted in the node's workspace.  Zero for every node where peak RSS
-    cannot be read (not Linux).
+    by PyTorch's kernels, not visible from Python.  Needs RSS to follow
+    tensors (:func:`agent.rss.return_freed_memory`); a first run
+    warms up, the largest figure of ``passes`` runs after it is kept.  Each
+    run starts with ``.grad = None``, as the executor's steps do
+    (:class:`agent.runtime.ModelState`): a parameter's gradient allocated by a
+    node is fixed memory (``fixed_bytes``) and is not counted in the node's
+    workspace.  Zero for every node where peak RSS cannot be read (not Linux).
     """
-    with rss.following_tensors() as following:
-        return _workspace_runs(runtime, segs, value_bytes, inputs, targets, passes) if following else [0] * segs.size
-
-
-def _workspace_runs(runtime: Runtime, segs: Segments, value_bytes: list[int], inputs: Any, targets: Any,
-                    passes: int) -> list[int]:
     workspace = [0] * segs.size
     params = [p for p in runtime.model.parameters() if p.requires_grad]
     has_grad: set[int] = set()
