@@ -569,7 +569,6 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def _builtin_or_none(name: str) -> DeviceProfile | None:
-
     return DeviceProfile.builtin(name) if name in DeviceProfile.builtin_names() else None
 
 
@@ -580,8 +579,10 @@ def _replay(graph: TrainingGraph, schedule: Schedule, device: DeviceProfile | No
     elif schedule.count_paging_time:
         raise CommandError(f"the schedule counts paging time on device {schedule.device!r}, which is not a "
                            "built-in profile: pass its profile with --device to replay its runtime", USAGE)
-    paging = paging_time_ms(graph, device) if schedule.count_paging_time else None
-    return simulate(graph, schedule, paging_time_ms=paging)
+    paging = paging_time_ms(graph, device) if device is not None else None
+    if schedule.count_paging_time:
+        return simulate(graph, schedule, paging_time_ms=paging)
+    return simulate(graph, schedule, io_time_ms=paging)  # beside compute: the I/O thread's time must fit
 
 
 def run_devices(args: argparse.Namespace) -> int:

@@ -233,7 +233,8 @@ class PoetFormulation:
 
     def __init__(self, graph: TrainingGraph, *, memory_budget: float | None, runtime_budget_ms: float | None,
                  paging: bool = True, remat: bool = True,
-                 paging_time_ms: tuple[Sequence[float], Sequence[float]] | None = None) -> None:
+                 paging_time_ms: tuple[Sequence[float], Sequence[float]] | None = None,
+                 io_time_ms: tuple[Sequence[float], Sequence[float]] | None = None) -> None:
         self.graph = graph
         self.T = graph.size
         self.memory_budget = memory_budget
@@ -255,6 +256,8 @@ class PoetFormulation:
             self._add_paging()
         if runtime_budget_ms is not None:
             self._add_runtime(float(runtime_budget_ms), paging_time_ms)
+            if io_time_ms is not None and paging:
+                self._add_io_time(float(runtime_budget_ms), io_time_ms)
         if memory_budget is not None:
             self._add_memory(float(memory_budget))
 
@@ -366,6 +369,14 @@ class PoetFormulation:
             terms.update({col: page_in_ms[i] / scale for (t, i), col in self.MIn.items()})
             terms.update({col: page_out_ms[i] / scale for (t, i), col in self.MOut.items()})
         self.model.add_row(terms, -INF, allowance / scale, "runtime budget")
+
+    def _add_io_time(self, budget_ms: float, io_time_ms: tuple[Sequence[float], Sequence[float]]) -> None:
+        """Paging beside compute still runs on one I/O thread: its total time fits the step's budget."""
+        page_in_ms, page_out_ms = io_time_ms
+        scale = max(budget_ms, 1e-12)
+        terms = {col: page_in_ms[i] / scale for (t, i), col in self.MIn.items()}
+        terms.update({col: page_out_ms[i] / scale for (t, i), col in self.MOut.items()})
+        self.model.add_row(terms, -INF, 1.0, "I/O thread time")
 
     def _add_memory(self, budget: float) -> None:
         """Hazard variables and the memory chain of every stage (reductions 2 and 3)."""
@@ -539,6 +550,7 @@ def solve_poet_milp(graph: TrainingGraph, *, memory_budget: float | None, runtim
                     time_limit: float | None = None, gap: float = 1e-4, threads: int = 1,
                     warm_start: Matrices | None = None, relax_and_round: bool = False,
                     paging_time_ms: tuple[Sequence[float], Sequence[float]] | None = None,
+                    io_time_ms: tuple[Sequence[float], Sequence[float]] | None = None,
                     progress: Callable[[SolveProgress], None] | None = None) -> MilpOutcome:
     """Solve POET's MILP for ``graph``; an infeasible budget is a status, not an exception.
 
@@ -562,13 +574,18 @@ def solve_poet_milp(graph: TrainingGraph, *, memory_budget: float | None, runtim
     paging_time_ms:
         ``(page-in ms, page-out ms)`` per node: count paging time in the runtime
         budget (devices whose paging does not overlap compute).  Off by default.
+    io_time_ms:
+        The same columns for devices whose paging overlaps compute: paging
+        then costs the compute thread nothing, but the total of all transfers,
+        done in turn by one I/O thread, must fit the runtime budget.  Off by default.
     progress:
         Called with a :class:`SolveProgress` after each phase and while HiGHS searches.
     """
     clock = _Clock(time_limit)
-    _check_arguments(graph, solver, gap, threads, time_limit, paging_time_ms)
+    _check_arguments(graph, solver, gap, threads, time_limit,
+                     {"paging_time_ms": paging_time_ms, "io_time_ms": io_time_ms})
     form = PoetFormulation(graph, memory_budget=memory_budget, runtime_budget_ms=runtime_budget_ms,
-                           paging=paging, remat=remat, paging_time_ms=paging_time_ms)
+                           paging=paging, remat=remat, paging_time_ms=paging_time_ms, io_time_ms=io_time_ms)
     if form.model.contradiction is not None:
         return MilpOutcome("infeasible", None, None, None, clock.elapsed(), None)
     start = _warm_start_vector(form, warm_start)
@@ -689,7 +706,7 @@ class _Search:
 
 
 def _check_arguments(graph: TrainingGraph, solver: str, gap: float, threads: int, time_limit: float | None,
-                     paging_time_ms: tuple[Sequence[float], Sequence[float]] | None) -> None:
+                     time_columns: dict[str, tuple[Sequence[float], Sequence[float]] | None]) -> None:
     """Reject arguments that would make the solver fail obscurely."""
     if solver not in ("highs", "cbc"):
         raise SolverError(f"unknown solver {solver!r}: use 'highs' or 'cbc'")
@@ -699,8 +716,9 @@ def _check_arguments(graph: TrainingGraph, solver: str, gap: float, threads: int
         raise SolverError(f"threads must be >= 1, got {threads}")
     if time_limit is not None and not time_limit > 0:
         raise SolverError(f"the time limit must be positive seconds, got {time_limit}")
-    if paging_time_ms is not None and any(len(col) != graph.size for col in paging_time_ms):
-        raise SolverError(f"paging_time_ms needs (page-in, page-out) lists of {graph.size} values each")
+    for name, columns in time_columns.items():
+        if columns is not None and any(len(col) != graph.size for col in columns):
+            raise SolverError(f"{name} needs (page-in, page-out) lists of {graph.size} values each")
 
 
 def _backend(solver: str) -> str:

@@ -88,6 +88,11 @@ def plan(
     count_paging_time:
         Count paging time in the runtime budget (devices whose paging does not
         overlap compute); off by default, as in the published formulation.
+        Off, paging with a device profile runs beside compute on the
+        executor's one I/O thread, and the plan must still leave that thread
+        time for every transfer within the runtime budget (the published
+        formulation prices paging as free of time, so on slow flash its plans
+        wait for writes).
     progress:
         Called with :class:`SolveProgress` while the MILP runs.
     """
@@ -108,7 +113,8 @@ def plan(
     outcome = solve_poet_milp(
         graph, memory_budget=memory_budget, runtime_budget_ms=runtime_ms, paging=paging, remat=remat,
         solver=solver, time_limit=time_limit, gap=gap, threads=threads, warm_start=start,
-        relax_and_round=relax_and_round, paging_time_ms=problem.counted_paging_ms, progress=progress,
+        relax_and_round=relax_and_round, paging_time_ms=problem.counted_paging_ms,
+        io_time_ms=problem.io_paging_ms, progress=progress,
     )
     return _from_milp(context, outcome)
 
@@ -171,7 +177,8 @@ def _from_milp(ctx: _Context, outcome: MilpOutcome) -> PlanResult:
 
 def _simulate(ctx: _Context, instructions: list[Instruction]) -> SimulationReport:
     return simulate(ctx.graph, instructions, memory_budget=ctx.problem.memory_budget,
-                    runtime_budget_ms=ctx.problem.runtime_budget_ms, paging_time_ms=ctx.problem.counted_paging_ms)
+                    runtime_budget_ms=ctx.problem.runtime_budget_ms, paging_time_ms=ctx.problem.counted_paging_ms,
+                    io_time_ms=ctx.problem.io_paging_ms)
 
 
 def _checked_result(ctx: _Context, matrices: Matrices, *, status: str, objective: float | None,

@@ -9,7 +9,8 @@ Rules (each broken rule raises :class:`ScheduleViolation` naming the instruction
 * resident bytes, plus the workspace of a node while it computes, never
   exceed the memory budget;
 * every backward node is computed exactly once (gradients are accumulated);
-* the total runtime stays within the runtime budget.
+* the total runtime stays within the runtime budget, and so does the I/O
+  thread's busy time when paging runs beside compute (``io_time_ms``).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class SimulationReport:
     resident_bytes: tuple[int, ...]
     working_bytes: tuple[int, ...]
     peak_memory_bytes: int
+    io_ms: float = 0.0
+    """Busy time of the I/O thread (all paging, one transfer at a time), ms; 0 without ``io_time_ms``."""
 
 
 def simulate(
@@ -58,6 +61,7 @@ def simulate(
     memory_budget: float | None = None,
     runtime_budget_ms: float | None = None,
     paging_time_ms: tuple[Sequence[float], Sequence[float]] | None = None,
+    io_time_ms: tuple[Sequence[float], Sequence[float]] | None = None,
 ) -> SimulationReport:
     """Replay ``schedule`` on ``graph`` and return its predicted peak, runtime and energy.
 
@@ -65,6 +69,10 @@ def simulate(
     budgets; explicit ``memory_budget`` / ``runtime_budget_ms`` override them.
     ``paging_time_ms`` (page-in, page-out milliseconds per node) adds paging
     time to the runtime, for devices whose paging does not overlap compute.
+    ``io_time_ms`` (the same columns) is for devices where it does: paging
+    adds nothing to the compute thread's runtime, but the one I/O thread does
+    every transfer in turn, so its busy time (``io_ms``) must fit the runtime
+    budget too -- a step cannot end before its last write does.
     """
     if isinstance(schedule, Schedule):
         schedule.check_graph(graph)
@@ -73,7 +81,7 @@ def simulate(
         instructions: Sequence[Instruction] = schedule.instructions
     else:
         instructions = schedule
-    replay = _Replay(graph, memory_budget, paging_time_ms)
+    replay = _Replay(graph, memory_budget, paging_time_ms, io_time_ms)
     for position, (op, node) in enumerate(instructions):
         replay.step(position, op, node)
     replay.finish(runtime_budget_ms)
@@ -83,10 +91,12 @@ def simulate(
 class _Replay:
     """The state of one replay: resident set, flash set, counters."""
 
-    def __init__(self, graph: TrainingGraph, budget: float | None, paging_time_ms) -> None:
+    def __init__(self, graph: TrainingGraph, budget: float | None, paging_time_ms, io_time_ms) -> None:
         self.g = graph
         self.budget = budget
         self.paging_time_ms = paging_time_ms
+        self.io_time_ms = io_time_ms
+        self.io_ms = 0.0
         self.resident: set[int] = set()
         self.on_flash: set[int] = set()
         self.computed = [0] * graph.size
@@ -154,6 +164,8 @@ class _Replay:
         self.energy[op] += (n.pagein_j if op == "page_in" else n.pageout_j) or 0.0
         if self.paging_time_ms is not None:
             self.runtime_ms += self.paging_time_ms[column][node]
+        if self.io_time_ms is not None:
+            self.io_ms += self.io_time_ms[column][node]
 
     def _add(self, node: int) -> None:
         self.resident.add(node)
@@ -171,6 +183,10 @@ class _Replay:
         if runtime_budget_ms is not None and self.runtime_ms > runtime_budget_ms * (1 + _RUNTIME_RTOL):
             raise ScheduleViolation(
                 f"runtime {self.runtime_ms:.6g} ms exceeds the runtime budget of {runtime_budget_ms:.6g} ms")
+        if runtime_budget_ms is not None and self.io_ms > runtime_budget_ms * (1 + _RUNTIME_RTOL):
+            raise ScheduleViolation(
+                f"paging keeps the I/O thread busy {self.io_ms:.6g} ms, longer than the runtime budget of "
+                f"{runtime_budget_ms:.6g} ms: the step would wait for flash")
 
     def report(self) -> SimulationReport:
         return SimulationReport(
@@ -186,4 +202,5 @@ class _Replay:
             resident_bytes=tuple(self.trace),
             working_bytes=tuple(self.working),
             peak_memory_bytes=self.peak_memory,
+            io_ms=self.io_ms,
         )

@@ -346,6 +346,29 @@ def test_paging_time_counts_against_the_runtime_budget() -> None:
     assert counted.status == "infeasible"
 
 
+def test_overlapped_paging_still_fits_the_io_thread_in_the_runtime_budget() -> None:
+    graph = chain_graph(8, seed=1)
+    budgets = dict(memory_budget=0.5 * store_all_peak(graph), runtime_budget_ms=2.0 * graph.total_compute_ms)
+    io = ([0.4 * graph.total_compute_ms] * graph.size,) * 2  # slow flash: five transfers fill the whole budget
+    free = solve_poet_milp(graph, gap=EXACT, **budgets)
+    with pytest.raises(ScheduleViolation, match="I/O thread busy"):
+        simulate(graph, to_instructions(graph, free.matrices), io_time_ms=io, **budgets)
+    bounded = solve_poet_milp(graph, gap=EXACT, io_time_ms=io, **budgets)
+    assert bounded.status == "optimal"
+    report = simulate(graph, to_instructions(graph, bounded.matrices), io_time_ms=io, **budgets)
+    assert report.io_ms <= budgets["runtime_budget_ms"]
+    assert report.runtime_ms <= budgets["runtime_budget_ms"] * (1 + 1e-9)  # I/O is not added to compute
+    # it recomputes what it can no longer page, at a little more energy
+    assert bounded.matrices.R.sum() > free.matrices.R.sum()
+    assert bounded.objective_j > free.objective_j
+
+
+def test_io_time_columns_must_cover_the_graph() -> None:
+    graph = chain_graph(4)
+    with pytest.raises(SolverError, match="io_time_ms needs"):
+        solve_poet_milp(graph, memory_budget=None, runtime_budget_ms=None, io_time_ms=([1.0], [1.0]))
+
+
 def test_the_pulp_model_is_the_same_model() -> None:
     graph = chain_graph(5, seed=0)
     budgets = dict(memory_budget=0.8 * store_all_peak(graph), runtime_budget_ms=1.5 * graph.total_compute_ms)

@@ -135,6 +135,30 @@ def test_capuchin_uses_the_device_paging_times():
     assert result.feasible and result.schedule.device == "rpi4"
 
 
+@pytest.mark.parametrize("method", ["poet", "capuchin"])
+def test_paging_beside_compute_still_needs_io_time_within_the_runtime_budget(method):
+    from dataclasses import replace
+
+    from schedules import DeviceProfile
+    from schedules.device import paging_time_ms
+
+    from tests.schedules.test_milp import chain_graph
+
+    graph = chain_graph(8, seed=1)  # energies under which paging beats recomputing
+    budget, runtime = math.ceil(0.5 * resident_peak(graph)), 2.0
+    fast = DeviceProfile.builtin("rpi4")  # pages on an I/O thread beside compute
+    paged = checked(graph, plan(graph, device=fast, memory_budget=budget, runtime_budget=runtime, method=method))
+    assert paged.feasible and simulate(graph, paged.schedule).bytes_paged_out > 0
+    # flash so slow that a single transfer outlasts the whole step: paging is out, however well it overlaps
+    slow = replace(fast, pagein_bandwidth_bps=1.0, pageout_bandwidth_bps=1.0)
+    result = checked(graph, plan(graph, device=slow, memory_budget=budget, runtime_budget=runtime, method=method))
+    if method == "poet":  # recomputation still fits: the MILP finds it
+        report = simulate(graph, result.schedule, io_time_ms=paging_time_ms(graph, slow))
+        assert report.bytes_paged_out == 0 and report.io_ms == 0
+    else:  # the greedy baseline has nothing else to try
+        assert not result.feasible and "no schedule within these budgets" in result.message
+
+
 def test_unknown_method_is_refused():
     with pytest.raises(UnknownNameError, match="unknown method"):
         plan(linear_graph(2), method="magic")

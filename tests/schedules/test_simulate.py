@@ -46,6 +46,18 @@ def test_paging_is_charged_and_does_not_free_by_itself():
     assert report.runtime_ms == pytest.approx(GRAPH.total_compute_ms + 3.0)
 
 
+def test_overlapped_paging_runs_on_the_io_thread_within_the_runtime_budget():
+    paged = [("compute", F0), ("compute", F1), ("page_out", F0), ("free", F0), ("compute", LOSS),
+             ("page_in", F0), *STORE_ALL[3:]]
+    io = ([30.0] * 5, [20.0] * 5)
+    report = simulate(GRAPH, paged, io_time_ms=io)
+    assert report.runtime_ms == pytest.approx(GRAPH.total_compute_ms)  # beside compute: no time added
+    assert report.io_ms == pytest.approx(50.0)
+    with pytest.raises(ScheduleViolation, match="I/O thread busy 50 ms, longer than the runtime budget of 49"):
+        simulate(GRAPH, paged, io_time_ms=io, runtime_budget_ms=max(49.0, GRAPH.total_compute_ms))
+    assert simulate(GRAPH, paged, io_time_ms=io, runtime_budget_ms=max(50.0, GRAPH.total_compute_ms)).io_ms == 50.0
+
+
 def test_recomputation_is_counted():
     recomputing = [("compute", F0), ("compute", F1), ("free", F0), ("compute", LOSS), ("compute", F0),
                    *STORE_ALL[3:]]
