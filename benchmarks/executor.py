@@ -59,7 +59,7 @@ from schedules.device import DeviceProfile, price_graph  # noqa: E402
 from schedules.errors import PlannerError  # noqa: E402
 from schedules.extract import extract  # noqa: E402
 from schedules.plan import plan  # noqa: E402
-from schedules.profile import profile_workload  # noqa: E402
+from schedules.profile import drop_page_cache, profile_workload  # noqa: E402
 from schedules.simulate import simulate  # noqa: E402
 
 MB = 1e6
@@ -164,7 +164,11 @@ def _as_sequence(model: nn.Module) -> list[nn.Module]:
 
 
 class DiskOffload:
-    """``saved_tensors_hooks`` that write every saved tensor of 1 MB or more to a file and read it back."""
+    """``saved_tensors_hooks`` that write every saved tensor of 1 MB or more to a file and read it back.
+
+    Each file is flushed and dropped from the page cache as the executor's pages are: left in the cache
+    the "offloaded" bytes would still sit in RAM, only not counted in the process's RSS.
+    """
 
     def __init__(self, directory: Path, model: nn.Module) -> None:
         self.directory = directory
@@ -182,6 +186,7 @@ class DiskOffload:
             self.count += 1
             flat = torch.empty(0, dtype=torch.uint8).set_(storage)
             flat.numpy().tofile(path)
+            drop_page_cache(path)
             self.written[storage.data_ptr()] = path
         return path, storage.nbytes(), t.dtype, tuple(t.shape), t.stride(), t.storage_offset()
 
@@ -318,7 +323,9 @@ def bench_budget(fraction: float, M: int, graph, cut, work: Workload, device: De
     return row
 
 
-RUNTIME_BUDGETS = (1.1, 1.3, None)  # the step-time targets first; then whatever fits the memory
+# The tightest first: the executor's own cost (1.04-1.07 of plain with nothing paged) comes on top of the
+# plan's, so a plan at exactly the 1.1x target lands above it; then the targets, then whatever fits.
+RUNTIME_BUDGETS = (1.03, 1.05, 1.1, 1.3, None)
 
 
 def plan_within_time(graph, device: DeviceProfile, budget: int, time_limit: float):
@@ -345,7 +352,10 @@ def print_report(result: dict[str, Any]) -> None:
           f"M = {M / MB:.1f} MB (values alone {result['values_peak'] / MB:.1f} MB); "
           f"plain step {result['plain_seconds']:.3f} s, RSS growth {_mb(result['plain_growth'])} "
           f"({_ratio(result['plain_growth'], M)} of M); raw write {raw_w / MB:.0f} MB/s, read {raw_r / MB:.0f} MB/s")
-    print(f"{'budget':>7} {'POET':>10} {'rt':>4} {'ledger/B':>9} {'RSS/B':>7} {'time':>7} | {'checkpoint':>22} {'RSS/B':>7} "
+    # time: against plain PyTorch; /100%: against POET's own unconstrained schedule (the executor's cost divided out)
+    unconstrained = next((r["seconds"] / r["plain_seconds"] for r in result["rows"]
+                          if r["fraction"] >= 1.0 and r["seconds"]), None)
+    print(f"{'budget':>7} {'POET':>10} {'rt':>4} {'ledger/B':>9} {'RSS/B':>7} {'time':>7} {'/100%':>6} | {'checkpoint':>22} {'RSS/B':>7} "
           f"{'time':>7} | {'offload RSS/B':>13} {'time':>7} | {'paged MB':>9} {'out/raw':>8} {'in/raw':>7}")
     for r in result["rows"]:
         B = r["budget"]
@@ -354,10 +364,11 @@ def print_report(result: dict[str, Any]) -> None:
         ck_time = _ratio(ck.get("seconds"), plain) if ck.get("config") else "-"
         off = r["offload"]
         time_ratio = _ratio(r["seconds"], r["plain_seconds"]) if r["seconds"] else "-"
+        own = _ratio(r["seconds"] / r["plain_seconds"], unconstrained) if r["seconds"] and unconstrained else "-"
         paged = (r["bytes_paged_out"] + r["bytes_paged_in"]) / MB
-        rt = f"{r['runtime_budget']:.1f}" if r.get("runtime_budget") else "-"
+        rt = f"{r['runtime_budget']:g}" if r.get("runtime_budget") else "-"
         print(f"{r['fraction']:>7.0%} {r['status'][:10]:>10} {rt:>4} {_ratio(r['ledger_peak'], B):>9} {_ratio(r['growth'], B):>7} "
-              f"{time_ratio:>7} | {ck_name[:22]:>22} {_ratio(ck.get('growth'), B) if ck.get('config') else '-':>7} "
+              f"{time_ratio:>7} {own:>6} | {ck_name[:22]:>22} {_ratio(ck.get('growth'), B) if ck.get('config') else '-':>7} "
               f"{ck_time:>7} | {_ratio(off['growth'], B):>13} {_ratio(off['seconds'], plain):>7} | {paged:>9.1f} "
               f"{_ratio(r['pageout_bps'], raw_w):>8} {_ratio(r['pagein_bps'], raw_r):>7}")
 
@@ -401,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
                 shape = tuple(int(x) for x in shape_text.split("x"))
                 results.append(bench_model(name, shape, [float(f) for f in args.budgets.split(",")], args.repeats,
                                            swap, args.time_limit, args.default_cut))
-            print_report(results[-1])
+                print_report(results[-1])
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))
     return 0

@@ -12,7 +12,11 @@ machine it runs on:
   functions (:mod:`agent.pagefile`: the CRC, ``fdatasync`` and
   ``posix_fadvise(DONTNEED)`` included, so the page cache never serves a
   read); ``seconds = latency + bytes / bandwidth`` is fitted by least
-  squares to the median time of each size, per direction;
+  squares to the median time of each size, per direction; then pages as
+  many bytes as a step would, back to back, and where that sustained rate is
+  lower (an SD card's write cache, a rate limiter's burst allowance serve
+  short lone transfers faster than a step's stream) the bandwidth is the
+  sustained one;
 * **overlap** (:func:`measure_overlap`) -- the model's own training step and
   page transfers of about the same length on a background thread (as the
   executor's pager does), each alone and then together: the share of the
@@ -88,6 +92,11 @@ class SwapPath:
     page_sizes: tuple[int, ...]
     samples: tuple[TransferSample, ...]
     directory: str
+    sustained_out_bps: float | None = None
+    """Back-to-back page-out rate over a step's volume (``None``: not measured); the bandwidth is at most this."""
+    sustained_in_bps: float | None = None
+    burst_bps: tuple[float, float] | None = None
+    """``(out, in)`` bandwidth fitted to lone transfers, where the sustained rate replaced it."""
 
 
 def graph_page_sizes(graph: TrainingGraph, max_sizes: int = 6) -> list[int]:
@@ -108,12 +117,16 @@ def measure_swap_path(
     page_sizes: Sequence[int],
     repeats: int = 5,
     progress: Progress = _quiet,
+    sustained_bytes: int = 0,
 ) -> SwapPath:
     """Time page-outs and page-ins of each size through :mod:`agent.pagefile` in ``swap_dir``.
 
     Each page is reserved (``posix_fallocate``, as the executor's pager does
     before a step), written (``fdatasync`` then ``DONTNEED``), dropped from the
-    page cache once more, and read back with its checksum verified.
+    page cache once more, and read back with its checksum verified.  With
+    ``sustained_bytes`` (a step's paging volume), pages of the largest size
+    adding up to it are then written back to back and read back the same way;
+    where that rate is below the fitted bandwidth, it is the bandwidth.
 
     Raises
     ------
@@ -126,6 +139,7 @@ def measure_swap_path(
     directory = _swap_dir(swap_dir)
     path = _page_path(directory)
     samples: list[TransferSample] = []
+    sustained: tuple[float, float] | None = None
     try:
         for done, size in enumerate(sizes):
             progress("swap path", done, len(sizes))
@@ -133,13 +147,47 @@ def measure_swap_path(
             for _ in range(repeats):
                 samples.extend(_one_round_trip(path, data))
         progress("swap path", len(sizes), len(sizes))
+        if sustained_bytes > 0:
+            sustained = _stream(directory, max(sizes), sustained_bytes)
     except OSError as exc:
         raise ProfileError(f"cannot page in {directory}: {exc.strerror or exc}") from exc
     finally:
         path.unlink(missing_ok=True)
     out_latency, out_bw = fit_transfer(median_per_size([s for s in samples if s.direction == "out"]))
     in_latency, in_bw = fit_transfer(median_per_size([s for s in samples if s.direction == "in"]))
-    return SwapPath(out_bw, in_bw, out_latency, in_latency, tuple(sizes), tuple(samples), str(directory))
+    swap = SwapPath(out_bw, in_bw, out_latency, in_latency, tuple(sizes), tuple(samples), str(directory))
+    if sustained is None:
+        return swap
+    out_stream, in_stream = sustained
+    burst = (out_bw, in_bw) if out_stream < out_bw or in_stream < in_bw else None
+    return replace(swap, pageout_bandwidth_bps=min(out_bw, out_stream), pagein_bandwidth_bps=min(in_bw, in_stream),
+                   sustained_out_bps=out_stream, sustained_in_bps=in_stream, burst_bps=burst)
+
+
+MAX_STREAM_PAGES = 64  # bounds the sustained measurement's files and time on a graph of tiny pages
+
+
+def _stream(directory: Path, page_bytes: int, total_bytes: int) -> tuple[float, float]:
+    """Bytes per second writing, then reading, pages of ``page_bytes`` back to back up to ``total_bytes``."""
+    count = max(1, min(MAX_STREAM_PAGES, math.ceil(total_bytes / page_bytes)))
+    data = _random_storage(page_bytes)
+    paths = [_page_path(directory) for _ in range(count)]
+    try:
+        for path in paths:
+            pagefile.reserve(path, pagefile.page_size([page_bytes]))
+        started = time.perf_counter()
+        written = sum(pagefile.write(path, 0, [data]) for path in paths)
+        wrote = time.perf_counter() - started
+        for path in paths:
+            drop_page_cache(path)
+        started = time.perf_counter()
+        for path in paths:
+            pagefile.read(path, 0, [page_bytes])
+        read = time.perf_counter() - started
+    finally:
+        for path in paths:
+            path.unlink(missing_ok=True)
+    return written / max(wrote, 1e-12), count * page_bytes / max(read, 1e-12)
 
 
 def _swap_dir(swap_dir: str | Path) -> Path:
@@ -609,7 +657,8 @@ def profile_workload(
     graph, segments = extract(model, example, loss_fn, max_nodes, segments=segments, repeats=repeats)
     extract_s = time.perf_counter() - started
     progress("extract", 1, 1)
-    swap = measure_swap_path(swap_dir, graph_page_sizes(graph), swap_repeats, progress)
+    swap = measure_swap_path(swap_dir, graph_page_sizes(graph), swap_repeats, progress,
+                             sustained_bytes=sum(n.bytes for n in graph.nodes if n.kind == "forward"))
     overlap = measure_overlap(swap_dir, max(graph_page_sizes(graph)), StepLoop(model, example, loss_fn),
                               progress=progress)
     compute = ComputeLoop().calibrate(0.5)
@@ -694,6 +743,9 @@ def _sources(swap: SwapPath, overlap: Overlap, power: PowerFigures, repeats: int
     rounds = len(swap.samples) // 2
     path = f"measured: agent.pagefile in {swap.directory}, {sizes}, {rounds} round trips, cache dropped, " \
            "least-squares fit"
+    if swap.burst_bps is not None:
+        path += (f"; bandwidth capped at the sustained rate of a step's volume back to back (lone transfers ran "
+                 f"{swap.burst_bps[0] / 1e6:,.0f} / {swap.burst_bps[1] / 1e6:,.0f} MB/s out / in)")
     return {
         "compute_ms": f"measured: schedules.extract, median of {repeats} runs after a warm-up "
                       f"({extract_s:.1f} s)",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import time
+
 import pytest
 import torch
 import torch.nn as nn
@@ -72,6 +74,36 @@ def test_swap_path_measured_on_a_real_directory(tmp_path):
     assert sorted({s.nbytes for s in swap.samples}) == sizes
     assert len(swap.samples) == len(sizes) * 2 * 2 and all(s.seconds > 0 for s in swap.samples)
     assert list(tmp_path.iterdir()) == []  # no page file left behind
+
+
+def test_sustained_rate_caps_the_bandwidth_where_lone_transfers_ran_faster(tmp_path, monkeypatch):
+    from agent import pagefile
+
+    real_write = pagefile.write
+
+    def flash_with_a_one_page_cache(path, offset, storages):
+        # A device whose write cache holds one page: a write while other pages sit on it goes at 50 MB/s.
+        written = real_write(path, offset, storages)
+        if len(list(tmp_path.glob("*.page"))) > 1:
+            time.sleep(written / 50e6)
+        return written
+
+    monkeypatch.setattr(pagefile, "write", flash_with_a_one_page_cache)
+    swap = measure_swap_path(tmp_path, [256 * KIB, MIB], repeats=2, sustained_bytes=8 * MIB)
+    assert swap.sustained_out_bps <= 50e6
+    assert swap.pageout_bandwidth_bps == swap.sustained_out_bps  # the step's stream, not the lone bursts
+    assert swap.burst_bps is not None and swap.burst_bps[0] > 2 * swap.sustained_out_bps
+    assert swap.pagein_bandwidth_bps == min(swap.burst_bps[1], swap.sustained_in_bps)
+    assert list(tmp_path.iterdir()) == []  # the stream's eight page files are gone too
+
+
+def test_sustained_rate_is_measured_and_never_raises_the_bandwidth(tmp_path):
+    lone = measure_swap_path(tmp_path, [MIB, 2 * MIB], repeats=2)
+    swap = measure_swap_path(tmp_path, [MIB, 2 * MIB], repeats=2, sustained_bytes=6 * MIB)
+    assert lone.sustained_out_bps is None and swap.sustained_out_bps > 0 and swap.sustained_in_bps > 0
+    assert swap.pageout_bandwidth_bps <= swap.sustained_out_bps
+    assert swap.pagein_bandwidth_bps <= swap.sustained_in_bps
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_overlap_measured_beside_a_compute_loop(tmp_path):
