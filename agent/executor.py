@@ -76,6 +76,9 @@ class Executor:
     swap_dir:
         Directory on the device's flash/SD for page files; needed when the
         schedule pages.  Stale page files of dead processes there are removed.
+        The executor's own files stay between successful steps (each step
+        overwrites them in place; their space stays reserved) and go at
+        :meth:`close` or after a failed step.
     measure_rss:
         Measure the process's peak RSS over each step (resets ``VmHWM``).
     free_space:
@@ -147,18 +150,18 @@ class Executor:
                 seconds = time.perf_counter() - started
             loss = self.runtime.loss
         except BaseException:
-            self._end_step()
+            self._end_step(keep_files=False)
             state.rollback()
             raise
         peak = rss.peak_since_start() if rss_before is not None else None
-        self._end_step()
+        self._end_step(keep_files=True)
         state.commit()
         energy = account.result if account is not None else None
         self.last_stats = self._stats(ledger, node_seconds, seconds, rss_before, peak, energy)
         return loss
 
     def close(self) -> None:
-        """Stop the pager's I/O thread and remove its files."""
+        """Stop the pager's I/O thread and remove its page files (kept between successful steps)."""
         if self.pager is not None:
             self.pager.close()
 
@@ -199,9 +202,9 @@ class Executor:
             return account.track(Activity.PAGE_OUT)  # waits for the write to reach flash
         return account.track(_ACTIVITY[op])
 
-    def _end_step(self) -> None:
+    def _end_step(self, keep_files: bool) -> None:
         if self.pager is not None:
-            self.pager.end_step()
+            self.pager.end_step(keep_files)
         self.runtime.finish()
 
     def _stats(self, ledger: Ledger, node_seconds: list[float], seconds: float,

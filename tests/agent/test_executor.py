@@ -149,6 +149,18 @@ def test_a_corrupt_or_missing_page_aborts_and_leaves_the_model_untouched(tmp_pat
     ex.close()
 
 
+def test_page_files_stay_between_steps_and_go_at_close(tmp_path):
+    model, _, ex = _sabotaged(tmp_path)
+    ex.step(*mlp_example())
+    kept = sorted(tmp_path.glob("poet-*.page"))
+    assert len(kept) == len(ex.paged_nodes)  # one per paged node, overwritten by the next step
+    inodes = [p.stat().st_ino for p in kept]
+    ex.step(*mlp_example())
+    assert [p.stat().st_ino for p in sorted(tmp_path.glob("poet-*.page"))] == inodes
+    ex.close()
+    assert not list(tmp_path.glob("poet-*.page"))
+
+
 def test_full_swap_directory_fails_before_any_work(tmp_path):
     model, _, ex = _sabotaged(tmp_path)
     ex.pager.free_space = lambda path: 4096

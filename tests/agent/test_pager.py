@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -132,3 +133,29 @@ def test_prefetch_starts_as_early_as_the_budget_allows():
     assert plan_prefetch(instructions, sizes, resident, limit=1000) == {4: [1]}  # right after the free
     assert plan_prefetch(instructions, sizes, resident, limit=150) == {6: [1]}   # once node 2 is gone
     assert plan_prefetch(instructions, sizes, resident, limit=115) == {}         # no room: read at the page_in
+
+
+def test_files_kept_between_steps_count_as_room_and_go_at_close(tmp_path):
+    reading = {"free": 10_000_000}
+    pager = Pager(tmp_path, free_space=lambda path: reading["free"])
+    pager.reserve({1: 3_000_000, 2: 1_000_000})
+    pager.end_step(keep_files=True)
+    assert len(list(tmp_path.iterdir())) == 2
+    reading["free"] = 0  # the disk filled up between steps: the kept files are still ours
+    pager.reserve({1: 3_000_000, 2: 1_000_000})
+    with pytest.raises(SwapSpaceError) as info:  # only the growth needs new room
+        pager.reserve({1: 3_000_000, 2: 1_500_000})
+    assert 0 < info.value.needed <= 500_000
+    pager.end_step(keep_files=True)
+    pager.close()
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_pager_left_unclosed_removes_its_files_when_collected(tmp_path):
+    pager = Pager(tmp_path)
+    pager.reserve({1: 100_000})
+    pager.end_step(keep_files=True)
+    assert list(tmp_path.iterdir())
+    del pager
+    gc.collect()
+    assert not list(tmp_path.iterdir())
