@@ -25,10 +25,11 @@ step's instructions inside a :class:`~agent.energy.StepEnergyAccount` and
 ``last_stats.energy`` holds the step's total and per node class.  Each
 instruction of the main thread is charged to the class of what it does or
 waits for: ``compute`` to compute; ``page_in`` and the queueing of its
-prefetch to page-in; ``page_out`` (queueing the write) and a ``free`` that
-waits for that write to reach flash to page-out.  A ``free`` of a value never
-paged waits for nothing; it stays untracked, with the executor's other
-overhead (``StepEnergy.untracked_joules``).  The I/O thread's own reading
+prefetch to page-in; ``page_out`` (queueing the write) and a wait for that
+write to reach flash to page-out (at the ``free``, or later where the schedule
+leaves room to hold the value while it is written: :mod:`agent.prefetch`).
+Any other ``free`` waits for nothing; it stays untracked, with the executor's
+other overhead (``StepEnergy.untracked_joules``).  The I/O thread's own reading
 and writing is not attributed apart: it overlaps whatever the main thread does
 and every meter sees the whole device (or CPU package), so the joules it
 draws beside a computation land in compute.  The page-in and page-out classes
@@ -55,7 +56,7 @@ from agent.energy import Activity, EnergyMeter, StepEnergy, StepEnergyAccount
 from agent.errors import ScheduleRefusedError
 from agent.ledger import Ledger, StepStats
 from agent.pager import FreeSpace, Pager, disk_free
-from agent.prefetch import plan_prefetch
+from agent.prefetch import plan_io
 from agent.runtime import ModelState, Runtime
 from agent.segments import Segments
 from schedules.errors import PlannerError
@@ -113,14 +114,17 @@ class Executor:
                 raise ScheduleRefusedError("this schedule pages values out; give the executor a swap_dir on flash")
             self.pager = Pager(swap_dir, free_space)
         limit = schedule.memory_budget if schedule.memory_budget is not None else self.report.peak_memory_bytes
-        # read-ahead buffers go on top of what each instruction holds, its node's workspace included
-        self.prefetch = plan_prefetch(self.instructions, [n.bytes for n in graph.nodes],
-                                      self.report.working_bytes, limit)
+        # read-ahead buffers and values written behind go on top of what each instruction holds, its node's
+        # workspace included
+        self.io_plan = plan_io(self.instructions, [n.bytes for n in graph.nodes], self.report.working_bytes, limit)
+        self.prefetch = self.io_plan.reads
         # A freed activation must leave the process, or the budget binds the ledger but not the device's RAM:
         # glibc otherwise keeps freed tensors for reuse (validate measured RSS growth up to 2.4x its prediction so).
         # The price: a page fault per fresh page (a resnet18 step 55% slower on the development VM); extraction times
         # nodes in the same mode, so plans and predictions include it.
         rss.return_freed_memory()
+        self._behind: dict[int, int] = {}     # value freed while its write runs -> bytes the write still holds
+        self._deadlines: dict[int, int] = {}  # ... -> position before which the write must be done
         self.last_stats: StepStats | None = None
 
     def step(self, inputs: Any, targets: Any) -> torch.Tensor:
@@ -138,14 +142,20 @@ class Executor:
             with account if account is not None else nullcontext():  # its window holds the step's
                 started = time.perf_counter()
                 for position, (op, node) in enumerate(self.instructions):
+                    if self._behind:
+                        self._settle_writes(position, account)
                     for ahead in self.prefetch.get(position, ()):
                         with self._track(account, "page_in", ahead):
                             self._prefetch(ahead)
                     began = time.perf_counter()
-                    with self._track(account, op, node):
-                        getattr(self, f"_{op}")(node)
+                    if op == "free":
+                        with self._track(account, op, node, position):
+                            self._free(node, position)
+                    else:
+                        with self._track(account, op, node):
+                            getattr(self, f"_{op}")(node)
                     node_seconds[node] += time.perf_counter() - began
-                    inflight = self.pager.inflight_bytes if self.pager is not None else 0
+                    inflight = self.pager.inflight_bytes + sum(self._behind.values()) if self.pager else 0
                     ledger.record(position, self.runtime.store.resident_bytes, inflight)
                 seconds = time.perf_counter() - started
             loss = self.runtime.loss
@@ -175,11 +185,26 @@ class Executor:
     def _compute(self, node: int) -> None:
         self.runtime.compute(node)
 
-    def _free(self, node: int) -> None:
-        on_flash = self.pager is not None and self.pager.has_page(node)
-        if on_flash:
-            self.pager.wait_written(node)  # release RAM only once the bytes are on flash
-        self.runtime.free(node, keep_skeleton=on_flash)
+    def _free(self, node: int, position: int) -> None:
+        paged = self.pager is not None and self.pager.has_page(node)
+        if paged:
+            deadline = self.io_plan.release_by.get(position)
+            if deadline is None or self.pager.is_written(node):
+                self.pager.wait_written(node)  # no room to hold the value beyond its free: wait for its write
+            else:  # the write holds the storages until the bytes are on flash, within the room planned
+                self._behind[node] = self.runtime.value_bytes(node)
+                self._deadlines[node] = deadline
+        self.runtime.free(node, keep_skeleton=paged)
+
+    def _settle_writes(self, position: int, account: StepEnergyAccount | None) -> None:
+        """Forget values written behind whose writes are done; wait for those whose room ends here."""
+        for node in list(self._behind):
+            done = self.pager.is_written(node)
+            if done or self._deadlines[node] <= position:
+                waits = account is not None and not done
+                with account.track(Activity.PAGE_OUT) if waits else nullcontext():
+                    self.pager.wait_written(node)  # raises what a failed write raised
+                del self._behind[node]
 
     def _page_out(self, node: int) -> None:
         self.pager.write(node, self.runtime.storages(node))
@@ -192,17 +217,19 @@ class Executor:
         self.pager.prefetch(node, self.runtime.store.values[node].slot_bytes)
 
     # -- bookkeeping -------------------------------------------------------------
-    def _track(self, account: StepEnergyAccount | None, op: str, node: int) -> AbstractContextManager[None]:
+    def _track(self, account: StepEnergyAccount | None, op: str, node: int,
+               position: int | None = None) -> AbstractContextManager[None]:
         """Charge the instruction ``(op, node)`` to its node class (see the module docstring)."""
         if account is None:
             return nullcontext()
         if op == "free":
-            if self.pager is None or not self.pager.has_page(node):
-                return nullcontext()  # waits for nothing: executor overhead
+            if self.pager is None or not self.pager.has_page(node) or position in self.io_plan.release_by:
+                return nullcontext()  # waits for nothing (at most for a write that is all but done): overhead
             return account.track(Activity.PAGE_OUT)  # waits for the write to reach flash
         return account.track(_ACTIVITY[op])
 
     def _end_step(self, keep_files: bool) -> None:
+        self._behind.clear()
         if self.pager is not None:
             self.pager.end_step(keep_files)
         self.runtime.finish()

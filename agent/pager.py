@@ -1,9 +1,9 @@
 """The pager: page files in a swap directory, written and read by one background I/O thread.
 
 * ``write`` queues a page-out and returns at once, so the write overlaps the
-  compute that follows; the RAM copy stays until the executor's ``free``, which
-  waits for the write to finish first (memory is released only once the bytes
-  are safely on flash).
+  compute that follows; the queued write holds the storages until the bytes
+  are on flash, so RAM is released only then, whenever the executor drops its
+  own references (:mod:`agent.prefetch` plans how long it may run ahead).
 * ``prefetch`` queues a read ahead of its ``page_in`` (the executor decides
   how far ahead, within the budget); ``read`` takes the prefetched storages or
   reads at once.  One FIFO thread means a page is never read before it is written.
@@ -131,6 +131,10 @@ class Pager:
     def write(self, node: int, storages: list[torch.UntypedStorage]) -> None:
         """Queue the page-out of ``node`` (the storages stay referenced until it is written)."""
         self._writes[node] = self._io.submit(self._timed, node, "out", pagefile.write, self.path(node), node, storages)
+
+    def is_written(self, node: int) -> bool:
+        """True once ``node``'s queued write has finished (or failed: :meth:`wait_written` raises it)."""
+        return self._writes[node].done()
 
     def wait_written(self, node: int) -> None:
         """Block until ``node``'s page is on flash (raises what the write raised)."""

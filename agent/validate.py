@@ -157,28 +157,29 @@ def timeline_step_ms(graph: TrainingGraph, schedule: Schedule, device: DevicePro
 
     The planner's model either ignores paging time (overlap) or adds all of it
     (none).  The executor does neither: a ``page_out`` queues a write and the
-    step goes on, ``free`` of a paged value waits for its write, a ``page_in``
-    waits for a read issued at the prefetch point :func:`agent.prefetch.plan_prefetch`
-    picks (as the executor does), and transfers queue one after another.  The
+    step goes on, a paged value's RAM waits for its write (at the ``free``, or
+    where the room for writing it behind ends), a ``page_in`` waits for a read
+    issued at the prefetch point (both planned by :func:`agent.prefetch.plan_io`,
+    as the executor does), and transfers queue one after another.  The
     step waits only where the I/O thread is behind.  Transfers that do run
     beside compute still slow it by ``1 - hidden_fraction`` of their time (the
     share the profile measured was not hidden; default 1 or 0 from
     ``device.paging_overlaps_compute``).
     """
-    from agent.prefetch import plan_prefetch
+    from agent.prefetch import plan_io
 
     if hidden_fraction is None:
         hidden_fraction = 1.0 if device.paging_overlaps_compute else 0.0
     instructions = list(schedule.instructions)
-    sizes = [n.bytes for n in graph.nodes]
-    resident = simulate(graph, instructions).resident_bytes
-    limit = schedule.memory_budget if schedule.memory_budget is not None else max(resident, default=0)
-    reads_at = plan_prefetch(instructions, sizes, resident, limit)
+    report = simulate(graph, instructions)
+    limit = schedule.memory_budget if schedule.memory_budget is not None else report.peak_memory_bytes
+    io = plan_io(instructions, [n.bytes for n in graph.nodes], report.working_bytes, limit)
     line = _Timeline(graph, device)
     for position, (op, node) in enumerate(instructions):
-        for ahead in reads_at.get(position, ()):
+        line.settle(position)
+        for ahead in io.reads.get(position, ()):
             line.queue_read(ahead)
-        line.run(op, node)
+        line.run(op, node, io.release_by.get(position))
     return line.now + (1.0 - hidden_fraction) * line.io_beside_compute_ms
 
 
@@ -192,6 +193,7 @@ class _Timeline:
         self.io_beside_compute_ms = 0.0
         self.written: dict[int, float] = {}
         self.read: dict[int, float] = {}
+        self.behind: dict[int, int] = {}  # value written behind -> position before which its write must be done
         self._busy: list[tuple[float, float]] = []  # I/O intervals, to tell how much ran beside compute
 
     def queue(self, duration_ms: float) -> float:
@@ -203,7 +205,14 @@ class _Timeline:
     def queue_read(self, node: int) -> None:
         self.read[node] = self.queue(self.device.pagein_seconds(self.graph.nodes[node].bytes) * 1e3)
 
-    def run(self, op: str, node: int) -> None:
+    def settle(self, position: int) -> None:
+        """Wait for the writes whose room to run behind ends before instruction ``position``."""
+        for node, deadline in list(self.behind.items()):
+            if deadline <= position:
+                self.now = max(self.now, self.written[node])
+                del self.behind[node]
+
+    def run(self, op: str, node: int, release_by: int | None = None) -> None:
         if op == "compute":
             start = self.now
             self.now += self.graph.nodes[node].compute_ms
@@ -211,7 +220,10 @@ class _Timeline:
         elif op == "page_out":
             self.written[node] = self.queue(self.device.pageout_seconds(self.graph.nodes[node].bytes) * 1e3)
         elif op == "free" and node in self.written:
-            self.now = max(self.now, self.written[node])  # RAM is released once the bytes are on flash
+            if release_by is None:
+                self.now = max(self.now, self.written[node])  # RAM is released once the bytes are on flash
+            else:
+                self.behind[node] = release_by
         elif op == "page_in":
             if node not in self.read:
                 self.queue_read(node)

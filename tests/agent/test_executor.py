@@ -234,10 +234,13 @@ def test_read_ahead_leaves_room_for_each_nodes_workspace(tmp_path):
         sizes = [n.bytes for n in graph.nodes]
         held = [w + r for w, r in zip(report.working_bytes, _read_ahead_bytes(ex.prefetch, instructions, sizes))]
         assert ex.prefetch and max(held) <= budget
+        assert ex.io_plan.release_by  # values written behind their frees too, in the same room
+        assert max(w + x for w, x in zip(report.working_bytes, ex.io_plan.held)) <= budget
         blind = plan_prefetch(instructions, sizes, report.resident_bytes, budget)  # as if workspaces were not there
         assert max(w + r for w, r in zip(report.working_bytes, _read_ahead_bytes(blind, instructions, sizes))) > budget
         ex.step(*example)
         assert ex.last_stats.ledger_peak_bytes <= budget
+        assert ex.last_stats.peak_with_inflight_bytes <= budget
 
 
 def _read_ahead_bytes(starts: dict[int, list[int]], instructions, sizes) -> list[int]:

@@ -52,8 +52,9 @@ def _step(extracted, instructions, tmp_path: Path, meter=None):
                   measure_rss=False) as ex:
         ex.step(work.inputs, work.targets)
         prefetches = sum(len(nodes) for nodes in ex.prefetch.values())
+        written_behind = len(ex.io_plan.release_by)
     work.model.zero_grad(set_to_none=True)
-    return ex.last_stats, prefetches
+    return ex.last_stats, prefetches, written_behind
 
 
 def _frees_after_page_out(instructions) -> int:
@@ -67,17 +68,19 @@ def _frees_after_page_out(instructions) -> int:
 
 def test_paging_step_charges_each_instruction_to_its_class(extracted, tmp_path):
     instructions = page_everything(extracted[1])
-    stats, prefetches = _step(extracted, instructions, tmp_path, EstimatedMeter(POWERS, clock=TickingClock()))
+    stats, prefetches, behind = _step(extracted, instructions, tmp_path, EstimatedMeter(POWERS, clock=TickingClock()))
     energy = stats.energy
     assert energy is not None and energy.is_estimate and energy.source == "estimate from device profile"
     computes = sum(op == "compute" for op, _ in instructions)
     page_ins = sum(op == "page_in" for op, _ in instructions) + prefetches
-    page_outs = sum(op == "page_out" for op, _ in instructions) + _frees_after_page_out(instructions)
+    # a free whose value is written behind waits later, and only if its write is not done by then
+    page_outs = sum(op == "page_out" for op, _ in instructions) + _frees_after_page_out(instructions) - behind
     assert page_ins > 0 and page_outs > 0
     # One tick per tracked instruction, at the power of its class: plain frees are charged to none.
     assert energy.joules["compute"] == pytest.approx(computes * TICK_S * 11.0)
     assert energy.joules["page_in"] == pytest.approx(page_ins * TICK_S * 101.0)
-    assert energy.joules["page_out"] == pytest.approx(page_outs * TICK_S * 101.0)
+    ticks = energy.joules["page_out"] / (TICK_S * 101.0)
+    assert ticks == pytest.approx(round(ticks)) and page_outs <= round(ticks) <= page_outs + behind
     assert energy.seconds["page_in"] > 0 and energy.seconds["page_out"] > 0  # wall time of the real waits
     assert sum(energy.joules.values()) + energy.untracked_joules == pytest.approx(energy.total_joules)
     assert 0 < energy.untracked_joules  # the executor's own work between instructions, at idle power at least
@@ -87,19 +90,19 @@ def test_paging_step_charges_each_instruction_to_its_class(extracted, tmp_path):
 def test_step_without_paging_has_no_paging_energy(extracted, tmp_path):
     graph = extracted[1]
     store_all = list(plan(graph, "rpi4", method="store-all").schedule.instructions)
-    stats, _ = _step(extracted, store_all, tmp_path, EstimatedMeter(POWERS))
+    stats, _, _ = _step(extracted, store_all, tmp_path, EstimatedMeter(POWERS))
     energy = stats.energy
     assert energy.joules["page_in"] == energy.joules["page_out"] == 0.0
     assert energy.seconds["page_in"] == energy.seconds["page_out"] == 0.0
     assert energy.joules["compute"] > 0 and energy.seconds["compute"] > 0
     assert sum(energy.joules.values()) <= energy.total_joules
     assert energy.total_seconds >= stats.step_seconds  # the account's window holds the step's
-    unmetered, _ = _step(extracted, store_all, tmp_path)
+    unmetered, _, _ = _step(extracted, store_all, tmp_path)
     assert unmetered.energy is None  # no meter, no figures: StepStats as before
 
 
 def test_energy_travels_with_the_stats_as_json(extracted, tmp_path):
-    stats, _ = _step(extracted, page_everything(extracted[1]), tmp_path, EstimatedMeter(POWERS))
+    stats, _, _ = _step(extracted, page_everything(extracted[1]), tmp_path, EstimatedMeter(POWERS))
     plain = json.loads(json.dumps(asdict(stats)))
     assert plain["energy"] == stats.energy.to_dict()
     assert set(plain["energy"]["joules"]) == {"compute", "page_in", "page_out"}
@@ -107,7 +110,7 @@ def test_energy_travels_with_the_stats_as_json(extracted, tmp_path):
 
 def test_a_counter_meter_that_does_not_move_reports_zero_everywhere(extracted, tmp_path):
     make_rapl_zone(tmp_path / "sys", "intel-rapl:0", "package-0", energy_uj=5_000_000)
-    stats, _ = _step(extracted, page_everything(extracted[1]), tmp_path, RaplMeter(tmp_path / "sys"))
+    stats, _, _ = _step(extracted, page_everything(extracted[1]), tmp_path, RaplMeter(tmp_path / "sys"))
     energy = stats.energy
     assert not energy.is_estimate and "RAPL" in energy.source
     assert energy.total_joules == 0.0 and set(energy.joules.values()) == {0.0}
