@@ -29,6 +29,12 @@ Why it is built this way (measured with ``benchmarks/paging.py``, see docs/bench
   touch, the page faults, is most of a page-in's CPU).  The halves are
   ``_CHUNK`` bytes: 2 x 1 MiB of RAM per paging thread, which the memory budget
   has to leave room for.
+* **Reads in place.**  Where every slot but the last is a whole number of
+  blocks (activations nearly always are), a direct read goes straight into the
+  fresh storages in 4 MiB pieces, their memory mapped in piece by piece
+  (``MADV_POPULATE_WRITE``) beside the reads: no bounce copy, and the mapping
+  off the critical path (a 32 MB page-in 1.04-1.24 -> 1.37-1.46 GB/s on the
+  development VM, whose disk reads 2.0 GB/s into reused memory).
 * **CRC-32C in hardware** (the ``crc32c`` package: SSE4.2 / ARMv8 CRC
   instructions, ~15 GB/s here against ~3 GB/s for ``zlib.crc32``, and it
   releases the GIL).  It still catches every flipped bit and every burst of up
@@ -40,10 +46,12 @@ missing, short or mismatching page is a :class:`~agent.errors.PageCorruptError`.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import mmap
 import os
 import struct
+import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -60,6 +68,7 @@ BLOCK = 4096          # O_DIRECT alignment of offsets, lengths and memory (the l
 DATA_ALIGN = BLOCK
 _HEAD = struct.Struct("<8sIIII")
 _CHUNK = 1 << 20      # bytes per half of the bounce buffer: the unit of copy/checksum vs I/O overlap
+_IN_PLACE_CHUNK = 4 << 20  # bytes per read straight into a storage: fewer, larger requests at queue depth 1
 _O_DIRECT = getattr(os, "O_DIRECT", 0)  # 0 where the platform has none: the buffered path
 
 
@@ -99,11 +108,15 @@ def write(path: Path, node: int, storages: Sequence[torch.UntypedStorage]) -> in
 
 def read(path: Path, node: int, slot_bytes: Sequence[int]) -> list[torch.UntypedStorage]:
     """Read the page of ``node`` back into fresh storages, verifying header, sizes and checksum."""
-    buffers = [_fresh(size) for size in slot_bytes]
+    # O_DIRECT can read straight into the storages when each starts on a block of the file and of memory; their
+    # pages are then mapped piece by piece beside the reads instead of all at once before them
+    in_place = all(size % BLOCK == 0 for size in slot_bytes[:-1])
+    buffers = [_fresh(size, populate=not in_place) for size in slot_bytes]
+    in_place = in_place and all(b.data_ptr() % BLOCK == 0 for b in buffers if b.numel())
     views = [memoryview(b.numpy()).cast("B") if b.numel() else memoryview(b"") for b in buffers]
     try:
         try:
-            crc, actual = _read_data(path, node, views, direct=True)
+            crc, actual = _read_data(path, node, views, direct=True, in_place=in_place)
         except _DirectRefused:
             crc, actual = _read_data(path, node, views, direct=False)
     except FileNotFoundError as exc:
@@ -144,7 +157,8 @@ def _write_data(path: Path, node: int, views: Sequence[memoryview], direct: bool
         os.close(fd)
 
 
-def _read_data(path: Path, node: int, views: Sequence[memoryview], direct: bool) -> tuple[int, int]:
+def _read_data(path: Path, node: int, views: Sequence[memoryview], direct: bool,
+               in_place: bool = False) -> tuple[int, int]:
     """Read the header and stream the data into ``views``; returns (written CRC, CRC of what was read)."""
     transfer = _transfer()
     sizes = [len(v) for v in views]
@@ -152,6 +166,8 @@ def _read_data(path: Path, node: int, views: Sequence[memoryview], direct: bool)
     fd = _open(path, os.O_RDONLY, direct)
     try:
         crc = _read_head(fd, transfer, path, node, sizes, direct)
+        if direct and in_place:
+            return crc, _read_in_place(fd, transfer, path, views, offset)
         chunks = list(_chunks(offset, sum(sizes)))
         actual = 0
         with _Pipeline(transfer, direct) as pipe:
@@ -170,6 +186,45 @@ def _read_data(path: Path, node: int, views: Sequence[memoryview], direct: bool)
     finally:
         os.close(fd)
     return crc, actual
+
+
+def _read_in_place(fd: int, transfer: _Transfer, path: Path, views: Sequence[memoryview], offset: int) -> int:
+    """O_DIRECT reads straight into the storages (block aligned in file and memory; only the last slot may end
+    mid-block, its tail goes through the bounce buffer).  While the helper thread reads piece k, this thread maps
+    in the memory of piece k+1 and checksums piece k-1.  Returns the CRC of what was read.
+
+    Against the bounce buffer this saves a copy of every byte, and mapping the fresh memory beside the reads
+    instead of before them (``MAP_POPULATE``) takes it off the page-in's critical path."""
+    pieces: list[tuple[memoryview, int, int]] = []  # (into, file position, data bytes)
+    position = offset
+    for view in views:
+        whole = len(view) - len(view) % BLOCK
+        for start in range(0, whole, _IN_PLACE_CHUNK):
+            length = min(_IN_PLACE_CHUNK, whole - start)
+            pieces.append((view[start:start + length], position + start, length))
+        if whole < len(view):  # the tail: a whole block into the bounce buffer, its data bytes copied out
+            pieces.append((transfer.halves[0][:BLOCK], position + whole, len(view) - whole))
+        position += len(view)
+    if not pieces:
+        return 0
+
+    def read(k: int) -> Future:
+        into, at, _ = pieces[k]
+        return transfer.disk.submit(_io, True, _pread_all, fd, into, at, path)
+
+    crc = 0
+    _populate(pieces[0][0])
+    pending = read(0)
+    for k, (into, _, length) in enumerate(pieces):
+        if k + 1 < len(pieces):
+            _populate(pieces[k + 1][0])  # beside the read of piece k
+        pending.result()
+        if k + 1 < len(pieces):
+            pending = read(k + 1)
+        crc = crc32c(into[:length], crc)  # beside the read of piece k+1
+        if length < len(into):  # the tail
+            views[-1][len(views[-1]) - length:] = into[:length]
+    return crc
 
 
 def _write_head(fd: int, transfer: _Transfer, head: bytes, offset: int, direct: bool) -> None:
@@ -279,8 +334,9 @@ def _open(path: Path, flags: int, direct: bool) -> int:
 
 
 # -- bytes -------------------------------------------------------------------------------------------
-def _fresh(size: int) -> torch.Tensor:
-    """``size`` bytes of new memory for a page-in, mapped in all at once (``MAP_POPULATE``).
+def _fresh(size: int, populate: bool = True) -> torch.Tensor:
+    """``size`` bytes of new memory for a page-in, page aligned; mapped in all at once (``MAP_POPULATE``)
+    unless the caller maps it piece by piece (:func:`_populate`).
 
     A page-in fills memory nobody has touched; faulting it in page by page as
     the copy first writes it ran at 0.6 GB/s on the development VM (below the
@@ -289,8 +345,20 @@ def _fresh(size: int) -> torch.Tensor:
     """
     if size == 0 or not hasattr(mmap, "MAP_POPULATE"):
         return torch.empty(size, dtype=torch.uint8)
-    area = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE)
-    return torch.frombuffer(area, dtype=torch.uint8)
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (mmap.MAP_POPULATE if populate else 0)
+    return torch.frombuffer(mmap.mmap(-1, size, flags=flags), dtype=torch.uint8)
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+_MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault a range in for writing in one call, as MAP_POPULATE does a mapping
+
+
+def _populate(view: memoryview) -> None:
+    """Map in the pages under ``view`` (page aligned) at once; where the kernel cannot, the read faults them."""
+    if _LIBC is None or not len(view) or view.readonly:
+        return
+    address = ctypes.addressof(ctypes.c_char.from_buffer(view))
+    _LIBC.madvise(ctypes.c_void_p(address), ctypes.c_size_t(len(view)), _MADV_POPULATE_WRITE)
 
 
 def _aligned(n: int) -> int:

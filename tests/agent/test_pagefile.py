@@ -55,9 +55,12 @@ def test_odd_sizes_round_trip(tmp_path, sizes):
     assert _same(pagefile.read(path, 5, list(sizes)), slots)
 
 
-@pytest.mark.parametrize("at", [0, CHUNK - 1, CHUNK, 2 * CHUNK + 4100])
-def test_a_flipped_byte_anywhere_is_caught(tmp_path, at):
-    sizes = [CHUNK + 10, CHUNK + 4100]  # the last byte is in the last, partial block
+@pytest.mark.parametrize("sizes, at", [
+    *[([CHUNK + 10, CHUNK + 4100], at) for at in (0, CHUNK - 1, CHUNK, 2 * CHUNK + 4100)],  # through the bounce
+    # block-aligned slots are read straight into the storages (in 4 MiB pieces); the last one's tail is not
+    *[([5 * CHUNK, 4096, 3 * 4096 + 10], at) for at in (0, 4 * CHUNK + 7, 5 * CHUNK + 4095, 5 * CHUNK + 4096 * 4 + 9)],
+])
+def test_a_flipped_byte_anywhere_is_caught(tmp_path, sizes, at):
     path = tmp_path / "p.page"
     pagefile.write(path, 3, _storages(*sizes))
     with open(path, "r+b") as f:
@@ -77,6 +80,30 @@ def test_an_old_format_page_is_refused_with_its_version(tmp_path):
         f.write(struct.pack("<I", 1))
     with pytest.raises(PageCorruptError, match="format version 1, this build reads 2"):
         pagefile.read(path, 2, [100])
+
+
+def _direct_io_works(directory) -> bool:
+    try:
+        os.close(os.open(directory / "probe", os.O_WRONLY | os.O_CREAT | pagefile._O_DIRECT))
+        return bool(pagefile._O_DIRECT)
+    except OSError:
+        return False
+
+
+def test_block_aligned_slots_are_read_in_place_and_round_trip(tmp_path, monkeypatch):
+    if not _direct_io_works(tmp_path):
+        pytest.skip("this filesystem refuses O_DIRECT: pages go through the buffered path")
+    sizes = (5 * CHUNK, 4096, 3 * 4096 + 10)
+    slots = _storages(*sizes)
+    path = tmp_path / "p.page"
+    pagefile.write(path, 4, slots)
+    in_place = []
+    real = pagefile._read_in_place
+    monkeypatch.setattr(pagefile, "_read_in_place", lambda *a: in_place.append(1) or real(*a))
+    assert _same(pagefile.read(path, 4, list(sizes)), slots) and in_place
+    os.truncate(path, pagefile.data_offset(3) + 2 * CHUNK)
+    with pytest.raises(PageCorruptError, match="truncated"):
+        pagefile.read(path, 4, list(sizes))
 
 
 def test_a_truncated_last_chunk_is_refused(tmp_path):
