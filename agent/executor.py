@@ -123,6 +123,8 @@ class Executor:
         # The price: a page fault per fresh page (a resnet18 step 55% slower on the development VM); extraction times
         # nodes in the same mode, so plans and predictions include it.
         rss.return_freed_memory()
+        # ... and what still landed in the heap goes back once TRIM_SHARE of the budget is free there
+        self._heap = rss.HeapTrimmer(max(1, int(TRIM_SHARE * limit)))
         self._behind: dict[int, int] = {}     # value freed while its write runs -> bytes the write still holds
         self._deadlines: dict[int, int] = {}  # ... -> position before which the write must be done
         self.last_stats: StepStats | None = None
@@ -195,6 +197,7 @@ class Executor:
                 self._behind[node] = self.runtime.value_bytes(node)
                 self._deadlines[node] = deadline
         self.runtime.free(node, keep_skeleton=paged)
+        self._heap.after_free()
 
     def _settle_writes(self, position: int, account: StepEnergyAccount | None) -> None:
         """Forget values written behind whose writes are done; wait for those whose room ends here."""
@@ -248,6 +251,9 @@ class Executor:
             rss_before_bytes=rss_before, peak_rss_bytes=peak, energy=energy,
         )
 
+
+TRIM_SHARE = 0.02
+"""Free heap bytes, as a share of the budget, that make the executor trim the heap (:class:`agent.rss.HeapTrimmer`)."""
 
 _ACTIVITY = {"compute": Activity.COMPUTE, "page_in": Activity.PAGE_IN, "page_out": Activity.PAGE_OUT}
 

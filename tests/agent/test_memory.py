@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 SCRIPT = r"""
@@ -51,3 +53,39 @@ def test_peak_rss_is_lower_under_a_tight_schedule(tmp_path):
     assert tight["ledger"] < full["ledger"] / 2
     # the real process memory follows the ledger: most of the saving shows up in RSS
     assert tight["growth"] < full["growth"] - 0.5 * (full["ledger"] - tight["ledger"]), result
+
+
+_HEAP_SCRIPT = """
+import json, sys
+from agent import rss
+trimmer = rss.HeapTrimmer(threshold=1 << 20)
+if not trimmer.enabled:
+    print(json.dumps(None)); sys.exit()
+# 32 KiB blocks come from the heap (below the mmap threshold); a small block kept between each pair pins them
+# in the middle of the heap, where free() alone never returns them
+freed, kept = [], []
+for _ in range(400):
+    block = bytearray(32 << 10)
+    block[::4096] = b"x" * len(block[::4096])
+    freed.append(block)
+    kept.append(bytearray(600))
+before = rss.current()
+trimmer.after_free()
+untrimmed = trimmer.trims
+del freed
+still = rss.current()
+trimmer.after_free()
+print(json.dumps({"untrimmed": untrimmed, "trims": trimmer.trims, "before": before, "still": still,
+                  "after": rss.current()}))
+"""
+
+
+def test_freed_heap_memory_is_trimmed_once_enough_of_it_is_free():
+    out = subprocess.run([sys.executable, "-c", _HEAP_SCRIPT], capture_output=True, text=True, check=True,
+                         cwd=REPO, env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"})
+    figures = json.loads(out.stdout)
+    if figures is None:
+        pytest.skip("no glibc mallinfo2/malloc_trim here")
+    assert figures["untrimmed"] == 0 and figures["trims"] == 1  # nothing free before; 12.8 MB free after
+    assert figures["still"] > figures["before"] - (4 << 20)      # free() alone kept the pages
+    assert figures["after"] < figures["still"] - (8 << 20)       # the trim gave them back
