@@ -27,7 +27,7 @@ instruction of the main thread is charged to the class of what it does or
 waits for: ``compute`` to compute; ``page_in`` and the queueing of its
 prefetch to page-in; ``page_out`` (queueing the write) and a wait for that
 write to reach flash to page-out (at the ``free``, or later where the schedule
-leaves room to hold the value while it is written: :mod:`agent.prefetch`).
+leaves room to hold the value while it is written: :mod:`schedules.timeline`).
 Any other ``free`` waits for nothing; it stays untracked, with the executor's
 other overhead (``StepEnergy.untracked_joules``).  The I/O thread's own reading
 and writing is not attributed apart: it overlaps whatever the main thread does
@@ -56,7 +56,7 @@ from agent.energy import Activity, EnergyMeter, StepEnergy, StepEnergyAccount
 from agent.errors import ScheduleRefusedError
 from agent.ledger import Ledger, StepStats
 from agent.pager import FreeSpace, Pager, disk_free
-from agent.prefetch import plan_io
+from schedules.timeline import plan_io
 from agent.runtime import ModelState, Runtime
 from agent.segments import Segments
 from schedules.errors import PlannerError

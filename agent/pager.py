@@ -3,7 +3,7 @@
 * ``write`` queues a page-out and returns at once, so the write overlaps the
   compute that follows; the queued write holds the storages until the bytes
   are on flash, so RAM is released only then, whenever the executor drops its
-  own references (:mod:`agent.prefetch` plans how long it may run ahead).
+  own references (:mod:`schedules.timeline` plans how long it may run ahead).
 * ``prefetch`` queues a read ahead of its ``page_in`` (the executor decides
   how far ahead, within the budget); ``read`` takes the prefetched storages or
   reads at once.  One FIFO thread means a page is never read before it is written.

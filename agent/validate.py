@@ -60,6 +60,7 @@ from schedules.device import DeviceProfile, paging_time_ms, price_graph
 from schedules.graph import TrainingGraph
 from schedules.schedule import Schedule
 from schedules.simulate import simulate
+from schedules.timeline import timeline_step_ms
 
 
 @dataclass(frozen=True)
@@ -149,88 +150,6 @@ def gradient_bytes_per_node(model: Any, segments: Any) -> list[int]:
                     seen.add(id(p))
                     out[segments.backward_of(forward)] += p.nbytes
     return out
-
-
-def timeline_step_ms(graph: TrainingGraph, schedule: Schedule, device: DeviceProfile,
-                     hidden_fraction: float | None = None) -> float:
-    """Step time replayed with the executor's single I/O thread beside the compute thread, ms.
-
-    The planner's model either ignores paging time (overlap) or adds all of it
-    (none).  The executor does neither: a ``page_out`` queues a write and the
-    step goes on, a paged value's RAM waits for its write (at the ``free``, or
-    where the room for writing it behind ends), a ``page_in`` waits for a read
-    issued at the prefetch point (both planned by :func:`agent.prefetch.plan_io`,
-    as the executor does), and transfers queue one after another.  The
-    step waits only where the I/O thread is behind.  Transfers that do run
-    beside compute still slow it by ``1 - hidden_fraction`` of their time (the
-    share the profile measured was not hidden; default 1 or 0 from
-    ``device.paging_overlaps_compute``).
-    """
-    from agent.prefetch import plan_io
-
-    if hidden_fraction is None:
-        hidden_fraction = 1.0 if device.paging_overlaps_compute else 0.0
-    instructions = list(schedule.instructions)
-    report = simulate(graph, instructions)
-    limit = schedule.memory_budget if schedule.memory_budget is not None else report.peak_memory_bytes
-    io = plan_io(instructions, [n.bytes for n in graph.nodes], report.working_bytes, limit)
-    line = _Timeline(graph, device)
-    for position, (op, node) in enumerate(instructions):
-        line.settle(position)
-        for ahead in io.reads.get(position, ()):
-            line.queue_read(ahead)
-        line.run(op, node, io.release_by.get(position))
-    return line.now + (1.0 - hidden_fraction) * line.io_beside_compute_ms
-
-
-class _Timeline:
-    """Clock of the compute thread and of the one I/O thread, in ms."""
-
-    def __init__(self, graph: TrainingGraph, device: DeviceProfile) -> None:
-        self.graph, self.device = graph, device
-        self.now = 0.0            # compute thread
-        self.io_free = 0.0        # when the I/O thread finishes its queue
-        self.io_beside_compute_ms = 0.0
-        self.written: dict[int, float] = {}
-        self.read: dict[int, float] = {}
-        self.behind: dict[int, int] = {}  # value written behind -> position before which its write must be done
-        self._busy: list[tuple[float, float]] = []  # I/O intervals, to tell how much ran beside compute
-
-    def queue(self, duration_ms: float) -> float:
-        start = max(self.io_free, self.now)
-        self.io_free = start + duration_ms
-        self._busy.append((start, self.io_free))
-        return self.io_free
-
-    def queue_read(self, node: int) -> None:
-        self.read[node] = self.queue(self.device.pagein_seconds(self.graph.nodes[node].bytes) * 1e3)
-
-    def settle(self, position: int) -> None:
-        """Wait for the writes whose room to run behind ends before instruction ``position``."""
-        for node, deadline in list(self.behind.items()):
-            if deadline <= position:
-                self.now = max(self.now, self.written[node])
-                del self.behind[node]
-
-    def run(self, op: str, node: int, release_by: int | None = None) -> None:
-        if op == "compute":
-            start = self.now
-            self.now += self.graph.nodes[node].compute_ms
-            self.io_beside_compute_ms += self._io_within(start, self.now)
-        elif op == "page_out":
-            self.written[node] = self.queue(self.device.pageout_seconds(self.graph.nodes[node].bytes) * 1e3)
-        elif op == "free" and node in self.written:
-            if release_by is None:
-                self.now = max(self.now, self.written[node])  # RAM is released once the bytes are on flash
-            else:
-                self.behind[node] = release_by
-        elif op == "page_in":
-            if node not in self.read:
-                self.queue_read(node)
-            self.now = max(self.now, self.read.pop(node))
-
-    def _io_within(self, start: float, end: float) -> float:
-        return sum(max(0.0, min(b, end) - max(a, start)) for a, b in self._busy)
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ from torch.utils.checkpoint import checkpoint_sequential  # noqa: E402
 
 from agent import rss  # noqa: E402
 from agent.executor import Executor  # noqa: E402
-from agent.validate import timeline_step_ms  # noqa: E402
+from schedules.timeline import timeline_step_ms  # noqa: E402
 from agent.zoo import Workload, load_workload  # noqa: E402
 from benchmarks.paging import raw_bandwidth, throttled  # noqa: E402
 from schedules.device import DeviceProfile, price_graph  # noqa: E402

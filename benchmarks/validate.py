@@ -18,7 +18,7 @@ and each memory budget as a fraction of M, the unconstrained activation peak
    ``rel err`` divides that drift out of the other rows.
 
 Two step-time predictions are printed: the cost model validation holds to
-the target (:func:`agent.validate.timeline_step_ms`: the schedule replayed
+the target (:func:`schedules.timeline.timeline_step_ms`: the schedule replayed
 with the executor's single I/O thread, its prefetching and the profile's
 measured overlap), and the planner's own, coarser one (compute, plus all
 paging time when the profile says paging does not overlap compute, none when

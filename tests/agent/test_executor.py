@@ -15,7 +15,7 @@ import torchvision
 from agent import pagefile
 from agent.errors import InputMismatchError, PageCorruptError, ScheduleRefusedError, SwapSpaceError
 from agent.executor import Executor
-from agent.prefetch import plan_prefetch
+from schedules.timeline import plan_prefetch
 from schedules.errors import SolverError
 from schedules.extract import extract
 from schedules.plan import plan

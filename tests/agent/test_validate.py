@@ -10,7 +10,8 @@ import torch
 import torch.nn as nn
 
 from agent.energy import EstimatedMeter, NominalPowers
-from agent.validate import Figure, gradient_bytes_per_node, plot_memory, predict, timeline_step_ms, validate
+from agent.validate import Figure, gradient_bytes_per_node, plot_memory, predict, validate
+from schedules.timeline import timeline_step_ms
 from agent.zoo import Workload, cross_entropy
 from schedules import DeviceProfile
 from schedules.cli import OK, REJECTED, main
