@@ -53,7 +53,6 @@ from torch.utils.checkpoint import checkpoint_sequential  # noqa: E402
 
 from agent import rss  # noqa: E402
 from agent.executor import Executor  # noqa: E402
-from schedules.timeline import timeline_step_ms  # noqa: E402
 from agent.zoo import Workload, load_workload  # noqa: E402
 from benchmarks.paging import raw_bandwidth, throttled  # noqa: E402
 from schedules.device import DeviceProfile, price_graph  # noqa: E402
@@ -333,19 +332,13 @@ def plan_within_time(graph, device: DeviceProfile, budget: int, time_limit: floa
     """POET at ``budget`` with the tightest runtime budget it can meet (paging time counted where it
     does not overlap compute here); returns the result and the runtime budget used.
 
-    A plan whose paging overlaps compute on paper but not in the executor's I/O timeline (reads the step
-    waits for, frees that wait for writes: slow flash) is planned again with paging time counted, and
-    kept where that finds nothing.
+    ``plan`` itself replans with paging time counted where an overlapped plan misses its runtime budget
+    in the executor's I/O timeline (slow flash), and keeps the overlapped plan where that finds nothing.
     """
     result = None
     for runtime_budget in RUNTIME_BUDGETS:
         result = plan(graph, device, memory_budget=budget, runtime_budget=runtime_budget, time_limit=time_limit,
                       count_paging_time=not device.paging_overlaps_compute)
-        if (result.feasible and runtime_budget is not None and device.paging_overlaps_compute
-                and timeline_step_ms(graph, result.schedule, device) > runtime_budget * graph.total_compute_ms):
-            counted = plan(graph, device, memory_budget=budget, runtime_budget=runtime_budget,
-                           time_limit=time_limit, count_paging_time=True)
-            result = counted if counted.feasible else result  # no better plan known at this runtime budget
         if result.feasible:
             return result, runtime_budget
     return result, None

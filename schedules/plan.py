@@ -8,7 +8,7 @@ its budgets, so a feasible result is a checked result.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from schedules.baselines import HEURISTIC_BASELINES, BaselineProblem
@@ -19,6 +19,7 @@ from schedules.matrices import Instruction, Matrices, to_instructions
 from schedules.milp import MilpOutcome, SolveProgress, solve_poet_milp
 from schedules.schedule import Schedule, SolverInfo
 from schedules.simulate import SimulationReport, simulate
+from schedules.timeline import timeline_step_ms
 
 # Methods solved by the MILP, with the (paging, remat) switches they use.
 MILP_METHODS: dict[str, tuple[bool, bool]] = {"poet": (True, True), "remat-only": (False, True), "paging-only": (True, False)}
@@ -61,6 +62,7 @@ def plan(
     warm_start: bool = True,
     relax_and_round: bool = False,
     count_paging_time: bool = False,
+    check_timeline: bool = True,
     progress: Callable[[SolveProgress], None] | None = None,
 ) -> PlanResult:
     """Plan one training step of ``graph`` within the budgets.
@@ -93,6 +95,12 @@ def plan(
         time for every transfer within the runtime budget (the published
         formulation prices paging as free of time, so on slow flash its plans
         wait for writes).
+    check_timeline:
+        With paging beside compute and a runtime budget, replay a MILP plan
+        in the executor's I/O timeline (:func:`schedules.timeline.timeline_step_ms`:
+        frees wait for their writes, page-ins for their reads); a plan that
+        misses the runtime budget there (slow flash) is planned again with
+        paging time counted, and kept, with a message, where that finds nothing.
     progress:
         Called with :class:`SolveProgress` while the MILP runs.
     """
@@ -116,7 +124,24 @@ def plan(
         relax_and_round=relax_and_round, paging_time_ms=problem.counted_paging_ms,
         io_time_ms=problem.io_paging_ms, progress=progress,
     )
-    return _from_milp(context, outcome)
+    result = _from_milp(context, outcome)
+    if not (check_timeline and paging and result.feasible and runtime_ms is not None and profile is not None
+            and profile.paging_overlaps_compute and not count_paging_time):
+        return result
+    step_ms = timeline_step_ms(graph, result.schedule, profile)
+    if step_ms <= runtime_ms * (1 + 1e-9):
+        return result
+    counted = plan(graph, profile, memory_budget=memory_budget, runtime_budget=runtime_budget, method=method,
+                   solver=solver, time_limit=time_limit, gap=gap, threads=threads, warm_start=warm_start,
+                   relax_and_round=relax_and_round, count_paging_time=True, check_timeline=False, progress=progress)
+    seconds = result.solve_seconds + counted.solve_seconds
+    if counted.feasible:
+        return replace(counted, solve_seconds=seconds, message=(
+            f"planned with paging time counted: the overlapped plan takes {step_ms:.0f} ms in the executor's I/O "
+            f"timeline, over the runtime budget of {runtime_ms:.0f} ms"))
+    return replace(result, solve_seconds=seconds, message=(
+        f"the executor's I/O timeline puts this plan at {step_ms:.0f} ms, over the runtime budget of "
+        f"{runtime_ms:.0f} ms, and no plan with paging time counted fits; expect the step to run that long"))
 
 
 @dataclass(frozen=True)

@@ -127,6 +127,22 @@ def test_device_by_name_and_by_file(graph_file, tmp_path, capsys):
         assert Schedule.load(out).device == "rpi4"
 
 
+def test_solve_says_when_slow_flash_made_it_count_paging_time(tmp_path, capsys):
+    from dataclasses import replace
+
+    from tests.schedules.graphs import required_bytes
+    from tests.schedules.test_milp import chain_graph
+
+    graph = chain_graph(8, seed=4)  # the graph and flash of test_plan's I/O-timeline test
+    graph.save(tmp_path / "g.json")
+    slow = replace(DeviceProfile.builtin("rpi4"), pagein_bandwidth_bps=3e5, pageout_bandwidth_bps=3e5)
+    slow.save(tmp_path / "slow.json")
+    code, stdout, _ = run(["solve", tmp_path / "g.json", "--device", tmp_path / "slow.json", "--runtime", "1.5",
+                           "--memory", str(required_bytes(graph)), "-o", tmp_path / "s.json"], capsys)
+    assert code == OK and "note: planned with paging time counted" in stdout
+    assert Schedule.load(tmp_path / "s.json").count_paging_time
+
+
 # -- user errors: exit codes and one clear line --------------------------------------------
 def test_unknown_device_is_a_usage_error(graph_file, tmp_path, capsys):
     code, _, err = run(["solve", graph_file, "--device", "pdp11", "-o", tmp_path / "s.json"], capsys)

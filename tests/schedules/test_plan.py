@@ -159,6 +159,40 @@ def test_paging_beside_compute_still_needs_io_time_within_the_runtime_budget(met
         assert not result.feasible and "no schedule within these budgets" in result.message
 
 
+def _slow_flash(bandwidth_bps: float):
+    from dataclasses import replace
+
+    from schedules import DeviceProfile
+
+    return replace(DeviceProfile.builtin("rpi4"), pagein_bandwidth_bps=bandwidth_bps, pageout_bandwidth_bps=bandwidth_bps)
+
+
+def test_an_overlapped_plan_that_misses_its_runtime_budget_in_the_io_timeline_is_replanned():
+    from schedules.timeline import timeline_step_ms
+    from tests.schedules.test_milp import chain_graph
+
+    graph, slow = chain_graph(8, seed=4), _slow_flash(3e5)
+    budget, runtime_ms = required_bytes(graph), 1.5 * graph.total_compute_ms
+    unchecked = checked(graph, plan(graph, slow, memory_budget=budget, runtime_budget=1.5, check_timeline=False))
+    # the I/O-thread row holds (transfers fit the budget), yet frees wait for writes and page-ins for reads
+    assert unchecked.feasible and timeline_step_ms(graph, unchecked.schedule, slow) > runtime_ms
+    result = checked(graph, plan(graph, slow, memory_budget=budget, runtime_budget=1.5))
+    assert result.feasible and result.schedule.count_paging_time and "paging time counted" in result.message
+    assert timeline_step_ms(graph, result.schedule, slow) <= runtime_ms * (1 + 1e-9)
+
+
+def test_an_overlapped_plan_is_kept_with_a_warning_when_counting_paging_finds_nothing():
+    from schedules.timeline import timeline_step_ms
+    from tests.schedules.test_milp import chain_graph
+
+    graph, slow = chain_graph(8, seed=1), _slow_flash(3e5)
+    result = checked(graph, plan(graph, slow, memory_budget=required_bytes(graph), runtime_budget=1.1))
+    assert result.feasible and not result.schedule.count_paging_time
+    step_ms = timeline_step_ms(graph, result.schedule, slow)
+    assert step_ms > 1.1 * graph.total_compute_ms and f"{step_ms:.0f} ms" in result.message
+    assert "no plan with paging time counted fits" in result.message
+
+
 def test_unknown_method_is_refused():
     with pytest.raises(UnknownNameError, match="unknown method"):
         plan(linear_graph(2), method="magic")
