@@ -79,6 +79,10 @@ class DeviceProfile:
     paging_overlaps_compute:
         True when transfers run beside computation (DMA, an I/O thread on
         another core); False when the CPU itself drives them.
+    paging_hidden_fraction:
+        Where paging overlaps compute, the share of its time measured hidden
+        behind the training step (``poet-edge profile``); the rest slows the
+        step and the planner counts it.  ``None``: all of it hidden.
     ram_bytes:
         Memory available on the device, bytes.
     flops_per_s:
@@ -102,6 +106,7 @@ class DeviceProfile:
     paging_overlaps_compute: bool
     ram_bytes: int
     flops_per_s: float | None = None
+    paging_hidden_fraction: float | None = None
     source: str
     version: int = DEVICE_VERSION
 
@@ -127,6 +132,14 @@ class DeviceProfile:
     def pageout_seconds(self, nbytes: float) -> float:
         """Time to page ``nbytes`` out to flash/SD, s."""
         return self.pageout_latency_s + nbytes / self.pageout_bandwidth_bps
+
+    @property
+    def exposed_paging_fraction(self) -> float:
+        """Share of paging time a training step pays: 1 where the CPU drives the transfers, else the part
+        not hidden behind compute (0 without a measurement)."""
+        if not self.paging_overlaps_compute:
+            return 1.0
+        return 1.0 - (self.paging_hidden_fraction if self.paging_hidden_fraction is not None else 1.0)
 
     def compute_ms_for_flops(self, flops: float) -> float:
         """Milliseconds this device needs for ``flops`` floating-point operations.
@@ -216,7 +229,8 @@ _BANDWIDTHS = ("pagein_bandwidth_bps", "pageout_bandwidth_bps")
 _LATENCIES = ("pagein_latency_s", "pageout_latency_s")
 _FIELDS = tuple(f.name for f in fields(DeviceProfile) if f.name != "version")
 _REQUIRED = tuple(
-    f.name for f in fields(DeviceProfile) if f.name not in ("description", "flops_per_s", "version")
+    f.name for f in fields(DeviceProfile)
+    if f.name not in ("description", "flops_per_s", "paging_hidden_fraction", "version")
 )
 
 
@@ -240,6 +254,9 @@ def _problems(p: DeviceProfile) -> list[str]:
         problems.append(f"paging_overlaps_compute must be true or false, got {p.paging_overlaps_compute!r}")
     if not (isinstance(p.ram_bytes, int) and not isinstance(p.ram_bytes, bool) and p.ram_bytes > 0):
         problems.append(f"ram_bytes must be a whole number of bytes > 0, got {p.ram_bytes!r}")
+    hidden = p.paging_hidden_fraction
+    if hidden is not None and not (_is_number(hidden) and 0 <= hidden <= 1):
+        problems.append(f"paging_hidden_fraction must be a number from 0 to 1 or null, got {hidden!r}")
     if p.flops_per_s is not None and not (_is_number(p.flops_per_s) and p.flops_per_s > 0):
         problems.append(f"flops_per_s must be a finite number > 0 or null, got {p.flops_per_s!r}")
     return problems

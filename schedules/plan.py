@@ -94,7 +94,8 @@ def plan(
         executor's one I/O thread, and the plan must still leave that thread
         time for every transfer within the runtime budget (the published
         formulation prices paging as free of time, so on slow flash its plans
-        wait for writes).
+        wait for writes); the share of paging time the profile measured not
+        hidden behind compute (``paging_hidden_fraction``) is counted.
     check_timeline:
         With paging beside compute and a runtime budget, replay a MILP plan
         in the executor's I/O timeline (:func:`schedules.timeline.timeline_step_ms`:
@@ -112,7 +113,8 @@ def plan(
     if count_paging_time and paging_ms is None:
         raise PlannerError("count_paging_time needs a device profile to know paging times; pass device=")
     runtime_ms = None if runtime_budget is None else runtime_budget * graph.total_compute_ms
-    problem = BaselineProblem(graph, memory_budget, runtime_ms, paging_ms if count_paging_time else None, paging_ms)
+    problem = BaselineProblem(graph, memory_budget, runtime_ms, _counted_paging_ms(profile, paging_ms, count_paging_time),
+                              paging_ms)
     context = _Context(graph, profile, problem, count_paging_time, method, solver)
     if method in HEURISTIC_BASELINES:
         return _plan_heuristic(context, method)
@@ -142,6 +144,19 @@ def plan(
     return replace(result, solve_seconds=seconds, message=(
         f"the executor's I/O timeline puts this plan at {step_ms:.0f} ms, over the runtime budget of "
         f"{runtime_ms:.0f} ms, and no plan with paging time counted fits; expect the step to run that long"))
+
+
+def _counted_paging_ms(device: DeviceProfile | None, paging_ms, count_paging_time: bool):
+    """The paging time the runtime budget pays: all of it when asked; where paging overlaps compute, the share a
+    profile measured not hidden behind it; else none (the published formulation)."""
+    if paging_ms is None:
+        return None
+    if count_paging_time:
+        return paging_ms
+    exposed = device.exposed_paging_fraction if device.paging_overlaps_compute else 0.0
+    if exposed <= 0.0:
+        return None
+    return tuple([exposed * ms for ms in column] for column in paging_ms)
 
 
 @dataclass(frozen=True)

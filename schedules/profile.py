@@ -725,6 +725,8 @@ def _device(swap: SwapPath, overlap: Overlap, power: PowerFigures, flops_per_s: 
         pagein_latency_s=swap.pagein_latency_s,
         pageout_latency_s=swap.pageout_latency_s,
         paging_overlaps_compute=overlap.overlaps,
+        # the unhidden rest is counted by the planner; a device whose paging does not overlap pays all of it anyway
+        paging_hidden_fraction=round(overlap.hidden_fraction, 3) if overlap.overlaps else None,
         ram_bytes=_ram_bytes(),
         flops_per_s=flops_per_s if math.isfinite(flops_per_s) and flops_per_s > 0 else None,
         source=f"measured on {host} at {when} by poet-edge profile",
@@ -755,6 +757,8 @@ def _sources(swap: SwapPath, overlap: Overlap, power: PowerFigures, repeats: int
         "paging_overlaps_compute": f"measured: {overlap.page_bytes / 1e6:.3g} MB pages on a background thread "
                                    f"beside the model's training step, {100 * overlap.hidden_fraction:.0f}% hidden "
                                    f"(overlap from {100 * OVERLAP_THRESHOLD:.0f}%)",
+        "paging_hidden_fraction": f"measured: the same {overlap.page_bytes / 1e6:.3g} MB pages beside the training "
+                                  f"step (compute + I/O - both together) / the shorter of the two",
         **power.sources,
         "ram_bytes": "measured: physical memory (sysconf)",
         "flops_per_s": "measured: 512x512 matrix-multiply loop",

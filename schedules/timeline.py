@@ -126,11 +126,11 @@ def timeline_step_ms(graph: TrainingGraph, schedule: Schedule, device: DevicePro
     as the executor does), and transfers queue one after another.  The
     step waits only where the I/O thread is behind.  Transfers that do run
     beside compute still slow it by ``1 - hidden_fraction`` of their time (the
-    share the profile measured was not hidden; default 1 or 0 from
-    ``device.paging_overlaps_compute``).
+    share the profile measured was not hidden; by default the device's
+    ``paging_hidden_fraction``, or 1 or 0 from ``paging_overlaps_compute``).
     """
     if hidden_fraction is None:
-        hidden_fraction = 1.0 if device.paging_overlaps_compute else 0.0
+        hidden_fraction = 1.0 - device.exposed_paging_fraction
     instructions = list(schedule.instructions)
     report = simulate(graph, instructions)
     limit = schedule.memory_budget if schedule.memory_budget is not None else report.peak_memory_bytes

@@ -118,6 +118,8 @@ def test_paper_platform_figures_are_the_reference_constants() -> None:
     ({"ram_bytes": 0}, "ram_bytes"),
     ({"paging_overlaps_compute": "yes"}, "paging_overlaps_compute"),
     ({"flops_per_s": -2.0}, "flops_per_s"),
+    ({"paging_hidden_fraction": 1.2}, "paging_hidden_fraction"),
+    ({"paging_hidden_fraction": "most"}, "paging_hidden_fraction"),
     ({"name": ""}, "name"),
     ({"memory_power_w": None}, "missing field(s) memory_power_w"),
     ({"pagein_bandwith_bps": 1e6}, "unknown field(s) pagein_bandwith_bps"),
@@ -127,6 +129,20 @@ def test_malformed_profile_files_are_rejected(tmp_path: Path, changes: dict, fra
     with pytest.raises(FormatError, match="device.json") as err:
         DeviceProfile.load(profile_file(tmp_path, **changes))
     assert fragment in str(err.value)
+
+
+def test_the_exposed_share_of_paging_follows_the_measured_hidden_fraction(tmp_path: Path) -> None:
+    overlapping = replace(round_profile(), paging_overlaps_compute=True)
+    assert overlapping.paging_hidden_fraction is None and overlapping.exposed_paging_fraction == 0.0
+    measured = replace(overlapping, paging_hidden_fraction=0.8)
+    assert measured.exposed_paging_fraction == pytest.approx(0.2)
+    assert replace(measured, paging_overlaps_compute=False).exposed_paging_fraction == 1.0
+    measured.save(tmp_path / "d.json")
+    assert DeviceProfile.load(tmp_path / "d.json") == measured
+    old = json.loads((tmp_path / "d.json").read_text())
+    del old["paging_hidden_fraction"]  # profiles written before the field existed still load
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert DeviceProfile.load(tmp_path / "old.json").paging_hidden_fraction is None
 
 
 def test_unknown_version_is_rejected(tmp_path: Path) -> None:

@@ -193,6 +193,34 @@ def test_an_overlapped_plan_is_kept_with_a_warning_when_counting_paging_finds_no
     assert "no plan with paging time counted fits" in result.message
 
 
+def test_the_unhidden_share_of_overlapped_paging_is_counted_in_the_runtime_budget():
+    from dataclasses import replace
+
+    from schedules import DeviceProfile
+    from schedules.device import paging_time_ms
+
+    from tests.schedules.test_milp import chain_graph
+
+    graph = chain_graph(8, seed=1)  # energies under which paging beats recomputing
+    budget = math.ceil(0.5 * resident_peak(graph))
+    hidden = DeviceProfile.builtin("rpi4")  # overlaps, nothing measured: paging is free of time
+    assert hidden.paging_overlaps_compute and hidden.paging_hidden_fraction is None
+    free = checked(graph, plan(graph, hidden, memory_budget=budget, runtime_budget=1.2))
+    paged = simulate(graph, free.schedule)
+    assert paged.bytes_paged_out > 0 and free.simulation.runtime_ms == pytest.approx(paged.runtime_ms)
+    half = replace(hidden, paging_hidden_fraction=0.5)
+    result = checked(graph, plan(graph, half, memory_budget=budget, runtime_budget=1.2))
+    counted = simulate(graph, result.schedule, paging_time_ms=paging_time_ms(graph, half))
+    compute = simulate(graph, result.schedule).runtime_ms
+    # the planner's replay charges half of the schedule's paging time, and the budget holds with it
+    assert result.simulation.runtime_ms == pytest.approx(compute + 0.5 * (counted.runtime_ms - compute))
+    assert result.simulation.runtime_ms <= 1.2 * graph.total_compute_ms * (1 + 1e-9)
+    exposed = replace(hidden, paging_hidden_fraction=0.0)  # as if the CPU drove the transfers
+    as_counted = plan(graph, hidden, memory_budget=budget, runtime_budget=1.2, count_paging_time=True)
+    assert plan(graph, exposed, memory_budget=budget, runtime_budget=1.2).objective_j == \
+        pytest.approx(as_counted.objective_j, rel=GAP)
+
+
 def test_unknown_method_is_refused():
     with pytest.raises(UnknownNameError, match="unknown method"):
         plan(linear_graph(2), method="magic")
