@@ -249,7 +249,7 @@ def bench_model(name: str, shape: tuple[int, ...], fractions: list[float], repea
     print(f"   {graph.size} nodes, M = {M / MB:.1f} MB (values alone {values_peak / MB:.1f} MB), "
           f"plain compute {graph.total_compute_ms:.0f} ms, "
           f"page-out {device.pageout_bandwidth_bps / MB:.0f} MB/s, page-in {device.pagein_bandwidth_bps / MB:.0f} MB/s, "
-          f"overlap {device.paging_overlaps_compute}", flush=True)
+          f"overlap {device.paging_overlaps_compute} ({1 - device.exposed_paging_fraction:.0%} hidden)", flush=True)
     raw_before = raw_bandwidth(swap)
     plain = Method("plain", lambda: work.loss_fn(work.model(work.inputs), work.targets).backward(), work.model)
     remedies = [Method(f"checkpoint {label}", step, model) for label, model, step in checkpoint_variants(work)]

@@ -407,9 +407,10 @@ def print_smallest_budget(graph: TrainingGraph, planner: Planner, method: str, a
 
 
 def _probe(planner: Planner, method: str, gap: float = 0.5) -> Callable[[int, float | None], PlanResult]:
-    """A feasibility probe: any schedule will do, so the MIP gap is loose."""
+    """A feasibility probe: any schedule will do, so the MIP gap is loose and the I/O-timeline check (which
+    only ever swaps one feasible plan for another) is off."""
     def probe(budget: int, time_limit: float | None) -> PlanResult:
-        return planner(memory_budget=budget, method=method, time_limit=time_limit, gap=gap)
+        return planner(memory_budget=budget, method=method, time_limit=time_limit, gap=gap, check_timeline=False)
 
     return probe
 

@@ -101,7 +101,8 @@ def plan(
         in the executor's I/O timeline (:func:`schedules.timeline.timeline_step_ms`:
         frees wait for their writes, page-ins for their reads); a plan that
         misses the runtime budget there (slow flash) is planned again with
-        paging time counted, and kept, with a message, where that finds nothing.
+        paging time counted (with the same ``time_limit``: up to twice the
+        solve time), and kept, with a message, where that finds nothing.
     progress:
         Called with :class:`SolveProgress` while the MILP runs.
     """
