@@ -56,13 +56,13 @@ from agent.energy import Activity, EnergyMeter, StepEnergy, StepEnergyAccount
 from agent.errors import ScheduleRefusedError
 from agent.ledger import Ledger, StepStats
 from agent.pager import FreeSpace, Pager, disk_free
-from schedules.timeline import plan_io
 from agent.runtime import ModelState, Runtime
 from agent.segments import Segments
 from schedules.errors import PlannerError
 from schedules.graph import TrainingGraph
 from schedules.schedule import Schedule
 from schedules.simulate import simulate
+from schedules.timeline import plan_io
 
 
 class Executor:
