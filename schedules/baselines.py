@@ -58,9 +58,12 @@ Accounting = Literal["milp", "simulator"]
 class BaselineProblem:
     """What a baseline plans for.
 
-    ``counted_paging_ms`` is set only when paging time counts against the
-    runtime budget; ``paging_ms`` (page-in, page-out ms per node) is the
-    device's paging time whenever a device profile is known.
+    ``counted_paging_ms`` is the paging time that counts against the runtime
+    budget (all of it, the share a profile measured not hidden behind compute,
+    or ``None``); ``paging_ms`` (page-in, page-out ms per node) is the
+    device's paging time whenever a device profile is known.  Whatever is
+    counted, every transfer runs in turn on the executor's one I/O thread, so
+    their total must fit the runtime budget too (implied when all is counted).
     """
 
     graph: TrainingGraph
@@ -68,14 +71,6 @@ class BaselineProblem:
     runtime_budget_ms: float | None
     counted_paging_ms: tuple[Sequence[float], Sequence[float]] | None = None
     paging_ms: tuple[Sequence[float], Sequence[float]] | None = None
-
-    @property
-    def io_paging_ms(self) -> tuple[Sequence[float], Sequence[float]] | None:
-        """Paging times that run beside compute, on the one I/O thread: known but not counted in the runtime.
-
-        They still bound the plan: all transfers in turn must fit the runtime budget.
-        """
-        return self.paging_ms if self.counted_paging_ms is None else None
 
 
 # -- shared building blocks ------------------------------------------------------------
@@ -401,7 +396,7 @@ def _within_runtime(problem: BaselineProblem, state: _GreedyPlan) -> bool:
     runtime = compute_ms(problem.graph, state.R)
     if problem.counted_paging_ms is not None:
         runtime += _paging_ms(problem.counted_paging_ms, state)
-    if problem.io_paging_ms is not None and _paging_ms(problem.io_paging_ms, state) > limit:
+    if problem.paging_ms is not None and _paging_ms(problem.paging_ms, state) > limit:  # the I/O thread
         return False
     return runtime <= limit
 

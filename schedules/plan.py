@@ -125,7 +125,7 @@ def plan(
         graph, memory_budget=memory_budget, runtime_budget_ms=runtime_ms, paging=paging, remat=remat,
         solver=solver, time_limit=time_limit, gap=gap, threads=threads, warm_start=start,
         relax_and_round=relax_and_round, paging_time_ms=problem.counted_paging_ms,
-        io_time_ms=problem.io_paging_ms, progress=progress,
+        io_time_ms=problem.paging_ms, progress=progress,
     )
     result = _from_milp(context, outcome)
     if not (check_timeline and paging and result.feasible and runtime_ms is not None and profile is not None
@@ -219,7 +219,7 @@ def _from_milp(ctx: _Context, outcome: MilpOutcome) -> PlanResult:
 def _simulate(ctx: _Context, instructions: list[Instruction]) -> SimulationReport:
     return simulate(ctx.graph, instructions, memory_budget=ctx.problem.memory_budget,
                     runtime_budget_ms=ctx.problem.runtime_budget_ms, paging_time_ms=ctx.problem.counted_paging_ms,
-                    io_time_ms=ctx.problem.io_paging_ms)
+                    io_time_ms=ctx.problem.paging_ms)
 
 
 def _checked_result(ctx: _Context, matrices: Matrices, *, status: str, objective: float | None,

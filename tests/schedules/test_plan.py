@@ -215,6 +215,12 @@ def test_the_unhidden_share_of_overlapped_paging_is_counted_in_the_runtime_budge
     # the planner's replay charges half of the schedule's paging time, and the budget holds with it
     assert result.simulation.runtime_ms == pytest.approx(compute + 0.5 * (counted.runtime_ms - compute))
     assert result.simulation.runtime_ms <= 1.2 * graph.total_compute_ms * (1 + 1e-9)
+    # counting a share of paging time does not lift the I/O thread's bound: all transfers still run on it
+    slow = replace(half, paging_hidden_fraction=0.99, pagein_bandwidth_bps=1e3, pageout_bandwidth_bps=1e3)
+    bounded = checked(graph, plan(graph, slow, memory_budget=budget, runtime_budget=2.0, check_timeline=False))
+    assert bounded.feasible  # by recomputing: a single transfer outlasts the step
+    assert simulate(graph, bounded.schedule, io_time_ms=paging_time_ms(graph, slow)).io_ms <= \
+        2.0 * graph.total_compute_ms * (1 + 1e-9)
     exposed = replace(hidden, paging_hidden_fraction=0.0)  # as if the CPU drove the transfers
     as_counted = plan(graph, hidden, memory_budget=budget, runtime_budget=1.2, count_paging_time=True)
     assert plan(graph, exposed, memory_budget=budget, runtime_budget=1.2).objective_j == \
