@@ -21,7 +21,8 @@ from schedules.extract import extract
 from schedules.plan import plan
 from schedules.simulate import simulate
 from tests.agent.models import (
-    TinyUNet, cross_entropy, image_example, mlp, mlp_example, page_everything, schedule_for, unet_example,
+    TinyUNet, cross_entropy, image_example, mlp, mlp_example, page_everything, recompute_everything, schedule_for,
+    unet_example,
 )
 
 
@@ -195,6 +196,25 @@ def test_gradients_accumulate_across_steps_like_autograd(tmp_path):
         torch.set_rng_state(rng)
         ex.step(inputs, targets)
     assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), reference.parameters()))
+    ex.close()
+
+
+def test_a_gradient_zero_but_for_its_last_element_is_accumulated_not_dropped(tmp_path):
+    torch.manual_seed(0)
+    model = mlp().train()
+    graph, segments = extract(model, mlp_example(), cross_entropy, repeats=1)
+    ex = Executor(model, segments, graph, schedule_for(graph, recompute_everything(graph)), swap_dir=tmp_path)
+    reference = copy.deepcopy(model)
+    for p in (*model.parameters(), *reference.parameters()):  # odd sizes too (biases of 5 floats): the tail
+        p.grad = torch.zeros_like(p)
+        p.grad.view(-1)[-1] = -0.0 if p.dim() == 1 else 1.0  # -0.0: not +0 bit-wise, still adds as zero
+    inputs, targets = mlp_example()
+    rng = torch.get_rng_state()
+    cross_entropy(reference(inputs), targets).backward()
+    torch.set_rng_state(rng)
+    ex.step(inputs, targets)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(p.grad, q.grad)
     ex.close()
 
 
