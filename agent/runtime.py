@@ -184,8 +184,31 @@ class Runtime:
             if port not in self._deposited.get(backward, ()):
                 continue
             part = self.store.tensor(self.store.value(backward).grads[port])
-            total = part if total is None else total + part
+            if total is None:
+                total, first = part, backward
+            elif self._may_sum_into(first, port, total, part):
+                total.add_(part)  # as autograd's input buffer does: no fresh tensor (page faults) for the sum
+                first = None      # total is now a sum, ours to add into
+            else:
+                total, first = total + part, None
         return total
+
+    def _may_sum_into(self, backward: int | None, port: Port, total: torch.Tensor, part: torch.Tensor) -> bool:
+        """Whether ``total`` -- ``port``'s gradient held by ``backward`` (``None``: a sum made here) -- can take
+        ``part`` in place.
+
+        A port's gradient is read once, by its producer's backward, which is running now, so its slot is free to
+        overwrite -- unless another port of the same value shares the slot (an ``add`` hands one gradient to both
+        its inputs) or the layout cannot take an in-place add (a broadcast gradient is an expanded view).
+        """
+        dense = total.is_contiguous() or total.is_contiguous(memory_format=torch.channels_last)
+        if total.dtype != part.dtype or total.shape != part.shape or not dense:
+            return False
+        if backward is None:
+            return True
+        value = self.store.value(backward)
+        slot = value.grads[port].slot
+        return sum(1 for h in value.grads.values() if h.node == backward and h.slot == slot) == 1
 
     def _set_outputs(self, value: Value, outputs: list[Any], name: str) -> None:
         for out in outputs:

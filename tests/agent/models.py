@@ -21,6 +21,29 @@ def mlp() -> nn.Module:
                          nn.Dropout(0.3), nn.Linear(64, 5))
 
 
+class FanIn(nn.Module):
+    """``head`` takes ``(x1 + x2) * y``: the add hands one gradient tensor to two ports of ``head``'s backward.
+
+    The gradients of ``x1`` and ``x2`` are sums over two consumers each, and the one both sums start from
+    is that shared tensor: summing into it in place would corrupt the other port's gradient.
+    """
+
+    def __init__(self, width: int = 8, classes: int = 3) -> None:
+        super().__init__()
+        self.l1, self.l2, self.l3 = (nn.Linear(width, width) for _ in range(3))
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x1 = self.l1(x)
+        x2 = self.l2(x1)
+        y = self.l3(x2)
+        return self.head((x1 + x2) * y)
+
+
+def fan_in_example(batch: int = 4, width: int = 8, classes: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(batch, width), torch.randint(0, classes, (batch,))
+
+
 def unet_example(batch: int = 2, size: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(batch, 3, size, size), torch.randint(0, 4, (batch, size, size))
 

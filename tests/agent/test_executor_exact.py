@@ -13,8 +13,8 @@ from agent.executor import Executor
 from schedules.extract import extract
 from schedules.plan import plan
 from tests.agent.models import (
-    TinyUNet, bert_classifier, bert_example, cross_entropy, image_example, logits_cross_entropy, mlp, mlp_example,
-    page_everything, recompute_everything, schedule_for, unet_example,
+    FanIn, TinyUNet, bert_classifier, bert_example, cross_entropy, fan_in_example, image_example,
+    logits_cross_entropy, mlp, mlp_example, page_everything, recompute_everything, schedule_for, unet_example,
 )
 
 
@@ -120,6 +120,11 @@ def test_unet_exact_with_skip_connections_dropout_and_batchnorm(schedule, tmp_pa
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 def test_mlp_dropout_masks_replayed_exactly(schedule, tmp_path):
     assert_exact(mlp, mlp_example, cross_entropy, SCHEDULES[schedule], tmp_path, steps=4)
+
+
+@pytest.mark.parametrize("schedule", ["store-all", "paging"])
+def test_gradient_sums_exact_where_one_gradient_feeds_two_ports(schedule, tmp_path):
+    assert_exact(FanIn, fan_in_example, cross_entropy, SCHEDULES[schedule], tmp_path)
 
 
 @pytest.mark.parametrize("schedule", FAST_SCHEDULES)
