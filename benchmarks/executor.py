@@ -334,14 +334,22 @@ def plan_within_time(graph, device: DeviceProfile, budget: int, time_limit: floa
 
     ``plan`` itself replans with paging time counted where an overlapped plan misses its runtime budget
     in the executor's I/O timeline (slow flash), and keeps the overlapped plan where that finds nothing.
+    Such a plan is kept only if no looser runtime budget gives one that the timeline puts faster: a tight
+    memory budget can leave a page-in no room to be read ahead, and recomputing may then be cheaper.
     """
+    missed: list[tuple[float, Any, float | None]] = []
     result = None
     for runtime_budget in RUNTIME_BUDGETS:
         result = plan(graph, device, memory_budget=budget, runtime_budget=runtime_budget, time_limit=time_limit,
                       count_paging_time=not device.paging_overlaps_compute)
-        if result.feasible:
-            return result, runtime_budget
-    return result, None
+        if not result.feasible:
+            continue
+        limit = runtime_budget * graph.total_compute_ms if runtime_budget else float("inf")
+        predicted = result.timeline_ms if result.timeline_ms is not None else limit
+        if predicted <= limit * (1 + 1e-9) or runtime_budget is None:
+            return min([(predicted, result, runtime_budget), *missed], key=lambda c: c[0])[1:]
+        missed.append((predicted, result, runtime_budget))
+    return min(missed, key=lambda c: c[0])[1:] if missed else (result, None)
 
 
 def _rate(nbytes: int, seconds: float) -> float | None:

@@ -47,6 +47,9 @@ class PlanResult:
     bound_j: float | None = None
     simulation: SimulationReport | None = None
     message: str = ""
+    timeline_ms: float | None = None
+    """The step time the executor's I/O timeline gives the schedule (:func:`schedules.timeline.timeline_step_ms`),
+    where :func:`plan` checked it: an overlapped plan that pages, under a runtime budget."""
 
 
 def plan(
@@ -103,6 +106,7 @@ def plan(
         misses the runtime budget there (slow flash) is planned again with
         paging time counted (with the same ``time_limit``: up to twice the
         solve time), and kept, with a message, where that finds nothing.
+        The timeline's step time is in ``timeline_ms``.
     progress:
         Called with :class:`SolveProgress` while the MILP runs.
     """
@@ -133,16 +137,16 @@ def plan(
         return result
     step_ms = timeline_step_ms(graph, result.schedule, profile)
     if step_ms <= runtime_ms * (1 + 1e-9):
-        return result
+        return replace(result, timeline_ms=step_ms)
     counted = plan(graph, profile, memory_budget=memory_budget, runtime_budget=runtime_budget, method=method,
                    solver=solver, time_limit=time_limit, gap=gap, threads=threads, warm_start=warm_start,
                    relax_and_round=relax_and_round, count_paging_time=True, check_timeline=False, progress=progress)
     seconds = result.solve_seconds + counted.solve_seconds
     if counted.feasible:
-        return replace(counted, solve_seconds=seconds, message=(
-            f"planned with paging time counted: the overlapped plan takes {step_ms:.0f} ms in the executor's I/O "
-            f"timeline, over the runtime budget of {runtime_ms:.0f} ms"))
-    return replace(result, solve_seconds=seconds, message=(
+        return replace(counted, solve_seconds=seconds, timeline_ms=timeline_step_ms(graph, counted.schedule, profile),
+                       message=(f"planned with paging time counted: the overlapped plan takes {step_ms:.0f} ms in the "
+                                f"executor's I/O timeline, over the runtime budget of {runtime_ms:.0f} ms"))
+    return replace(result, solve_seconds=seconds, timeline_ms=step_ms, message=(
         f"the executor's I/O timeline puts this plan at {step_ms:.0f} ms, over the runtime budget of "
         f"{runtime_ms:.0f} ms, and no plan with paging time counted fits; expect the step to run that long"))
 
