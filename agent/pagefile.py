@@ -111,7 +111,7 @@ def read(path: Path, node: int, slot_bytes: Sequence[int]) -> list[torch.Untyped
     # O_DIRECT can read straight into the storages when each starts on a block of the file and of memory; their
     # pages are then mapped piece by piece beside the reads instead of all at once before them
     in_place = all(size % BLOCK == 0 for size in slot_bytes[:-1])
-    buffers = [_fresh(size, populate=not in_place) for size in slot_bytes]
+    buffers = _fresh(slot_bytes, populate=not in_place)
     in_place = in_place and all(b.data_ptr() % BLOCK == 0 for b in buffers if b.numel())
     views = [memoryview(b.numpy()).cast("B") if b.numel() else memoryview(b"") for b in buffers]
     try:
@@ -334,19 +334,28 @@ def _open(path: Path, flags: int, direct: bool) -> int:
 
 
 # -- bytes -------------------------------------------------------------------------------------------
-def _fresh(size: int, populate: bool = True) -> torch.Tensor:
-    """``size`` bytes of new memory for a page-in, page aligned; mapped in all at once (``MAP_POPULATE``)
-    unless the caller maps it piece by piece (:func:`_populate`).
+def _fresh(slot_bytes: Sequence[int], populate: bool = True) -> list[torch.Tensor]:
+    """New memory for a page-in's slots: one anonymous mapping, each slot at a page-aligned offset and its
+    own storage; mapped in all at once unless the caller maps it piece by piece (:func:`_populate`).
 
-    A page-in fills memory nobody has touched; faulting it in page by page as
-    the copy first writes it ran at 0.6 GB/s on the development VM (below the
-    disk), the kernel populating the whole mapping at once at 3.5 GB/s.  The
-    tensor keeps the mapping alive; dropping the value unmaps it.
+    A page-in fills memory nobody has touched, and mapping it in is most of its CPU: page by page as
+    the copy first wrote it, 0.6 GB/s on the development VM (below the disk); in one call 4 GB/s.
+    Mapping and unmapping take the process's memory map for writing, which every tensor allocation on
+    mmap (:func:`agent.rss.return_freed_memory`) on the computing thread needs too, so a value gets one
+    mapping, not one per slot.  (Huge pages, ``MADV_HUGEPAGE``, map in at 10 GB/s instead of 4 on their
+    own, but made BERT's step at 50% 30% slower on the development VM.)  The storages keep the mapping
+    alive; dropping the value's last one unmaps it.
     """
-    if size == 0 or not hasattr(mmap, "MAP_POPULATE"):
-        return torch.empty(size, dtype=torch.uint8)
+    offsets, total = [], 0
+    for size in slot_bytes:
+        offsets.append(total)
+        total += _aligned(size)
+    if total == 0 or not hasattr(mmap, "MAP_POPULATE"):
+        return [torch.empty(size, dtype=torch.uint8) for size in slot_bytes]
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (mmap.MAP_POPULATE if populate else 0)
-    return torch.frombuffer(mmap.mmap(-1, size, flags=flags), dtype=torch.uint8)
+    region = mmap.mmap(-1, total, flags=flags)
+    return [torch.frombuffer(region, dtype=torch.uint8, count=size, offset=at) if size
+            else torch.empty(0, dtype=torch.uint8) for size, at in zip(slot_bytes, offsets)]
 
 
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None

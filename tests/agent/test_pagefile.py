@@ -181,14 +181,17 @@ def test_other_io_errors_are_not_mistaken_for_a_refusal(tmp_path, monkeypatch):
 def test_read_back_memory_is_resident_while_held_and_returned_when_dropped(tmp_path):
     from agent import rss
 
-    size = 32 << 20
+    sizes = [16 << 20, (16 << 20) + 100]  # one mapping for the value, a storage of its own for each slot
     path = tmp_path / "big.page"
-    pagefile.write(path, 3, _storages(size))
+    pagefile.write(path, 3, _storages(*sizes))
     before = rss.current()
-    storages = pagefile.read(path, 3, [size])
+    storages = pagefile.read(path, 3, sizes)
     held = rss.current()
+    assert [s.nbytes() for s in storages] == sizes
+    assert all(s.data_ptr() % pagefile.BLOCK == 0 for s in storages)
     storages[0][0] = 7  # writable, like any tensor memory
+    assert held - before >= 0.9 * sum(sizes)  # mapped in when read, not lazily later
+    del storages[0]
+    assert held - rss.current() < 0.1 * sum(sizes)  # a value is dropped whole: its mapping lives while a slot does
     del storages
-    after = rss.current()
-    assert held - before >= 0.9 * size  # mapped in when read, not lazily later
-    assert held - after >= 0.9 * size  # and unmapped as soon as the value is dropped
+    assert held - rss.current() >= 0.9 * sum(sizes)  # and unmapped as soon as the value is dropped
