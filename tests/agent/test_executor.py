@@ -38,7 +38,7 @@ def unet():
 @pytest.mark.parametrize("fraction", [0.9, 0.7, 0.5])
 def test_ledger_never_exceeds_the_budget(unet, method, fraction, tmp_path):
     model, graph, segments = unet
-    peak = plan(graph, "rpi4", method="store-all").simulation.peak_bytes
+    peak = plan(graph, "rpi4", method="store-all").simulation.peak_memory_bytes  # M: values and workspace
     try:
         result = plan(graph, "rpi4", method=method, memory_budget=int(fraction * peak), time_limit=60)
     except SolverError as exc:  # a planner bug (its plan fails the simulator) is the planner's tests' business
