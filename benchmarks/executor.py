@@ -398,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="resnet18:32x3x64x64,bert:8x128",
                         help="name:shape pairs from agent.zoo, comma separated")
     parser.add_argument("--budgets", default="1.0,0.75,0.6,0.5,0.3,0.2", help="fractions of M")
-    parser.add_argument("--repeats", type=int, default=3, help="measured steps per method and budget")
+    parser.add_argument("--repeats", type=int, default=5, help="measured steps per method and budget")
     parser.add_argument("--swap-dir", type=Path, default=None, help="default: a temporary directory in /var/tmp")
     parser.add_argument("--time-limit", type=float, default=120.0, help="MILP seconds per budget")
     parser.add_argument("--default-cut", action="store_true",
