@@ -32,7 +32,7 @@ Why it is built this way (measured with ``benchmarks/paging.py``, see docs/bench
 * **Reads in place.**  Where every slot but the last is a whole number of
   blocks (activations nearly always are), a direct read goes straight into the
   fresh storages in 4 MiB pieces, their memory mapped in piece by piece
-  (``MADV_POPULATE_WRITE``) beside the reads: no bounce copy, and the mapping
+  (a zero written into each page) beside the reads: no bounce copy, and the mapping
   off the critical path (a 32 MB page-in 1.04-1.24 -> 1.37-1.46 GB/s on the
   development VM, whose disk reads 2.0 GB/s into reused memory).
 * **CRC-32C in hardware** (the ``crc32c`` package: SSE4.2 / ARMv8 CRC
@@ -46,12 +46,10 @@ missing, short or mismatching page is a :class:`~agent.errors.PageCorruptError`.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import mmap
 import os
 import struct
-import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -194,7 +192,7 @@ def _read_in_place(fd: int, transfer: _Transfer, path: Path, views: Sequence[mem
     in the memory of piece k+1 and checksums piece k-1.  Returns the CRC of what was read.
 
     Against the bounce buffer this saves a copy of every byte, and mapping the fresh memory beside the reads
-    instead of before them (``MAP_POPULATE``) takes it off the page-in's critical path."""
+    instead of before them takes it off the page-in's critical path."""
     pieces: list[tuple[memoryview, int, int]] = []  # (into, file position, data bytes)
     position = offset
     for view in views:
@@ -336,38 +334,42 @@ def _open(path: Path, flags: int, direct: bool) -> int:
 # -- bytes -------------------------------------------------------------------------------------------
 def _fresh(slot_bytes: Sequence[int], populate: bool = True) -> list[torch.Tensor]:
     """New memory for a page-in's slots: one anonymous mapping, each slot at a page-aligned offset and its
-    own storage; mapped in all at once unless the caller maps it piece by piece (:func:`_populate`).
+    own storage; mapped in at once unless the caller maps it piece by piece beside its reads (both with
+    :func:`_populate`).
 
-    A page-in fills memory nobody has touched, and mapping it in is most of its CPU: page by page as
-    the copy first wrote it, 0.6 GB/s on the development VM (below the disk); in one call 4 GB/s.
+    A page-in fills memory nobody has touched, and mapping it in is most of its CPU (the copy
+    faulting it in as it first wrote ran at 0.6 GB/s on the development VM, below the disk).
     Mapping and unmapping take the process's memory map for writing, which every tensor allocation on
     mmap (:func:`agent.rss.return_freed_memory`) on the computing thread needs too, so a value gets one
-    mapping, not one per slot.  (Huge pages, ``MADV_HUGEPAGE``, map in at 10 GB/s instead of 4 on their
-    own, but made BERT's step at 50% 30% slower on the development VM.)  The storages keep the mapping
-    alive; dropping the value's last one unmaps it.
+    mapping, not one per slot.  (Huge pages, ``MADV_HUGEPAGE``, map in at 10 GB/s on their own, but
+    made BERT's step at 50% 30% slower on the development VM.)  The storages keep the mapping alive;
+    dropping the value's last one unmaps it.
     """
     offsets, total = [], 0
     for size in slot_bytes:
         offsets.append(total)
         total += _aligned(size)
-    if total == 0 or not hasattr(mmap, "MAP_POPULATE"):
+    if total == 0 or not hasattr(mmap, "MAP_ANONYMOUS"):
         return [torch.empty(size, dtype=torch.uint8) for size in slot_bytes]
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (mmap.MAP_POPULATE if populate else 0)
-    region = mmap.mmap(-1, total, flags=flags)
+    region = mmap.mmap(-1, total, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if populate:
+        _populate(memoryview(region))
     return [torch.frombuffer(region, dtype=torch.uint8, count=size, offset=at) if size
             else torch.empty(0, dtype=torch.uint8) for size, at in zip(slot_bytes, offsets)]
 
 
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-_MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault a range in for writing in one call, as MAP_POPULATE does a mapping
-
-
 def _populate(view: memoryview) -> None:
-    """Map in the pages under ``view`` (page aligned) at once; where the kernel cannot, the read faults them."""
-    if _LIBC is None or not len(view) or view.readonly:
+    """Map in the pages under ``view`` (fresh, page aligned) by writing a zero into each.
+
+    ``MADV_POPULATE_WRITE`` (or ``MAP_POPULATE``) maps a range in faster (4 GB/s against 2.8 on the
+    development VM) but holds the process's memory map for reading throughout, and every tensor the
+    computing thread allocates or frees on mmap waits for it: beside a plain BERT step, 57 MB mapped
+    in that way delayed the step by 10 ms, touched page by page 1.6 ms (a page fault locks only its
+    own mapping, Linux 6.4+).  The write is a torch op, so the GIL is free meanwhile.
+    """
+    if not len(view) or view.readonly:
         return
-    address = ctypes.addressof(ctypes.c_char.from_buffer(view))
-    _LIBC.madvise(ctypes.c_void_p(address), ctypes.c_size_t(len(view)), _MADV_POPULATE_WRITE)
+    torch.frombuffer(view, dtype=torch.uint8)[::mmap.PAGESIZE].fill_(0)
 
 
 def _aligned(n: int) -> int:
