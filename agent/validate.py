@@ -94,8 +94,8 @@ def predict(graph: TrainingGraph, schedule: Schedule, device: DeviceProfile | No
     """The cost model's prediction for one step of ``schedule`` on ``graph``.
 
     The step time comes from :func:`timeline_step_ms` with ``device`` and
-    ``hidden_fraction`` (the share of paging a profile measured hidden behind
-    compute), and also from the planner's simpler model; energies come from
+    ``hidden_fraction`` (the share of paging hidden behind compute; by default
+    the device's own), and also from the planner's simpler model; energies come from
     the graph, priced with ``device`` where it has none.  ``gradient_bytes[i]`` (see :func:`gradient_bytes_per_node`)
     is what backward node ``i`` allocates for parameter gradients; the RSS
     prediction is the most, after any instruction, of resident activations
@@ -260,9 +260,9 @@ def validate(
         An energy meter (started here if it is not; the caller closes it):
         the executor accounts each step's energy per node class with it.
     hidden_fraction:
-        Share of paging time hidden behind compute, as a profile measured it
-        (:attr:`schedules.profile.Overlap.hidden_fraction`); by default 1 or 0
-        from ``device.paging_overlaps_compute``.
+        Share of paging time hidden behind compute; by default the device's own
+        (``paging_hidden_fraction``, which ``poet-edge profile`` measures; 1 or 0
+        from ``paging_overlaps_compute`` where a profile has none).
 
     The process's allocator is left as it is: call
     :func:`agent.rss.return_freed_memory` first (as ``poet-edge`` does, for the

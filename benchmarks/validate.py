@@ -117,8 +117,7 @@ def bench_model(spec: str, fractions: list[float], args: argparse.Namespace, swa
         rows.append(Row(name, fraction, budget, note, result.status))
         if result.feasible:
             validators.append((rows[-1], Validator(work, graph, segments, result.schedule, swap_dir=swap,
-                                                   device=device, meter=meter,
-                                                   hidden_fraction=profile.overlap.hidden_fraction)))
+                                                   device=device, meter=meter)))
     try:
         _interleave([v for _, v in validators], args.warmup, args.steps)
     finally:
