@@ -19,14 +19,21 @@ the schedule holds during instruction ``k``, its node's workspace included):
   earliest ``q`` where that still fits, and never before the value's previous
   RAM copy was freed (the single I/O thread keeps writes and reads in order).
 
+* **reused read memory.**  Mapping fresh memory in is most of a page-in's CPU
+  (a page fault per 4 KiB).  A value that was paged in and is freed can keep
+  its memory for a later read of as many bytes, where the room holds it from
+  its ``free`` until that read takes it over; the read then fills memory
+  already mapped.
+
 Write-behind is planned first: it sits right after the page-outs of the forward
-pass, where backward read-ahead has no use for the room.
+pass, where backward read-ahead has no use for the room; then read-ahead, then
+reused memory in what room is left.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from schedules.device import DeviceProfile
 from schedules.graph import TrainingGraph
@@ -37,12 +44,23 @@ from schedules.simulate import simulate
 
 @dataclass(frozen=True)
 class IoPlan:
-    """``reads``: position -> nodes whose read starts just before it; ``release_by``: position of a ``free``
-    of a paged value -> position before which its write must be done (absent: the free waits for it)."""
+    """What the executor does with a schedule's paging.
+
+    ``reads``: position -> nodes whose read starts just before it (read-ahead);
+    ``release_by``: position of a ``free`` of a paged value -> position before
+    which its write must be done (absent: the free waits for it); ``reuse``:
+    a read, named ``(position, node)`` by its start (its ``page_in`` where it
+    is not read ahead) -> the earlier read whose memory it reads into;
+    ``keep``: the reads whose memory outlives their value's ``free`` for such
+    a later read; ``held``: bytes read ahead, written behind or kept for a read during
+    each instruction.
+    """
 
     reads: dict[int, list[int]] = field(default_factory=dict)
     release_by: dict[int, int] = field(default_factory=dict)
-    held: tuple[int, ...] = ()   # bytes read ahead or written behind during each instruction
+    held: tuple[int, ...] = ()
+    reuse: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+    keep: frozenset[tuple[int, int]] = frozenset()
 
 
 def plan_io(
@@ -50,8 +68,16 @@ def plan_io(
     node_bytes: Sequence[int],
     holding: Sequence[int],
     limit: int,
+    compute_ms: Sequence[float] | None = None,
+    read_ms: Sequence[float] | None = None,
 ) -> IoPlan:
-    """Plan write-behind and read-ahead for a schedule; see the module docstring."""
+    """Plan write-behind, read-ahead and reused read memory for a schedule; see the module docstring.
+
+    ``compute_ms`` and ``read_ms`` (per node: its computation, the read of its page) let a read start later
+    than it could, just after a value of as many bytes is freed, to take over that value's memory, where
+    the computations left before its ``page_in`` still cover the read; without them a read takes over only
+    memory freed before its earliest start.
+    """
     inflight = [0] * len(instructions)
     release_by: dict[int, int] = {}
     written: set[int] = set()
@@ -67,8 +93,14 @@ def plan_io(
                 release_by[p] = d
                 for r in range(p, d):
                     inflight[r] += node_bytes[node]
-    reads = plan_prefetch(instructions, node_bytes, holding, limit, inflight)
-    return IoPlan(reads, release_by, tuple(inflight))
+    covers = _lead(instructions, compute_ms, read_ms)
+    reads = _plan_reads(instructions, node_bytes, holding, limit, inflight, covers)
+    starts: dict[int, list[int]] = {}
+    for read in reads:
+        if read.start < read.page_in:
+            starts.setdefault(read.start, []).append(read.node)
+    reuse = {read.name: read.reuses for read in reads if read.reuses is not None}
+    return IoPlan(starts, release_by, tuple(inflight), reuse, frozenset(reuse.values()))
 
 
 def plan_prefetch(
@@ -83,21 +115,83 @@ def plan_prefetch(
     ``resident[k]`` is the predicted bytes held during instruction ``k``; ``inflight`` (updated in place)
     what is already held on top of it.
     """
-    inflight = [0] * len(instructions) if inflight is None else inflight
     starts: dict[int, list[int]] = {}
+    for read in _plan_reads(instructions, node_bytes, resident, limit, inflight):
+        if read.start < read.page_in:
+            starts.setdefault(read.start, []).append(read.node)
+    return starts
+
+
+@dataclass(frozen=True)
+class _Read:
+    node: int
+    page_in: int   # position of its page_in
+    start: int     # the read starts just before this position (== page_in: read at the page_in itself)
+    free: int | None  # position of the free that ends this copy (None: kept to the step's end)
+    reuses: tuple[int, int] | None = None  # the earlier read whose memory it takes over
+
+    @property
+    def name(self) -> tuple[int, int]:
+        return self.start, self.node
+
+    @property
+    def takes_memory_at(self) -> int:
+        """First instruction during which the read's buffer is counted (see :func:`plan_prefetch`)."""
+        return max(self.start - 1, 0) if self.start < self.page_in else self.page_in
+
+
+LeadCovers = Callable[[int, int, int], bool]
+"""``covers(start, page_in, node)``: whether a read of ``node`` started before ``start`` is done by ``page_in``."""
+
+
+def _lead(instructions: Sequence[Instruction], compute_ms: Sequence[float] | None,
+          read_ms: Sequence[float] | None) -> LeadCovers | None:
+    if compute_ms is None or read_ms is None:
+        return None
+    elapsed = [0.0]
+    for op, node in instructions:
+        elapsed.append(elapsed[-1] + (compute_ms[node] if op == "compute" else 0.0))
+    return lambda start, page_in, node: elapsed[page_in] - elapsed[start] >= read_ms[node]
+
+
+def _plan_reads(instructions: Sequence[Instruction], node_bytes: Sequence[int], resident: Sequence[int], limit: int,
+                inflight: list[int] | None, covers: LeadCovers | None = None) -> list[_Read]:
+    """Every ``page_in``'s read: started as early as the room allows, and reading into the memory of a value
+    of as many bytes freed before it starts (the latest such free first: the shortest wait) where the room
+    holds that memory in between -- or, given ``covers``, freed before its ``page_in`` where the read still
+    ends in time when started just after that free.  ``inflight`` (updated in place) is what is held on top
+    of ``resident``."""
+    inflight = [0] * len(instructions) if inflight is None else inflight
+    reads: list[_Read] = []
     last_free: dict[int, int] = {}
     for p, (op, node) in enumerate(instructions):
         if op == "free":
             last_free[node] = p
         if op != "page_in":
             continue
-        q = _earliest(p, last_free.get(node, -1) + 1, node_bytes[node], resident, inflight, limit)
-        if q == p:
-            continue  # no room ahead: the page_in reads synchronously
-        for r in range(max(q - 1, 0), p):
-            inflight[r] += node_bytes[node]
-        starts.setdefault(q, []).append(node)
-    return starts
+        size = node_bytes[node]
+        end = next((k for k in range(p + 1, len(instructions)) if instructions[k] == ("free", node)), None)
+        earliest = _earliest(p, last_free.get(node, -1) + 1, size, resident, inflight, limit)
+        read = _Read(node, p, earliest, end)
+        taken = {r.reuses for r in reads}
+        donors = [d for d in reads if d.free is not None and d.free < p and d.name not in taken
+                  and node_bytes[d.node] == size > 0]
+        for donor in sorted(donors, key=lambda d: -d.free):
+            start = max(earliest, donor.free + 1)
+            if start > earliest and (covers is None or not covers(start, p, node)):
+                continue
+            candidate = _Read(node, p, start, end, donor.name)
+            idle = range(donor.free, candidate.takes_memory_at)  # the memory waits, counted, for the read
+            if all(resident[r] + inflight[r] + size <= limit for r in idle):
+                for r in idle:
+                    inflight[r] += size
+                read = candidate
+                break
+        if read.start < p:  # else no room ahead: the page_in reads synchronously
+            for r in range(read.takes_memory_at, p):
+                inflight[r] += size
+        reads.append(read)
+    return reads
 
 
 def _earliest(p: int, lo: int, size: int, resident: Sequence[int], inflight: list[int], limit: int) -> int:
@@ -134,7 +228,8 @@ def timeline_step_ms(graph: TrainingGraph, schedule: Schedule, device: DevicePro
     instructions = list(schedule.instructions)
     report = simulate(graph, instructions)
     limit = schedule.memory_budget if schedule.memory_budget is not None else report.peak_memory_bytes
-    io = plan_io(instructions, [n.bytes for n in graph.nodes], report.working_bytes, limit)
+    io = plan_io(instructions, [n.bytes for n in graph.nodes], report.working_bytes, limit,
+                 [n.compute_ms for n in graph.nodes], [device.pagein_seconds(n.bytes) * 1e3 for n in graph.nodes])
     line = _Timeline(graph, device)
     for position, (op, node) in enumerate(instructions):
         line.settle(position)

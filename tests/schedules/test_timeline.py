@@ -27,3 +27,34 @@ def test_a_paged_value_is_written_behind_its_free_while_the_room_lasts():
     tight = plan_io(instructions, sizes, holding, limit=150)
     assert tight.release_by == {3: 4}        # node 2's computation has no room for it: wait before it
     assert plan_io(instructions, sizes, holding, limit=105).release_by == {}  # the free itself waits
+
+
+# nodes 1 and 2 (100 bytes each) are paged out in the forward pass and paged back in, 2 first; node 2's copy is
+# freed at 9, before node 1's read can start (node 4's computation leaves no room for it before 10)
+REREAD = [("compute", 1), ("page_out", 1), ("free", 1), ("compute", 2), ("page_out", 2), ("free", 2),
+          ("compute", 3), ("page_in", 2), ("compute", 4), ("free", 2), ("compute", 5), ("page_in", 1),
+          ("compute", 6), ("free", 1)]
+REREAD_SIZES = [0, 100, 100, 10, 10, 10, 10]
+REREAD_HOLDING = [100, 100, 0, 100, 100, 0, 10, 110, 120, 20, 30, 130, 140, 40]
+
+
+def test_a_read_takes_over_the_memory_of_a_value_of_as_many_bytes_freed_before_it_starts():
+    io = plan_io(REREAD, REREAD_SIZES, REREAD_HOLDING, limit=145)
+    assert io.reads == {10: [1]}          # node 2's write behind its free takes the room to read it ahead
+    assert io.reuse == {(10, 1): (7, 2)}  # node 1's read fills the memory node 2's read (at its page_in) filled
+    assert io.keep == {(7, 2)}
+    assert max(h + x for h, x in zip(REREAD_HOLDING, io.held)) <= 145
+    # a read of another size takes over nothing
+    assert plan_io(REREAD, [0, 100, 90, 10, 10, 10, 10], REREAD_HOLDING, limit=145).reuse == {}
+
+
+def test_a_read_starts_after_a_free_to_take_over_its_memory_only_where_computation_still_covers_it():
+    roomy = plan_io(REREAD, REREAD_SIZES, REREAD_HOLDING, limit=1000)
+    assert roomy.reads == {6: [2], 3: [1]} and roomy.reuse == {}  # read as early as it can: nothing freed yet
+    compute_ms = [0, 5, 5, 5, 5, 5, 5]
+    covered = plan_io(REREAD, REREAD_SIZES, REREAD_HOLDING, limit=1000, compute_ms=compute_ms,
+                      read_ms=[0, 4, 4, 0, 0, 0, 0])
+    assert covered.reads == {6: [2], 10: [1]} and covered.reuse == {(10, 1): (6, 2)}  # node 5's 5 ms hide 4 ms
+    slow = plan_io(REREAD, REREAD_SIZES, REREAD_HOLDING, limit=1000, compute_ms=compute_ms,
+                   read_ms=[0, 6, 6, 0, 0, 0, 0])
+    assert slow.reads == {6: [2], 3: [1]} and slow.reuse == {}  # 6 ms would not be hidden: read early instead
