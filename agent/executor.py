@@ -12,7 +12,11 @@
 Each instruction of ``schedule.instructions`` is done for real: ``compute``
 runs a unit (or its backward) through :class:`~agent.runtime.Runtime`,
 ``free`` drops the value's storages, ``page_out`` / ``page_in`` move them to
-and from a page file through :class:`~agent.pager.Pager`.  Before the first
+and from a page file through :class:`~agent.pager.Pager`, reading ahead,
+writing behind and reading into memory kept from an earlier page-in where
+the budget has room (:func:`schedules.timeline.plan_io`; once a step has
+measured the page-in bandwidth, reads may start later to take over such
+memory where the computations left still hide them).  Before the first
 step the executor refuses a schedule planned for another graph, one the
 simulator rejects (over budget, missing inputs) and one whose first
 computations of forward nodes are not in stage order (the RNG stream would
@@ -114,10 +118,10 @@ class Executor:
                 raise ScheduleRefusedError("this schedule pages values out; give the executor a swap_dir on flash")
             self.pager = Pager(swap_dir, free_space)
         limit = schedule.memory_budget if schedule.memory_budget is not None else self.report.peak_memory_bytes
-        # read-ahead buffers and values written behind go on top of what each instruction holds, its node's
-        # workspace included
-        self.io_plan = plan_io(self.instructions, [n.bytes for n in graph.nodes], self.report.working_bytes, limit)
-        self.prefetch = self.io_plan.reads
+        # read-ahead buffers, values written behind and memory kept for a later read go on top of what each
+        # instruction holds, its node's workspace included
+        self._limit = limit
+        self._plan_io()
         # A freed activation must leave the process, or the budget binds the ledger but not the device's RAM:
         # glibc otherwise keeps freed tensors for reuse (validate measured RSS growth up to 2.4x its prediction so).
         # The price: a page fault per fresh page (a resnet18 step 55% slower on the development VM); extraction times
@@ -127,6 +131,8 @@ class Executor:
         self._heap = rss.HeapTrimmer(max(1, int(TRIM_SHARE * limit)))
         self._behind: dict[int, int] = {}     # value freed while its write runs -> bytes the write still holds
         self._deadlines: dict[int, int] = {}  # ... -> position before which the write must be done
+        self._read_of: dict[int, tuple[int, int]] = {}  # paged-in value -> the read that brought it
+        self._kept: dict[tuple[int, int], int] = {}     # read whose value is freed, memory kept -> bytes
         self.last_stats: StepStats | None = None
 
     def step(self, inputs: Any, targets: Any) -> torch.Tensor:
@@ -148,16 +154,20 @@ class Executor:
                         self._settle_writes(position, account)
                     for ahead in self.prefetch.get(position, ()):
                         with self._track(account, "page_in", ahead):
-                            self._prefetch(ahead)
+                            self._prefetch(ahead, position)
                     began = time.perf_counter()
                     if op == "free":
                         with self._track(account, op, node, position):
                             self._free(node, position)
+                    elif op == "page_in":
+                        with self._track(account, op, node):
+                            self._page_in(node, position)
                     else:
                         with self._track(account, op, node):
                             getattr(self, f"_{op}")(node)
                     node_seconds[node] += time.perf_counter() - began
-                    inflight = self.pager.inflight_bytes + sum(self._behind.values()) if self.pager else 0
+                    inflight = self.pager.inflight_bytes + sum(self._behind.values()) + sum(self._kept.values()) \
+                        if self.pager else 0
                     ledger.record(position, self.runtime.store.resident_bytes, inflight)
                 seconds = time.perf_counter() - started
             loss = self.runtime.loss
@@ -170,7 +180,19 @@ class Executor:
         state.commit()
         energy = account.result if account is not None else None
         self.last_stats = self._stats(ledger, node_seconds, seconds, rss_before, peak, energy)
+        if self._read_ms is None and self.last_stats.pagein_bandwidth_bps:
+            self._plan_io(self.last_stats.pagein_bandwidth_bps)
         return loss
+
+    def _plan_io(self, read_bps: float | None = None) -> None:
+        """Plan read-ahead, write-behind and reused read memory (:func:`schedules.timeline.plan_io`); with the
+        page-in bandwidth a step measured, a read may start later to take over a freed value's memory where
+        the computations before its ``page_in`` still cover it."""
+        nodes = self.graph.nodes
+        self._read_ms = [n.bytes / read_bps * 1e3 for n in nodes] if read_bps else None
+        self.io_plan = plan_io(self.instructions, [n.bytes for n in nodes], self.report.working_bytes, self._limit,
+                               [n.compute_ms for n in nodes], self._read_ms)
+        self.prefetch = self.io_plan.reads
 
     def close(self) -> None:
         """Stop the pager's I/O thread and remove its page files (kept between successful steps)."""
@@ -196,6 +218,9 @@ class Executor:
             else:  # the write holds the storages until the bytes are on flash, within the room planned
                 self._behind[node] = self.runtime.value_bytes(node)
                 self._deadlines[node] = deadline
+        read = self._read_of.pop(node, None)
+        if read in self.io_plan.keep:  # its memory waits for a later read (pager), within the room planned
+            self._kept[read] = self.runtime.value_bytes(node)
         self.runtime.free(node, keep_skeleton=paged)
         self._heap.after_free()
 
@@ -212,12 +237,23 @@ class Executor:
     def _page_out(self, node: int) -> None:
         self.pager.write(node, self.runtime.storages(node))
 
-    def _page_in(self, node: int) -> None:
+    def _page_in(self, node: int, position: int) -> None:
         slots = self.runtime.store.values[node].slot_bytes
-        self.runtime.install(node, self.pager.read(node, slots))
+        if node not in self._read_of:  # not read ahead: the read is this page_in's
+            self._read_of[node] = (position, node)
+        read = self._read_of[node]
+        self.runtime.install(node, self.pager.read(node, slots, *self._memory_for(read)))
 
-    def _prefetch(self, node: int) -> None:
-        self.pager.prefetch(node, self.runtime.store.values[node].slot_bytes)
+    def _prefetch(self, node: int, position: int) -> None:
+        self._read_of[node] = (position, node)
+        self.pager.prefetch(node, self.runtime.store.values[node].slot_bytes, *self._memory_for((position, node)))
+
+    def _memory_for(self, read: tuple[int, int]) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+        """(kept memory to read into, name to keep this read's memory under) for the pager."""
+        reuse = self.io_plan.reuse.get(read)
+        if reuse is not None:
+            self._kept.pop(reuse, None)  # from here on the read counts it
+        return reuse, read if read in self.io_plan.keep else None
 
     # -- bookkeeping -------------------------------------------------------------
     def _track(self, account: StepEnergyAccount | None, op: str, node: int,
@@ -233,6 +269,8 @@ class Executor:
 
     def _end_step(self, keep_files: bool) -> None:
         self._behind.clear()
+        self._read_of.clear()
+        self._kept.clear()
         if self.pager is not None:
             self.pager.end_step(keep_files)
         self.runtime.finish()
@@ -248,6 +286,7 @@ class Executor:
             bytes_paged_out=pager.bytes_out if pager else 0, bytes_paged_in=pager.bytes_in if pager else 0,
             io_seconds=pager.io_seconds if pager else 0.0, io_wait_seconds=pager.wait_seconds if pager else 0.0,
             io_out_seconds=pager.seconds["out"] if pager else 0.0, io_in_seconds=pager.seconds["in"] if pager else 0.0,
+            reads_into_kept=pager.reads_into_kept if pager else 0,
             rss_before_bytes=rss_before, peak_rss_bytes=peak, energy=energy,
         )
 

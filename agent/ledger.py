@@ -28,7 +28,9 @@ class StepStats:
     ``rss_before_bytes`` are the process's peak and starting resident set
     (``None`` when not measured); ``io_seconds`` is time spent by the I/O
     thread (``io_out_seconds`` writing, ``io_in_seconds`` reading),
-    ``io_wait_seconds`` time the step waited for it.  Per-node times
+    ``io_wait_seconds`` time the step waited for it; ``reads_into_kept``
+    counts the page-ins that filled memory kept from an earlier one (no page
+    faults; :mod:`schedules.timeline`).  Per-node times
     are summed over recomputations; ``node_io_seconds`` is paging time per node.
     ``energy`` is the step's energy, total and per node class, when the
     executor was given a meter (``None`` otherwise); ``dataclasses.asdict``
@@ -48,6 +50,7 @@ class StepStats:
     io_out_seconds: float = 0.0
     io_in_seconds: float = 0.0
     io_wait_seconds: float = 0.0
+    reads_into_kept: int = 0
     rss_before_bytes: int | None = None
     peak_rss_bytes: int | None = None
     energy: StepEnergy | None = None

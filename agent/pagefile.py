@@ -50,6 +50,7 @@ import errno
 import mmap
 import os
 import struct
+import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -104,17 +105,26 @@ def write(path: Path, node: int, storages: Sequence[torch.UntypedStorage]) -> in
     return sum(map(len, views))
 
 
-def read(path: Path, node: int, slot_bytes: Sequence[int]) -> list[torch.UntypedStorage]:
-    """Read the page of ``node`` back into fresh storages, verifying header, sizes and checksum."""
-    # O_DIRECT can read straight into the storages when each starts on a block of the file and of memory; their
-    # pages are then mapped piece by piece beside the reads instead of all at once before them
+def read(path: Path, node: int, slot_bytes: Sequence[int],
+         memory: PageMemory | None = None) -> list[torch.UntypedStorage]:
+    """Read the page of ``node`` back into storages, verifying header, sizes and checksum.
+
+    The storages lie in ``memory`` where it is given, unused and of exactly the page's layout (a kept
+    :class:`PageMemory`: already mapped in, so no page faults), otherwise in fresh memory.
+    """
+    if memory is None or not memory.fits(slot_bytes):
+        memory = PageMemory(slot_bytes)
+    # O_DIRECT can read straight into the storages when each starts on a block of the file and of memory; fresh
+    # memory is then mapped in piece by piece beside the reads instead of all at once before them
     in_place = all(size % BLOCK == 0 for size in slot_bytes[:-1])
-    buffers = _fresh(slot_bytes, populate=not in_place)
+    buffers = memory.buffers(slot_bytes)
+    if not in_place:
+        memory.map_in()
     in_place = in_place and all(b.data_ptr() % BLOCK == 0 for b in buffers if b.numel())
     views = [memoryview(b.numpy()).cast("B") if b.numel() else memoryview(b"") for b in buffers]
     try:
         try:
-            crc, actual = _read_data(path, node, views, direct=True, in_place=in_place)
+            crc, actual = _read_data(path, node, views, direct=True, in_place=in_place, mapped=memory.mapped)
         except _DirectRefused:
             crc, actual = _read_data(path, node, views, direct=False)
     except FileNotFoundError as exc:
@@ -124,7 +134,55 @@ def read(path: Path, node: int, slot_bytes: Sequence[int]) -> list[torch.Untyped
     if actual != crc:
         raise PageCorruptError(f"page {path} for node {node} fails its checksum (crc32c {actual:#010x}, "
                                f"written {crc:#010x}): the swap medium returned different bytes; the step is aborted")
+    memory.mapped = True
     return [b.untyped_storage() for b in buffers]
+
+
+class PageMemory:
+    """Anonymous memory a page-in reads into: one mapping, each slot at a page-aligned offset and its own
+    storage.  The storages keep the mapping alive; with the last one (and this object) gone it is unmapped.
+
+    A page-in fills memory nobody has touched, and mapping it in is most of its CPU (the copy faulting it in
+    as it first wrote ran at 0.6 GB/s on the development VM, below the disk).  Kept past its value's life,
+    the same memory takes a later page of the same layout with no page fault (:mod:`schedules.timeline`
+    plans where the budget has room for that).  Mapping and unmapping take the process's memory map for
+    writing, which every tensor allocation on mmap (:func:`agent.rss.return_freed_memory`) on the computing
+    thread needs too, so a value gets one mapping, not one per slot.  (Huge pages, ``MADV_HUGEPAGE``, map in
+    at 10 GB/s on their own, but made BERT's step at 50% 30% slower on the development VM.)
+    """
+
+    def __init__(self, slot_bytes: Sequence[int]) -> None:
+        self.nbytes = self.layout_bytes(slot_bytes)
+        self.mapped = False  # every page of the slots mapped in (by a read that filled them)
+        self._map = mmap.mmap(-1, self.nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) if self.nbytes else None
+
+    @staticmethod
+    def layout_bytes(slot_bytes: Sequence[int]) -> int:
+        """Bytes of memory a page with these slots takes (each slot rounded up to whole blocks)."""
+        return sum(_aligned(size) for size in slot_bytes)
+
+    def buffers(self, slot_bytes: Sequence[int]) -> list[torch.Tensor]:
+        """Byte tensors of the slots, back to back at block-aligned offsets."""
+        out, at = [], 0
+        for size in slot_bytes:
+            out.append(torch.frombuffer(self._map, dtype=torch.uint8, count=size, offset=at) if size
+                       else torch.empty(0, dtype=torch.uint8))
+            at += _aligned(size)
+        return out
+
+    def fits(self, slot_bytes: Sequence[int]) -> bool:
+        """Whether a page of these slots can be read here: the same layout size, and nothing of it in use."""
+        return self.nbytes == self.layout_bytes(slot_bytes) and not self.in_use()
+
+    def in_use(self) -> bool:
+        """Whether a storage of an earlier page still lies here (it holds the mapping through the buffer
+        protocol: one reference each)."""
+        return self._map is not None and sys.getrefcount(self._map) > 2  # this object's, and the call's argument
+
+    def map_in(self) -> None:
+        """Map every page in now (the buffered path copies into the slots: better in one go than by faults)."""
+        if self._map is not None and not self.mapped:
+            _populate(memoryview(self._map))
 
 
 # -- the two directions ------------------------------------------------------------------------------
@@ -156,7 +214,7 @@ def _write_data(path: Path, node: int, views: Sequence[memoryview], direct: bool
 
 
 def _read_data(path: Path, node: int, views: Sequence[memoryview], direct: bool,
-               in_place: bool = False) -> tuple[int, int]:
+               in_place: bool = False, mapped: bool = False) -> tuple[int, int]:
     """Read the header and stream the data into ``views``; returns (written CRC, CRC of what was read)."""
     transfer = _transfer()
     sizes = [len(v) for v in views]
@@ -165,7 +223,7 @@ def _read_data(path: Path, node: int, views: Sequence[memoryview], direct: bool,
     try:
         crc = _read_head(fd, transfer, path, node, sizes, direct)
         if direct and in_place:
-            return crc, _read_in_place(fd, transfer, path, views, offset)
+            return crc, _read_in_place(fd, transfer, path, views, offset, mapped)
         chunks = list(_chunks(offset, sum(sizes)))
         actual = 0
         with _Pipeline(transfer, direct) as pipe:
@@ -186,10 +244,12 @@ def _read_data(path: Path, node: int, views: Sequence[memoryview], direct: bool,
     return crc, actual
 
 
-def _read_in_place(fd: int, transfer: _Transfer, path: Path, views: Sequence[memoryview], offset: int) -> int:
+def _read_in_place(fd: int, transfer: _Transfer, path: Path, views: Sequence[memoryview], offset: int,
+                   mapped: bool) -> int:
     """O_DIRECT reads straight into the storages (block aligned in file and memory; only the last slot may end
     mid-block, its tail goes through the bounce buffer).  While the helper thread reads piece k, this thread maps
-    in the memory of piece k+1 and checksums piece k-1.  Returns the CRC of what was read.
+    in the memory of piece k+1 (unless it is ``mapped`` already) and checksums piece k-1.  Returns the CRC of
+    what was read.
 
     Against the bounce buffer this saves a copy of every byte, and mapping the fresh memory beside the reads
     instead of before them takes it off the page-in's critical path."""
@@ -211,11 +271,12 @@ def _read_in_place(fd: int, transfer: _Transfer, path: Path, views: Sequence[mem
         return transfer.disk.submit(_io, True, _pread_all, fd, into, at, path)
 
     crc = 0
-    _populate(pieces[0][0])
+    populate = (lambda view: None) if mapped else _populate
+    populate(pieces[0][0])
     pending = read(0)
     for k, (into, _, length) in enumerate(pieces):
         if k + 1 < len(pieces):
-            _populate(pieces[k + 1][0])  # beside the read of piece k
+            populate(pieces[k + 1][0])  # beside the read of piece k
         pending.result()
         if k + 1 < len(pieces):
             pending = read(k + 1)
@@ -332,32 +393,6 @@ def _open(path: Path, flags: int, direct: bool) -> int:
 
 
 # -- bytes -------------------------------------------------------------------------------------------
-def _fresh(slot_bytes: Sequence[int], populate: bool = True) -> list[torch.Tensor]:
-    """New memory for a page-in's slots: one anonymous mapping, each slot at a page-aligned offset and its
-    own storage; mapped in at once unless the caller maps it piece by piece beside its reads (both with
-    :func:`_populate`).
-
-    A page-in fills memory nobody has touched, and mapping it in is most of its CPU (the copy
-    faulting it in as it first wrote ran at 0.6 GB/s on the development VM, below the disk).
-    Mapping and unmapping take the process's memory map for writing, which every tensor allocation on
-    mmap (:func:`agent.rss.return_freed_memory`) on the computing thread needs too, so a value gets one
-    mapping, not one per slot.  (Huge pages, ``MADV_HUGEPAGE``, map in at 10 GB/s on their own, but
-    made BERT's step at 50% 30% slower on the development VM.)  The storages keep the mapping alive;
-    dropping the value's last one unmaps it.
-    """
-    offsets, total = [], 0
-    for size in slot_bytes:
-        offsets.append(total)
-        total += _aligned(size)
-    if total == 0 or not hasattr(mmap, "MAP_ANONYMOUS"):
-        return [torch.empty(size, dtype=torch.uint8) for size in slot_bytes]
-    region = mmap.mmap(-1, total, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if populate:
-        _populate(memoryview(region))
-    return [torch.frombuffer(region, dtype=torch.uint8, count=size, offset=at) if size
-            else torch.empty(0, dtype=torch.uint8) for size, at in zip(slot_bytes, offsets)]
-
-
 def _populate(view: memoryview) -> None:
     """Map in the pages under ``view`` (fresh, page aligned) by writing a zero into each.
 

@@ -7,6 +7,10 @@
 * ``prefetch`` queues a read ahead of its ``page_in`` (the executor decides
   how far ahead, within the budget); ``read`` takes the prefetched storages or
   reads at once.  One FIFO thread means a page is never read before it is written.
+  A read told to ``keep`` its memory leaves it with the pager once read, for a
+  later read told to ``reuse`` it (planned by :func:`schedules.timeline.plan_io`
+  where the budget holds it in between): that read fills memory already mapped
+  in.  Memory still holding a storage of its first page is never reused.
 * ``reserve`` runs before a step: it checks the filesystem has room for every
   page the schedule writes and allocates the files (``posix_fallocate``), so a
   full disk is reported before any work and never mid-step.  Bytes a file
@@ -36,7 +40,7 @@ import uuid
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Hashable, Mapping
 
 import torch
 
@@ -71,6 +75,7 @@ class Pager:
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="poet-pager")
         self._writes: dict[int, Future] = {}
         self._reads: dict[int, Future] = {}
+        self._kept: dict[Hashable, pagefile.PageMemory] = {}  # read -> its memory, for a later read
         self._lock = threading.Lock()
         self._pattern = f"poet-{os.getpid()}-{self.token}-n*.page"
         self._finalizer = weakref.finalize(self, _remove_files, self.dir, self._pattern)
@@ -104,6 +109,7 @@ class Pager:
                 pass
         self._writes.clear()
         self._reads.clear()
+        self._kept.clear()
         if not keep_files:
             _remove_files(self.dir, self._pattern)
 
@@ -119,6 +125,7 @@ class Pager:
         self.seconds = {"out": 0.0, "in": 0.0}  # I/O thread time per direction
         self.node_io_seconds: dict[int, float] = {}
         self.inflight_bytes = 0
+        self.reads_into_kept = 0  # reads that filled memory kept from an earlier one
 
     # -- pages -----------------------------------------------------------------
     def path(self, node: int) -> Path:
@@ -140,21 +147,39 @@ class Pager:
         """Block until ``node``'s page is on flash (raises what the write raised)."""
         self._wait(self._writes[node])
 
-    def prefetch(self, node: int, slot_bytes: list[int]) -> None:
-        """Queue the read of ``node``'s page ahead of its page-in."""
+    def prefetch(self, node: int, slot_bytes: list[int], reuse: Hashable | None = None,
+                 keep: Hashable | None = None) -> None:
+        """Queue the read of ``node``'s page ahead of its page-in, into the memory kept as ``reuse`` if there is
+        one; with ``keep``, its memory is kept under that name once read (until a read reuses it or the step
+        ends)."""
+        memory = self._kept.pop(reuse, None) if reuse is not None else None
         with self._lock:
             self.inflight_bytes += sum(slot_bytes)
-        self._reads[node] = self._io.submit(self._timed, node, "in", pagefile.read, self.path(node), node, slot_bytes)
+        self._reads[node] = self._io.submit(self._timed, node, "in", self._read_page, node, slot_bytes, memory, keep)
 
-    def read(self, node: int, slot_bytes: list[int]) -> list[torch.UntypedStorage]:
-        """``node``'s storages from flash: the prefetched ones, or read now."""
+    def read(self, node: int, slot_bytes: list[int], reuse: Hashable | None = None,
+             keep: Hashable | None = None) -> list[torch.UntypedStorage]:
+        """``node``'s storages from flash: the prefetched ones, or read now (``reuse``, ``keep``: as for
+        :meth:`prefetch`)."""
         if node not in self._reads:
-            self.prefetch(node, slot_bytes)
+            self.prefetch(node, slot_bytes, reuse, keep)
         try:
             return self._wait(self._reads.pop(node))
         finally:
             with self._lock:
                 self.inflight_bytes -= sum(slot_bytes)
+
+    def _read_page(self, node: int, slot_bytes: list[int], memory: pagefile.PageMemory | None,
+                   keep: Hashable | None) -> list[torch.UntypedStorage]:
+        reused = memory is not None and memory.fits(slot_bytes)
+        if not reused:
+            memory = pagefile.PageMemory(slot_bytes)
+        storages = pagefile.read(self.path(node), node, slot_bytes, memory)
+        with self._lock:
+            self.reads_into_kept += reused
+            if keep is not None:
+                self._kept[keep] = memory
+        return storages
 
     def _wait(self, future: Future):
         started = time.perf_counter()

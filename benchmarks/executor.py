@@ -228,6 +228,7 @@ class BudgetRow:
     pageout_bps: float | None = None
     pagein_bps: float | None = None
     recomputed: int = 0
+    reads_into_kept: int = 0
     runtime_budget: float | None = None
     checkpoint: dict[str, Any] = field(default_factory=dict)
     offload: dict[str, Any] = field(default_factory=dict)
@@ -310,6 +311,7 @@ def bench_budget(fraction: float, M: int, graph, cut, work: Workload, device: De
         row.pageout_bps = _rate(sum(s.bytes_paged_out for s in stats), sum(s.io_out_seconds for s in stats))
         row.pagein_bps = _rate(sum(s.bytes_paged_in for s in stats), sum(s.io_in_seconds for s in stats))
         row.recomputed = result.simulation.recomputed_nodes if result.simulation else 0
+        row.reads_into_kept = stats[-1].reads_into_kept
     limit = budget * TARGETS["rss_over_budget"]
     fitting = [m for m in remedies if m.growth is not None and m.growth <= limit]
     if fitting:

@@ -195,3 +195,35 @@ def test_read_back_memory_is_resident_while_held_and_returned_when_dropped(tmp_p
     assert held - rss.current() < 0.1 * sum(sizes)  # a value is dropped whole: its mapping lives while a slot does
     del storages
     assert held - rss.current() >= 0.9 * sum(sizes)  # and unmapped as soon as the value is dropped
+
+
+@pytest.mark.parametrize("sizes", [(5 * 4096, 3 * 4096 + 10), (CHUNK + 10, 7)])  # in place, and through the bounce
+def test_a_page_read_into_kept_memory_lands_in_it_with_the_right_bytes(tmp_path, sizes):
+    first, second = _storages(*sizes), _storages(*sizes)
+    pagefile.write(tmp_path / "a.page", 1, first)
+    pagefile.write(tmp_path / "b.page", 2, second)
+    memory = pagefile.PageMemory(sizes)
+    got = pagefile.read(tmp_path / "a.page", 1, list(sizes), memory)
+    assert _same(got, first) and memory.mapped
+    start = got[0].data_ptr()
+    del got
+    again = pagefile.read(tmp_path / "b.page", 2, list(sizes), memory)
+    assert _same(again, second)
+    assert again[0].data_ptr() == start  # the same memory, not a fresh mapping
+
+
+def test_kept_memory_a_storage_still_uses_is_never_read_into(tmp_path):
+    sizes = (2 * 4096, 4096)
+    first, second = _storages(*sizes), _storages(*sizes)
+    pagefile.write(tmp_path / "a.page", 1, first)
+    pagefile.write(tmp_path / "b.page", 2, second)
+    memory = pagefile.PageMemory(sizes)
+    held = pagefile.read(tmp_path / "a.page", 1, list(sizes), memory)
+    view = torch.empty(0, dtype=torch.uint8).set_(held[1])[100:200]  # a view keeps the storage alive
+    del held
+    assert memory.in_use() and not memory.fits(sizes)
+    other = pagefile.read(tmp_path / "b.page", 2, list(sizes), memory)
+    assert _same(other, second)
+    assert torch.equal(view, torch.empty(0, dtype=torch.uint8).set_(first[1])[100:200])  # left intact
+    del view
+    assert memory.fits(sizes) and not memory.fits((4096, 4096))  # free again; another layout never fits
