@@ -140,8 +140,9 @@ class _Read:
         return max(self.start - 1, 0) if self.start < self.page_in else self.page_in
 
 
-LeadCovers = Callable[[int, int, int], bool]
-"""``covers(start, page_in, node)``: whether a read of ``node`` started before ``start`` is done by ``page_in``."""
+LeadCovers = Callable[[int, int, Sequence[int]], bool]
+"""``covers(start, page_in, nodes)``: whether the reads of ``nodes``, one after another from just before
+``start``, are done by ``page_in``."""
 
 
 def _lead(instructions: Sequence[Instruction], compute_ms: Sequence[float] | None,
@@ -151,7 +152,7 @@ def _lead(instructions: Sequence[Instruction], compute_ms: Sequence[float] | Non
     elapsed = [0.0]
     for op, node in instructions:
         elapsed.append(elapsed[-1] + (compute_ms[node] if op == "compute" else 0.0))
-    return lambda start, page_in, node: elapsed[page_in] - elapsed[start] >= read_ms[node]
+    return lambda start, page_in, nodes: elapsed[page_in] - elapsed[start] >= sum(read_ms[n] for n in nodes)
 
 
 def _plan_reads(instructions: Sequence[Instruction], node_bytes: Sequence[int], resident: Sequence[int], limit: int,
@@ -159,8 +160,8 @@ def _plan_reads(instructions: Sequence[Instruction], node_bytes: Sequence[int], 
     """Every ``page_in``'s read: started as early as the room allows, and reading into the memory of a value
     of as many bytes freed before it starts (the latest such free first: the shortest wait) where the room
     holds that memory in between -- or, given ``covers``, freed before its ``page_in`` where the read still
-    ends in time when started just after that free.  ``inflight`` (updated in place) is what is held on top
-    of ``resident``."""
+    ends in time when started just after that free, behind the reads queued before it.  ``inflight``
+    (updated in place) is what is held on top of ``resident``."""
     inflight = [0] * len(instructions) if inflight is None else inflight
     reads: list[_Read] = []
     last_free: dict[int, int] = {}
@@ -178,7 +179,9 @@ def _plan_reads(instructions: Sequence[Instruction], node_bytes: Sequence[int], 
                   and node_bytes[d.node] == size > 0]
         for donor in sorted(donors, key=lambda d: -d.free):
             start = max(earliest, donor.free + 1)
-            if start > earliest and (covers is None or not covers(start, p, node)):
+            # the one I/O thread reads in order: reads started earlier and not yet taken go first
+            queued = [r.node for r in reads if r.start <= start < r.page_in]
+            if start > earliest and (covers is None or not covers(start, p, [*queued, node])):
                 continue
             candidate = _Read(node, p, start, end, donor.name)
             idle = range(donor.free, candidate.takes_memory_at)  # the memory waits, counted, for the read
