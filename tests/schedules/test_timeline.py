@@ -58,3 +58,22 @@ def test_a_read_starts_after_a_free_to_take_over_its_memory_only_where_computati
     slow = plan_io(REREAD, REREAD_SIZES, REREAD_HOLDING, limit=1000, compute_ms=compute_ms,
                    read_ms=[0, 6, 6, 0, 0, 0, 0])
     assert slow.reads == {6: [2], 3: [1]} and slow.reuse == {}  # 6 ms would not be hidden: read early instead
+
+
+def test_a_late_read_must_end_in_time_behind_the_reads_queued_before_it():
+    # as above, with node 7 (50 bytes) read back at 14, between node 2's free (12) and node 1's page_in (16)
+    instructions = [("compute", 1), ("page_out", 1), ("free", 1), ("compute", 2), ("page_out", 2), ("free", 2),
+                    ("compute", 7), ("page_out", 7), ("free", 7), ("compute", 3), ("page_in", 2), ("compute", 4),
+                    ("free", 2), ("compute", 5), ("page_in", 7), ("compute", 8), ("page_in", 1), ("compute", 6),
+                    ("free", 1), ("free", 7)]
+    sizes = [0, 100, 100, 10, 10, 10, 10, 50, 10]
+    holding = [100] * len(instructions)
+
+    def late_reads(read_ms_of_7: float) -> dict:
+        read_ms = [0, 4, 4, 0, 0, 0, 0, read_ms_of_7, 0]
+        return plan_io(instructions, sizes, holding, 10_000, [5.0] * len(sizes), read_ms).reuse
+
+    # node 1's read, started at 13 to take over node 2's memory, has nodes 5 and 8 (10 ms) before its page_in,
+    # but the I/O thread first finishes node 7's read, started at 9
+    assert late_reads(5.0) == {(13, 1): (6, 2)}  # 5 + 4 ms fit in 10
+    assert late_reads(7.0) == {}                 # 7 + 4 do not: node 1 is read early, into fresh memory
