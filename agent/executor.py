@@ -239,10 +239,11 @@ class Executor:
 
     def _page_in(self, node: int, position: int) -> None:
         slots = self.runtime.store.values[node].slot_bytes
-        if node not in self._read_of:  # not read ahead: the read is this page_in's
+        if node in self._read_of:  # read ahead
+            self.runtime.install(node, self.pager.read(node, slots))
+        else:  # the read is this page_in's
             self._read_of[node] = (position, node)
-        read = self._read_of[node]
-        self.runtime.install(node, self.pager.read(node, slots, *self._memory_for(read)))
+            self.runtime.install(node, self.pager.read(node, slots, *self._memory_for((position, node))))
 
     def _prefetch(self, node: int, position: int) -> None:
         self._read_of[node] = (position, node)

@@ -95,12 +95,8 @@ def plan_io(
                     inflight[r] += node_bytes[node]
     covers = _lead(instructions, compute_ms, read_ms)
     reads = _plan_reads(instructions, node_bytes, holding, limit, inflight, covers)
-    starts: dict[int, list[int]] = {}
-    for read in reads:
-        if read.start < read.page_in:
-            starts.setdefault(read.start, []).append(read.node)
     reuse = {read.name: read.reuses for read in reads if read.reuses is not None}
-    return IoPlan(starts, release_by, tuple(inflight), reuse, frozenset(reuse.values()))
+    return IoPlan(_starts(reads), release_by, tuple(inflight), reuse, frozenset(reuse.values()))
 
 
 def plan_prefetch(
@@ -115,8 +111,13 @@ def plan_prefetch(
     ``resident[k]`` is the predicted bytes held during instruction ``k``; ``inflight`` (updated in place)
     what is already held on top of it.
     """
+    return _starts(_plan_reads(instructions, node_bytes, resident, limit, inflight))
+
+
+def _starts(reads: Sequence[_Read]) -> dict[int, list[int]]:
+    """``{position: [nodes]}`` of the reads that start ahead of their ``page_in``."""
     starts: dict[int, list[int]] = {}
-    for read in _plan_reads(instructions, node_bytes, resident, limit, inflight):
+    for read in reads:
         if read.start < read.page_in:
             starts.setdefault(read.start, []).append(read.node)
     return starts
