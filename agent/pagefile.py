@@ -3,13 +3,14 @@
 Layout (little endian)::
 
     magic    8 bytes   b"POETPAGE"
-    version  u32       2
+    version  u32       3
     slots    u32       number of storages
-    crc32c   u32       CRC-32C (Castagnoli) over all data bytes, slot after slot
+    crc32c   u32       CRC-32C (Castagnoli) over all data bytes, in file order
     node     u32       graph node id (a page copied under another node's name is refused)
-    sizes    u64 x slots
+    sizes    u64 x slots, in slot order
     padding  to BLOCK
-    data     the slots' bytes, back to back, zero-padded to a whole BLOCK
+    data     the slots' bytes, back to back in file order (:func:`file_order`: the slots of whole
+             blocks first, then the others), zero-padded to a whole BLOCK
 
 Why it is built this way (measured with ``benchmarks/paging.py``, see docs/benchmarks.md):
 
@@ -29,12 +30,16 @@ Why it is built this way (measured with ``benchmarks/paging.py``, see docs/bench
   touch, the page faults, is most of a page-in's CPU).  The halves are
   ``_CHUNK`` bytes: 2 x 1 MiB of RAM per paging thread, which the memory budget
   has to leave room for.
-* **Reads in place.**  Where every slot but the last is a whole number of
-  blocks (activations nearly always are), a direct read goes straight into the
-  fresh storages in 4 MiB pieces, their memory mapped in piece by piece
-  (a zero written into each page) beside the reads: no bounce copy, and the mapping
-  off the critical path (a 32 MB page-in 1.04-1.24 -> 1.37-1.46 GB/s on the
-  development VM, whose disk reads 2.0 GB/s into reused memory).
+* **Reads in place.**  The slots of whole blocks (activations nearly always
+  are) come first in the file and lie back to back in memory too, so a direct
+  read goes straight into the fresh storages in 4 MiB pieces, their memory
+  mapped in piece by piece (a zero written into each page) beside the reads: no
+  bounce copy, and the mapping off the critical path (a 32 MB page-in 1.04-1.24
+  -> 1.37-1.46 GB/s on the development VM, whose disk reads 2.0 GB/s into
+  reused memory).  Only the other slots (a BatchNorm's saved statistics: a few
+  hundred bytes) go through the bounce buffer.  Version 2 kept slot order, so
+  one such slot early in a value sent all of it through the bounce buffer
+  (every page of resnet18's stem and first blocks).
 * **CRC-32C in hardware** (the ``crc32c`` package: SSE4.2 / ARMv8 CRC
   instructions, ~15 GB/s here against ~3 GB/s for ``zlib.crc32``, and it
   releases the GIL).  It still catches every flipped bit and every burst of up
@@ -62,7 +67,7 @@ from crc32c import crc32c
 from agent.errors import PageCorruptError, PageError
 
 MAGIC = b"POETPAGE"
-VERSION = 2
+VERSION = 3
 BLOCK = 4096          # O_DIRECT alignment of offsets, lengths and memory (the largest logical block in use)
 DATA_ALIGN = BLOCK
 _HEAD = struct.Struct("<8sIIII")
@@ -74,6 +79,11 @@ _O_DIRECT = getattr(os, "O_DIRECT", 0)  # 0 where the platform has none: the buf
 def data_offset(slots: int) -> int:
     """Where the data starts in a page with ``slots`` storages."""
     return _aligned(_HEAD.size + 8 * slots)
+
+
+def file_order(slot_bytes: Sequence[int]) -> list[int]:
+    """The slots in the order a page holds their bytes: those of whole blocks first, then the rest."""
+    return sorted(range(len(slot_bytes)), key=lambda i: slot_bytes[i] % BLOCK != 0)
 
 
 def page_size(slot_bytes: Sequence[int]) -> int:
@@ -114,19 +124,15 @@ def read(path: Path, node: int, slot_bytes: Sequence[int],
     """
     if memory is None or not memory.fits(slot_bytes):
         memory = PageMemory(slot_bytes)
-    # O_DIRECT can read straight into the storages when each starts on a block of the file and of memory; fresh
-    # memory is then mapped in piece by piece beside the reads instead of all at once before them
-    in_place = all(size % BLOCK == 0 for size in slot_bytes[:-1])
     buffers = memory.buffers(slot_bytes)
-    if not in_place:
-        memory.map_in()
-    in_place = in_place and all(b.data_ptr() % BLOCK == 0 for b in buffers if b.numel())
-    views = [memoryview(b.numpy()).cast("B") if b.numel() else memoryview(b"") for b in buffers]
+    order = file_order(slot_bytes)
+    whole = memory.head(sum(slot_bytes[slot] for slot in order if slot_bytes[slot] % BLOCK == 0))
+    rest = [memoryview(buffers[slot].numpy()).cast("B") for slot in order if slot_bytes[slot] % BLOCK]
     try:
         try:
-            crc, actual = _read_data(path, node, views, direct=True, in_place=in_place, mapped=memory.mapped)
+            crc, actual = _read_data(path, node, slot_bytes, whole, rest, direct=True, mapped=memory.mapped)
         except _DirectRefused:
-            crc, actual = _read_data(path, node, views, direct=False)
+            crc, actual = _read_data(path, node, slot_bytes, whole, rest, direct=False, mapped=memory.mapped)
     except FileNotFoundError as exc:
         raise PageCorruptError(f"page {path} for node {node} is missing; the step is aborted") from exc
     except OSError as exc:
@@ -162,13 +168,19 @@ class PageMemory:
         return sum(_aligned(size) for size in slot_bytes)
 
     def buffers(self, slot_bytes: Sequence[int]) -> list[torch.Tensor]:
-        """Byte tensors of the slots, back to back at block-aligned offsets."""
-        out, at = [], 0
-        for size in slot_bytes:
-            out.append(torch.frombuffer(self._map, dtype=torch.uint8, count=size, offset=at) if size
-                       else torch.empty(0, dtype=torch.uint8))
-            at += _aligned(size)
+        """Byte tensors of the slots, in slot order; they lie back to back in file order at block-aligned
+        offsets, so the slots of whole blocks are one range, as in the file."""
+        out: list[torch.Tensor] = [torch.empty(0, dtype=torch.uint8)] * len(slot_bytes)
+        at = 0
+        for slot in file_order(slot_bytes):
+            if slot_bytes[slot]:
+                out[slot] = torch.frombuffer(self._map, dtype=torch.uint8, count=slot_bytes[slot], offset=at)
+            at += _aligned(slot_bytes[slot])
         return out
+
+    def head(self, nbytes: int) -> memoryview:
+        """The first ``nbytes`` of the memory, where :meth:`buffers` puts the slots of whole blocks."""
+        return memoryview(self._map)[:nbytes] if self._map is not None else memoryview(b"")
 
     def fits(self, slot_bytes: Sequence[int]) -> bool:
         """Whether a page of these slots can be read here: the same layout size, and nothing of it in use."""
@@ -179,11 +191,6 @@ class PageMemory:
         protocol: one reference each)."""
         return self._map is not None and sys.getrefcount(self._map) > 2  # this object's, and the call's argument
 
-    def map_in(self) -> None:
-        """Map every page in now (the buffered path copies into the slots: better in one go than by faults)."""
-        if self._map is not None and not self.mapped:
-            _populate(memoryview(self._map))
-
 
 # -- the two directions ------------------------------------------------------------------------------
 class _DirectRefused(Exception):
@@ -191,16 +198,17 @@ class _DirectRefused(Exception):
 
 
 def _write_data(path: Path, node: int, views: Sequence[memoryview], direct: bool) -> None:
-    """Stream the slots through the bounce buffer to ``path``, then write the header."""
+    """Stream the slots, in file order, through the bounce buffer to ``path``, then write the header."""
     transfer = _transfer()
     offset = data_offset(len(views))
+    stream = [views[slot] for slot in file_order([len(v) for v in views])]
     fd = _open(path, os.O_WRONLY | os.O_CREAT, direct)
     crc = 0
     try:
         with _Pipeline(transfer, direct) as pipe:
             for k, (position, length) in enumerate(_chunks(offset, sum(map(len, views)))):
                 half = pipe.take(k)
-                _gather(views, position - offset, half[:length])
+                _gather(stream, position - offset, half[:length])
                 crc = crc32c(half[:length], crc)
                 half[length:_aligned(length)] = bytes(_aligned(length) - length)  # the last block's padding
                 pipe.submit(k, _pwrite_all, fd, half[:_aligned(length)], position)
@@ -213,30 +221,18 @@ def _write_data(path: Path, node: int, views: Sequence[memoryview], direct: bool
         os.close(fd)
 
 
-def _read_data(path: Path, node: int, views: Sequence[memoryview], direct: bool,
-               in_place: bool = False, mapped: bool = False) -> tuple[int, int]:
-    """Read the header and stream the data into ``views``; returns (written CRC, CRC of what was read)."""
+def _read_data(path: Path, node: int, slot_bytes: Sequence[int], whole: memoryview, rest: Sequence[memoryview],
+               direct: bool, mapped: bool) -> tuple[int, int]:
+    """Read the header, the slots of whole blocks straight into ``whole`` (their memory, back to back) and the
+    ``rest`` (the other slots, in file order) through the bounce buffer; returns (written CRC, CRC of what was
+    read)."""
     transfer = _transfer()
-    sizes = [len(v) for v in views]
-    offset = data_offset(len(views))
+    offset = data_offset(len(slot_bytes))
     fd = _open(path, os.O_RDONLY, direct)
     try:
-        crc = _read_head(fd, transfer, path, node, sizes, direct)
-        if direct and in_place:
-            return crc, _read_in_place(fd, transfer, path, views, offset, mapped)
-        chunks = list(_chunks(offset, sum(sizes)))
-        actual = 0
-        with _Pipeline(transfer, direct) as pipe:
-            if chunks:
-                pipe.submit(0, _pread_all, fd, pipe.take(0)[:_aligned(chunks[0][1])], chunks[0][0], path)
-            for k, (position, length) in enumerate(chunks):
-                half = pipe.halves[k % 2]
-                pipe.wait(k)
-                if k + 1 < len(chunks):  # the disk reads the next chunk while this one is checked and copied
-                    following = chunks[k + 1]
-                    pipe.submit(k + 1, _pread_all, fd, pipe.take(k + 1)[:_aligned(following[1])], following[0], path)
-                actual = crc32c(half[:length], actual)
-                _scatter(half[:length], views, position - offset)
+        crc = _read_head(fd, transfer, path, node, slot_bytes, direct)
+        actual = _read_in_place(fd, transfer, path, whole, offset, direct, mapped)
+        actual = _read_bounced(fd, transfer, path, rest, offset + len(whole), actual, direct, mapped)
         if not direct:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
@@ -244,45 +240,55 @@ def _read_data(path: Path, node: int, views: Sequence[memoryview], direct: bool,
     return crc, actual
 
 
-def _read_in_place(fd: int, transfer: _Transfer, path: Path, views: Sequence[memoryview], offset: int,
+def _read_in_place(fd: int, transfer: _Transfer, path: Path, into: memoryview, position: int, direct: bool,
                    mapped: bool) -> int:
-    """O_DIRECT reads straight into the storages (block aligned in file and memory; only the last slot may end
-    mid-block, its tail goes through the bounce buffer).  While the helper thread reads piece k, this thread maps
-    in the memory of piece k+1 (unless it is ``mapped`` already) and checksums piece k-1.  Returns the CRC of
-    what was read.
+    """Read ``len(into)`` bytes (whole blocks) from ``position`` straight into ``into`` (block-aligned memory),
+    in pieces: while the helper thread reads piece k, this thread maps in the memory of piece k+1 (unless it
+    is ``mapped`` already) and checksums piece k-1.  Returns the CRC of what was read.
 
     Against the bounce buffer this saves a copy of every byte, and mapping the fresh memory beside the reads
     instead of before them takes it off the page-in's critical path."""
-    pieces: list[tuple[memoryview, int, int]] = []  # (into, file position, data bytes)
-    position = offset
-    for view in views:
-        whole = len(view) - len(view) % BLOCK
-        for start in range(0, whole, _IN_PLACE_CHUNK):
-            length = min(_IN_PLACE_CHUNK, whole - start)
-            pieces.append((view[start:start + length], position + start, length))
-        if whole < len(view):  # the tail: a whole block into the bounce buffer, its data bytes copied out
-            pieces.append((transfer.halves[0][:BLOCK], position + whole, len(view) - whole))
-        position += len(view)
+    pieces = [(into[start:start + _IN_PLACE_CHUNK], position + start) for start in range(0, len(into), _IN_PLACE_CHUNK)]
     if not pieces:
         return 0
 
     def read(k: int) -> Future:
-        into, at, _ = pieces[k]
-        return transfer.disk.submit(_io, True, _pread_all, fd, into, at, path)
+        piece, at = pieces[k]
+        return transfer.disk.submit(_io, direct, _pread_all, fd, piece, at, path)
 
     crc = 0
     populate = (lambda view: None) if mapped else _populate
     populate(pieces[0][0])
     pending = read(0)
-    for k, (into, _, length) in enumerate(pieces):
+    for k, (piece, _) in enumerate(pieces):
         if k + 1 < len(pieces):
             populate(pieces[k + 1][0])  # beside the read of piece k
         pending.result()
         if k + 1 < len(pieces):
             pending = read(k + 1)
-        crc = crc32c(into[:length], crc)  # beside the read of piece k+1
-        if length < len(into):  # the tail
-            views[-1][len(views[-1]) - length:] = into[:length]
+        crc = crc32c(piece, crc)  # beside the read of piece k+1
+    return crc
+
+
+def _read_bounced(fd: int, transfer: _Transfer, path: Path, views: Sequence[memoryview], position: int, crc: int,
+                  direct: bool, mapped: bool) -> int:
+    """Read the bytes of ``views``, back to back from ``position``, through the bounce buffer: the disk reads
+    chunk k+1 while this thread checksums chunk k and copies it out.  Returns ``crc`` extended over them."""
+    chunks = list(_chunks(position, sum(map(len, views))))
+    if not mapped:
+        for view in views:  # in one go: a copy faulting fresh memory in as it writes is slower than the disk
+            _populate(view)
+    with _Pipeline(transfer, direct) as pipe:
+        if chunks:
+            pipe.submit(0, _pread_all, fd, pipe.take(0)[:_aligned(chunks[0][1])], chunks[0][0], path)
+        for k, (at, length) in enumerate(chunks):
+            half = pipe.halves[k % 2]
+            pipe.wait(k)
+            if k + 1 < len(chunks):
+                following = chunks[k + 1]
+                pipe.submit(k + 1, _pread_all, fd, pipe.take(k + 1)[:_aligned(following[1])], following[0], path)
+            crc = crc32c(half[:length], crc)
+            _scatter(half[:length], views, at - position)
     return crc
 
 

@@ -57,8 +57,8 @@ def test_odd_sizes_round_trip(tmp_path, sizes):
 
 @pytest.mark.parametrize("sizes, at", [
     *[([CHUNK + 10, CHUNK + 4100], at) for at in (0, CHUNK - 1, CHUNK, 2 * CHUNK + 4100)],  # through the bounce
-    # block-aligned slots are read straight into the storages (in 4 MiB pieces); the last one's tail is not
-    *[([5 * CHUNK, 4096, 3 * 4096 + 10], at) for at in (0, 4 * CHUNK + 7, 5 * CHUNK + 4095, 5 * CHUNK + 4096 * 4 + 9)],
+    # slots of whole blocks are read straight into the storages (in 4 MiB pieces), the others through the bounce
+    *[([3 * 4096 + 10, 5 * CHUNK, 4096], at) for at in (0, 4 * CHUNK + 7, 5 * CHUNK + 4095, 5 * CHUNK + 4096 * 4 + 9)],
 ])
 def test_a_flipped_byte_anywhere_is_caught(tmp_path, sizes, at):
     path = tmp_path / "p.page"
@@ -77,8 +77,8 @@ def test_an_old_format_page_is_refused_with_its_version(tmp_path):
     pagefile.write(path, 2, _storages(100))
     with open(path, "r+b") as f:
         f.seek(8)
-        f.write(struct.pack("<I", 1))
-    with pytest.raises(PageCorruptError, match="format version 1, this build reads 2"):
+        f.write(struct.pack("<I", 2))
+    with pytest.raises(PageCorruptError, match="format version 2, this build reads 3"):
         pagefile.read(path, 2, [100])
 
 
@@ -90,18 +90,22 @@ def _direct_io_works(directory) -> bool:
         return False
 
 
-def test_block_aligned_slots_are_read_in_place_and_round_trip(tmp_path, monkeypatch):
+def test_slots_of_whole_blocks_are_read_in_place_wherever_they_sit_and_round_trip(tmp_path, monkeypatch):
     if not _direct_io_works(tmp_path):
         pytest.skip("this filesystem refuses O_DIRECT: pages go through the buffered path")
-    sizes = (5 * CHUNK, 4096, 3 * 4096 + 10)
+    sizes = (512, 5 * CHUNK, 3 * 4096 + 10, 4096)  # a BatchNorm's statistics before the activation
     slots = _storages(*sizes)
     path = tmp_path / "p.page"
     pagefile.write(path, 4, slots)
-    in_place = []
+    in_place: list[int] = []
     real = pagefile._read_in_place
-    monkeypatch.setattr(pagefile, "_read_in_place", lambda *a: in_place.append(1) or real(*a))
-    assert _same(pagefile.read(path, 4, list(sizes)), slots) and in_place
-    os.truncate(path, pagefile.data_offset(3) + 2 * CHUNK)
+    monkeypatch.setattr(pagefile, "_read_in_place", lambda fd, t, p, into, *a: in_place.append(len(into))
+                        or real(fd, t, p, into, *a))
+    got = pagefile.read(path, 4, list(sizes))
+    assert _same(got, slots)
+    assert in_place == [5 * CHUNK + 4096]  # straight into memory; only 522 bytes went through the bounce buffer
+    assert [s.data_ptr() % pagefile.BLOCK for s in got] == [0, 0, 0, 0]
+    os.truncate(path, pagefile.data_offset(4) + 2 * CHUNK)
     with pytest.raises(PageCorruptError, match="truncated"):
         pagefile.read(path, 4, list(sizes))
 
