@@ -351,7 +351,7 @@ def run_solve(args: argparse.Namespace) -> int:
         schedule = sign(schedule, private_key)
     size = schedule.save(args.output)
     print_summary(result, schedule, graph, args.output, size)
-    if result.message:  # e.g. replanned with paging time counted because the I/O timeline missed the budget
+    if result.message:  # e.g. replanned with read-ahead room because the I/O timeline missed the budget
         print(f"note: {result.message}")
     return OK
 

@@ -28,7 +28,11 @@ compute time, ``e = (i, k)`` an edge (``k`` consumes ``i``)::
 ``paging=False`` fixes SSd, MIn, MOut to 0 (remat-only, Checkmate);
 ``remat=False`` fixes R to the identity (paging-only).  The optional
 ``paging_time_ms`` refinement (off by default) adds ``sum MIn ms_in + MOut ms_out``
-to the runtime row, for devices whose paging does not overlap compute.
+to the runtime row, for devices whose paging does not overlap compute.  The
+optional ``read_ahead`` refinement (off by default) leaves room for the pages
+read in during stage ``t`` beside the stage's own computation:
+``U[t,t] + w_t + sum_i MIn[t,i] m_i <= budget``, which is where the executor
+reads them ahead (:mod:`schedules.timeline`), so no page-in waits for its whole read.
 
 Our reductions (each keeps the optimum of the published model)
 ---------------------------------------------------------------
@@ -234,11 +238,13 @@ class PoetFormulation:
     def __init__(self, graph: TrainingGraph, *, memory_budget: float | None, runtime_budget_ms: float | None,
                  paging: bool = True, remat: bool = True,
                  paging_time_ms: tuple[Sequence[float], Sequence[float]] | None = None,
-                 io_time_ms: tuple[Sequence[float], Sequence[float]] | None = None) -> None:
+                 io_time_ms: tuple[Sequence[float], Sequence[float]] | None = None,
+                 read_ahead: bool = False) -> None:
         self.graph = graph
         self.T = graph.size
         self.memory_budget = memory_budget
         self.paging, self.remat = paging, remat
+        self.read_ahead = read_ahead and paging
         self.model = SparseMilp()
         self.energy_scale = _energy_scale(graph)
         self.R: dict[tuple[int, int], int] = {}
@@ -399,9 +405,12 @@ class PoetFormulation:
         m, nbytes = self.model, [n.bytes / budget for n in self.graph.nodes]
         workspace = [n.workspace_bytes / budget for n in self.graph.nodes]
         positions = [k for k in range(t + 1) if self.can_compute(t, k)]
+        # read-ahead room: the pages read in during stage t are read beside its own node's computation
+        reads = {col: nbytes[i] for (s, i), col in self.MIn.items() if s == t} if self.read_ahead else {}
         terms: dict[int, float] = {self.SRam[t, i]: nbytes[i] for i in range(t) if (t, i) in self.SRam}
         most = sum(terms.values())  # U if every candidate were resident and nothing freed
-        if most + sum(nbytes[k] for k in positions) + max(workspace[k] for k in positions) <= 1.0 + 1e-9:
+        if most + sum(nbytes[k] for k in positions) + max(workspace[k] for k in positions) + sum(reads.values()) \
+                <= 1.0 + 1e-9:
             return  # this stage fits whatever is decided
         const, previous = 0.0, None
         for k in positions:
@@ -410,7 +419,8 @@ class PoetFormulation:
                 terms[col] = terms.get(col, 0.0) + coef * nbytes[k]
             const += r_const * nbytes[k]
             most += nbytes[k]
-            if most + workspace[k] > 1.0 + 1e-9:
+            beside = reads if k == t else {}
+            if most + workspace[k] + sum(beside.values()) > 1.0 + 1e-9:
                 # U[t,k] >= U[t,prev] + (computed since) - (freed since): only U's upper bound matters, so
                 # ">=" is exact; equalities with free-below U trip a HiGHS 1.15 presolve bug (see docstring)
                 u = m.add_col(f"U_{t}_{k}", 0.0, 1.0, 0.0, False)
@@ -420,8 +430,8 @@ class PoetFormulation:
                     terms[previous] = terms.get(previous, 0.0) + 1.0
                 self._memory_rows.append((u, m.num_rows))
                 m.add_row(terms, -INF, -const, f"memory at stage {t} after node {k}")
-                if workspace[k]:  # while k computes it also holds its workspace: U + ws_k R[t,k] <= 1
-                    m.add_row({u: 1.0, **{c: v * workspace[k] for c, v in r_terms.items()}},
+                if workspace[k] or beside:  # while k computes it also holds its workspace (and reads ahead)
+                    m.add_row({u: 1.0, **{c: v * workspace[k] for c, v in r_terms.items()}, **beside},
                               -INF, 1.0 - r_const * workspace[k], f"workspace of node {k} at stage {t}")
                 previous, terms, const = u, {}, 0.0
             if k == t:
@@ -551,6 +561,7 @@ def solve_poet_milp(graph: TrainingGraph, *, memory_budget: float | None, runtim
                     warm_start: Matrices | None = None, relax_and_round: bool = False,
                     paging_time_ms: tuple[Sequence[float], Sequence[float]] | None = None,
                     io_time_ms: tuple[Sequence[float], Sequence[float]] | None = None,
+                    read_ahead: bool = False,
                     progress: Callable[[SolveProgress], None] | None = None) -> MilpOutcome:
     """Solve POET's MILP for ``graph``; an infeasible budget is a status, not an exception.
 
@@ -578,6 +589,12 @@ def solve_poet_milp(graph: TrainingGraph, *, memory_budget: float | None, runtim
         The same columns for devices whose paging overlaps compute: paging
         then costs the compute thread nothing, but the total of all transfers,
         done in turn by one I/O thread, must fit the runtime budget.  Off by default.
+    read_ahead:
+        Leave room under the memory budget for the pages read in during each
+        stage beside that stage's own computation (:mod:`schedules.timeline`:
+        the executor reads a page ahead where the budget holds it), so that no
+        page-in waits for its whole read.  The published formulation has a
+        page-in take memory only once its consumer's stage starts.  Off by default.
     progress:
         Called with a :class:`SolveProgress` after each phase and while HiGHS searches.
     """
@@ -585,7 +602,8 @@ def solve_poet_milp(graph: TrainingGraph, *, memory_budget: float | None, runtim
     _check_arguments(graph, solver, gap, threads, time_limit,
                      {"paging_time_ms": paging_time_ms, "io_time_ms": io_time_ms})
     form = PoetFormulation(graph, memory_budget=memory_budget, runtime_budget_ms=runtime_budget_ms,
-                           paging=paging, remat=remat, paging_time_ms=paging_time_ms, io_time_ms=io_time_ms)
+                           paging=paging, remat=remat, paging_time_ms=paging_time_ms, io_time_ms=io_time_ms,
+                           read_ahead=read_ahead)
     if form.model.contradiction is not None:
         return MilpOutcome("infeasible", None, None, None, clock.elapsed(), None)
     start = _warm_start_vector(form, warm_start)

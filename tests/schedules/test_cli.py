@@ -127,7 +127,7 @@ def test_device_by_name_and_by_file(graph_file, tmp_path, capsys):
         assert Schedule.load(out).device == "rpi4"
 
 
-def test_solve_says_when_slow_flash_made_it_count_paging_time(tmp_path, capsys):
+def test_solve_says_when_slow_flash_made_it_replan_with_read_ahead_room(tmp_path, capsys):
     from dataclasses import replace
 
     from tests.schedules.graphs import required_bytes
@@ -139,8 +139,8 @@ def test_solve_says_when_slow_flash_made_it_count_paging_time(tmp_path, capsys):
     slow.save(tmp_path / "slow.json")
     code, stdout, _ = run(["solve", tmp_path / "g.json", "--device", tmp_path / "slow.json", "--runtime", "1.5",
                            "--memory", str(required_bytes(graph)), "-o", tmp_path / "s.json"], capsys)
-    assert code == OK and "note: planned with paging time counted" in stdout
-    assert Schedule.load(tmp_path / "s.json").count_paging_time
+    assert code == OK and "note: planned with room to read each page ahead" in stdout
+    assert not Schedule.load(tmp_path / "s.json").count_paging_time
 
 
 # -- user errors: exit codes and one clear line --------------------------------------------

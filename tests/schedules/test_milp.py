@@ -363,6 +363,33 @@ def test_overlapped_paging_still_fits_the_io_thread_in_the_runtime_budget() -> N
     assert bounded.objective_j > free.objective_j
 
 
+def _pages_without_read_ahead(graph: TrainingGraph, mats: Matrices, budget: float) -> tuple[int, int]:
+    """(page-ins, page-ins the executor cannot read ahead): :func:`schedules.timeline.plan_io` on the plan."""
+    from schedules.timeline import plan_io
+
+    instructions = to_instructions(graph, mats)
+    report = simulate(graph, instructions)
+    io = plan_io(instructions, [n.bytes for n in graph.nodes], report.working_bytes, int(budget))
+    ahead = {node for nodes in io.reads.values() for node in nodes}
+    page_ins = [node for op, node in instructions if op == "page_in"]
+    return len(page_ins), sum(node not in ahead for node in page_ins)
+
+
+@pytest.mark.parametrize("n, seed, share", [(10, 4, 0.5), (8, 10, 0.6)])
+def test_read_ahead_leaves_room_to_read_every_page_in_ahead(n: int, seed: int, share: float) -> None:
+    from tests.schedules.graphs import resident_peak
+
+    graph = chain_graph(n, seed=seed)
+    budget = float(int(share * resident_peak(graph)))
+    published = solve_poet_milp(graph, memory_budget=budget, runtime_budget_ms=None, gap=EXACT)
+    assert _pages_without_read_ahead(graph, published.matrices, budget)[1] > 0  # a page-in waits for its read
+    roomy = solve_poet_milp(graph, memory_budget=budget, runtime_budget_ms=None, gap=EXACT, read_ahead=True)
+    page_ins, waiting = _pages_without_read_ahead(graph, roomy.matrices, budget)
+    assert roomy.status == "optimal" and page_ins > 0 and waiting == 0  # it still pages, every read ahead
+    assert roomy.objective_j >= published.objective_j * (1 - 1e-9)  # a restriction of the published model
+    simulate(graph, to_instructions(graph, roomy.matrices), memory_budget=budget)
+
+
 def test_io_time_columns_must_cover_the_graph() -> None:
     graph = chain_graph(4)
     with pytest.raises(SolverError, match="io_time_ms needs"):
