@@ -164,8 +164,9 @@ def plan(
                    f"{runtime_ms:.0f} ms, and no plan with read-ahead room or paging time counted does better; "
                    "expect the step to run that long")
     else:
+        over = "" if best_ms <= runtime_ms * (1 + 1e-9) else "; still over it: expect the step to run that long"
         message = (f"planned {how}: the overlapped plan takes {step_ms:.0f} ms in the executor's I/O timeline, "
-                   f"this one {best_ms:.0f} ms, against the runtime budget of {runtime_ms:.0f} ms")
+                   f"this one {best_ms:.0f} ms, against the runtime budget of {runtime_ms:.0f} ms{over}")
     return replace(best, solve_seconds=seconds, timeline_ms=best_ms, message=message)
 
 
