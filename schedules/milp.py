@@ -392,21 +392,28 @@ class PoetFormulation:
         inputs: list[list[int]] = [[] for _ in range(self.T)]
         for i, k in sorted(set(self.graph.edges)):
             inputs[k].append(i)
+        nbytes = [n.bytes / budget for n in self.graph.nodes]
+        # read-ahead room: the pages read in during stage t are read beside its own node's computation
+        reads: list[dict[int, float]] = [{} for _ in range(self.T)]
+        if self.read_ahead:
+            for (t, i), col in self.MIn.items():
+                reads[t][col] = nbytes[i]
         for t in range(self.T):
-            self._add_stage_memory(t, budget, inputs)
+            self._add_stage_memory(t, budget, inputs, nbytes, reads[t])
 
-    def _add_stage_memory(self, t: int, budget: float, inputs: list[list[int]]) -> None:
+    def _add_stage_memory(self, t: int, budget: float, inputs: list[list[int]], nbytes: list[float],
+                          reads: dict[int, float]) -> None:
         """``U`` after each possible computation of stage ``t`` stays within the budget (reduction 3).
 
         Positions where even keeping every candidate value would fit are not
         checked, and what is freed after the stage's own node ``t`` (always the
-        last computation of the stage) cannot lower any checked ``U``.
+        last computation of the stage) cannot lower any checked ``U``.  ``reads``
+        (``MIn`` column -> bytes / budget) are the stage's page-ins whose read-ahead
+        room is kept beside node ``t`` (empty unless ``read_ahead``).
         """
-        m, nbytes = self.model, [n.bytes / budget for n in self.graph.nodes]
+        m = self.model
         workspace = [n.workspace_bytes / budget for n in self.graph.nodes]
         positions = [k for k in range(t + 1) if self.can_compute(t, k)]
-        # read-ahead room: the pages read in during stage t are read beside its own node's computation
-        reads = {col: nbytes[i] for (s, i), col in self.MIn.items() if s == t} if self.read_ahead else {}
         terms: dict[int, float] = {self.SRam[t, i]: nbytes[i] for i in range(t) if (t, i) in self.SRam}
         most = sum(terms.values())  # U if every candidate were resident and nothing freed
         if most + sum(nbytes[k] for k in positions) + max(workspace[k] for k in positions) + sum(reads.values()) \
