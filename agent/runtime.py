@@ -283,15 +283,16 @@ class ModelState:
 def _all_zero(t: torch.Tensor) -> bool:
     """Whether every element of ``t`` is +0 (bit-wise: -0.0 and NaN count as values, which is safe).
 
-    Scans a CPU tensor's bytes as 64-bit words through NumPy: ``Tensor.any()`` takes
-    13 ms over BERT's 45 MB of gradients on the development VM, this 3.5 ms.
+    Counts the nonzero 64-bit words of a CPU tensor's bytes: on BERT's 45 MB of gradients on the
+    development VM ``Tensor.any()`` takes 13 ms, NumPy's ``any`` over the words 4 ms (6 inside a
+    training step, where it ran once a step for every ``zero_grad(set_to_none=False)``), this 1 ms.
     """
     if t.device.type != "cpu" or not t.is_contiguous():
         return not bool(t.any())
     raw = t.detach().reshape(-1).view(torch.uint8)
     if raw.numel() % 8 == 0 and raw.storage_offset() % 8 == 0:
         raw = raw.view(torch.int64)
-    return not raw.numpy().any()
+    return int(torch.count_nonzero(raw)) == 0
 
 
 def _layout(t: torch.Tensor) -> tuple:
