@@ -33,6 +33,10 @@ optional ``read_ahead`` refinement (off by default) leaves room for the pages
 read in during stage ``t`` beside the stage's own computation:
 ``U[t,t] + w_t + sum_i MIn[t,i] m_i <= budget``, which is where the executor
 reads them ahead (:mod:`schedules.timeline`), so no page-in waits for its whole read.
+Given read times (``io_time_ms``), a page whose read outlasts node ``t``'s
+computation takes that room beside the own nodes of the stages before ``t``
+too, back until their compute time covers the read (slow flash: an 8 MB page
+at 80 MB/s reads through ten to twenty BERT nodes).
 
 Our reductions (each keeps the optimum of the published model)
 ---------------------------------------------------------------
@@ -245,6 +249,7 @@ class PoetFormulation:
         self.memory_budget = memory_budget
         self.paging, self.remat = paging, remat
         self.read_ahead = read_ahead and paging
+        self.read_ms = list(io_time_ms[0]) if io_time_ms is not None else None  # sizes read-ahead room
         self.model = SparseMilp()
         self.energy_scale = _energy_scale(graph)
         self.R: dict[tuple[int, int], int] = {}
@@ -393,13 +398,27 @@ class PoetFormulation:
         for i, k in sorted(set(self.graph.edges)):
             inputs[k].append(i)
         nbytes = [n.bytes / budget for n in self.graph.nodes]
-        # read-ahead room: the pages read in during stage t are read beside its own node's computation
+        # read-ahead room: a page read in during stage t is read beside the own computations of stages
+        # s..t, as many as its read takes (just t without read times)
         reads: list[dict[int, float]] = [{} for _ in range(self.T)]
         if self.read_ahead:
             for (t, i), col in self.MIn.items():
-                reads[t][col] = nbytes[i]
+                for s in self.read_stages(t, i):
+                    reads[s][col] = nbytes[i]
         for t in range(self.T):
             self._add_stage_memory(t, budget, inputs, nbytes, reads[t])
+
+    def read_stages(self, t: int, i: int) -> range:
+        """The stages whose own computation a read of node ``i``'s page for stage ``t`` runs beside: ``t`` and,
+        given read times (``io_time_ms``), the stages before it until their own nodes' compute time covers the
+        read (never before stage ``i + 1``: the page is written after ``i`` is computed)."""
+        s = t
+        if self.read_ms is not None:
+            covered = self.graph.nodes[t].compute_ms
+            while covered < self.read_ms[i] and s - 1 > i:
+                s -= 1
+                covered += self.graph.nodes[s].compute_ms
+        return range(s, t + 1)
 
     def _add_stage_memory(self, t: int, budget: float, inputs: list[list[int]], nbytes: list[float],
                           reads: dict[int, float]) -> None:
@@ -408,8 +427,9 @@ class PoetFormulation:
         Positions where even keeping every candidate value would fit are not
         checked, and what is freed after the stage's own node ``t`` (always the
         last computation of the stage) cannot lower any checked ``U``.  ``reads``
-        (``MIn`` column -> bytes / budget) are the stage's page-ins whose read-ahead
-        room is kept beside node ``t`` (empty unless ``read_ahead``).
+        (``MIn`` column -> bytes / budget) are the page-ins whose read-ahead room is
+        kept beside node ``t``: this stage's and, with read times, later stages'
+        whose reads run through it (:meth:`read_stages`; empty unless ``read_ahead``).
         """
         m = self.model
         workspace = [n.workspace_bytes / budget for n in self.graph.nodes]
@@ -600,8 +620,10 @@ def solve_poet_milp(graph: TrainingGraph, *, memory_budget: float | None, runtim
         Leave room under the memory budget for the pages read in during each
         stage beside that stage's own computation (:mod:`schedules.timeline`:
         the executor reads a page ahead where the budget holds it), so that no
-        page-in waits for its whole read.  The published formulation has a
-        page-in take memory only once its consumer's stage starts.  Off by default.
+        page-in waits for its whole read; with ``io_time_ms``, beside the own
+        computations of as many stages before as the page's read takes.  The
+        published formulation has a page-in take memory only once its
+        consumer's stage starts.  Off by default.
     progress:
         Called with a :class:`SolveProgress` after each phase and while HiGHS searches.
     """

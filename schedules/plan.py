@@ -102,7 +102,8 @@ def plan(
         hidden behind compute (``paging_hidden_fraction``) is counted.
     read_ahead:
         Leave room under the memory budget to read each page in beside the
-        computation before its ``page_in`` (see :func:`schedules.milp.solve_poet_milp`).
+        computations before its ``page_in``, as many as the device's read of
+        it takes (see :func:`schedules.milp.solve_poet_milp`).
     check_timeline:
         With paging beside compute and a runtime budget, replay a MILP plan
         in the executor's I/O timeline (:func:`schedules.timeline.timeline_step_ms`:

@@ -390,6 +390,43 @@ def test_read_ahead_leaves_room_to_read_every_page_in_ahead(n: int, seed: int, s
     simulate(graph, to_instructions(graph, roomy.matrices), memory_budget=budget)
 
 
+def _reads_not_in_time(graph: TrainingGraph, mats: Matrices, budget: float, read_ms: list[float]) -> tuple[int, int]:
+    """(page-ins, page-ins whose read, started where :func:`schedules.timeline.plan_io` starts it, is not done by
+    its ``page_in``: less compute between them than the read takes)."""
+    from schedules.timeline import plan_io
+
+    instructions = to_instructions(graph, mats)
+    report = simulate(graph, instructions)
+    io = plan_io(instructions, [n.bytes for n in graph.nodes], report.working_bytes, int(budget),
+                 [n.compute_ms for n in graph.nodes], read_ms)
+    elapsed = np.cumsum([0.0] + [graph.nodes[n].compute_ms if op == "compute" else 0.0 for op, n in instructions])
+    starts: dict[int, list[int]] = {}
+    for position, nodes in io.reads.items():
+        for node in nodes:
+            starts.setdefault(node, []).append(position)
+    page_ins = [(p, n) for p, (op, n) in enumerate(instructions) if op == "page_in"]
+    late = sum(elapsed[p] - elapsed[max([q for q in starts.get(n, []) if q < p], default=p)] < read_ms[n] - 1e-9
+               for p, n in page_ins)
+    return len(page_ins), late
+
+
+@pytest.mark.parametrize("n, seed, share", [(12, 3, 0.6), (8, 10, 0.6)])
+def test_read_ahead_room_spans_as_many_stages_as_a_slow_read_takes(n: int, seed: int, share: float) -> None:
+    from tests.schedules.graphs import resident_peak
+
+    graph = chain_graph(n, seed=seed)
+    budget = float(int(share * resident_peak(graph)))
+    read_ms = [2.5 * graph.total_compute_ms / graph.size] * graph.size  # flash: a read outlasts a node
+    one_stage = solve_poet_milp(graph, memory_budget=budget, runtime_budget_ms=None, gap=EXACT, read_ahead=True)
+    assert _reads_not_in_time(graph, one_stage.matrices, budget, read_ms)[1] > 0
+    timed = solve_poet_milp(graph, memory_budget=budget, runtime_budget_ms=None, gap=EXACT, read_ahead=True,
+                            io_time_ms=(read_ms, read_ms))
+    page_ins, late = _reads_not_in_time(graph, timed.matrices, budget, read_ms)
+    assert timed.status == "optimal" and page_ins > 0 and late == 0  # still pages, every read done in time
+    assert timed.objective_j >= one_stage.objective_j * (1 - 1e-9)  # a restriction of the one-stage room
+    simulate(graph, to_instructions(graph, timed.matrices), memory_budget=budget)
+
+
 def test_io_time_columns_must_cover_the_graph() -> None:
     graph = chain_graph(4)
     with pytest.raises(SolverError, match="io_time_ms needs"):
