@@ -33,7 +33,7 @@ optional ``read_ahead`` refinement (off by default) leaves room for the pages
 read in during stage ``t`` beside the stage's own computation:
 ``U[t,t] + w_t + sum_i MIn[t,i] m_i <= budget``, which is where the executor
 reads them ahead (:mod:`schedules.timeline`), so no page-in waits for its whole read.
-Given read times (``io_time_ms``), a page whose read outlasts node ``t``'s
+Given read times (``read_ahead_ms``), a page whose read outlasts node ``t``'s
 computation takes that room beside the own nodes of the stages before ``t``
 too, back until their compute time covers the read (slow flash: an 8 MB page
 at 80 MB/s reads through ten to twenty BERT nodes).
@@ -243,13 +243,13 @@ class PoetFormulation:
                  paging: bool = True, remat: bool = True,
                  paging_time_ms: tuple[Sequence[float], Sequence[float]] | None = None,
                  io_time_ms: tuple[Sequence[float], Sequence[float]] | None = None,
-                 read_ahead: bool = False) -> None:
+                 read_ahead: bool = False, read_ahead_ms: Sequence[float] | None = None) -> None:
         self.graph = graph
         self.T = graph.size
         self.memory_budget = memory_budget
         self.paging, self.remat = paging, remat
         self.read_ahead = read_ahead and paging
-        self.read_ms = list(io_time_ms[0]) if io_time_ms is not None else None  # sizes read-ahead room
+        self.read_ms = list(read_ahead_ms) if read_ahead_ms is not None else None  # sizes read-ahead room
         self.model = SparseMilp()
         self.energy_scale = _energy_scale(graph)
         self.R: dict[tuple[int, int], int] = {}
@@ -410,7 +410,7 @@ class PoetFormulation:
 
     def read_stages(self, t: int, i: int) -> range:
         """The stages whose own computation a read of node ``i``'s page for stage ``t`` runs beside: ``t`` and,
-        given read times (``io_time_ms``), the stages before it until their own nodes' compute time covers the
+        given read times (``read_ahead_ms``), the stages before it until their own nodes' compute time covers the
         read (never before stage ``i + 1``: the page is written after ``i`` is computed)."""
         s = t
         if self.read_ms is not None:
@@ -588,7 +588,7 @@ def solve_poet_milp(graph: TrainingGraph, *, memory_budget: float | None, runtim
                     warm_start: Matrices | None = None, relax_and_round: bool = False,
                     paging_time_ms: tuple[Sequence[float], Sequence[float]] | None = None,
                     io_time_ms: tuple[Sequence[float], Sequence[float]] | None = None,
-                    read_ahead: bool = False,
+                    read_ahead: bool = False, read_ahead_ms: Sequence[float] | None = None,
                     progress: Callable[[SolveProgress], None] | None = None) -> MilpOutcome:
     """Solve POET's MILP for ``graph``; an infeasible budget is a status, not an exception.
 
@@ -620,19 +620,22 @@ def solve_poet_milp(graph: TrainingGraph, *, memory_budget: float | None, runtim
         Leave room under the memory budget for the pages read in during each
         stage beside that stage's own computation (:mod:`schedules.timeline`:
         the executor reads a page ahead where the budget holds it), so that no
-        page-in waits for its whole read; with ``io_time_ms``, beside the own
-        computations of as many stages before as the page's read takes.  The
-        published formulation has a page-in take memory only once its
-        consumer's stage starts.  Off by default.
+        page-in waits for its whole read.  The published formulation has a
+        page-in take memory only once its consumer's stage starts.  Off by default.
+    read_ahead_ms:
+        With ``read_ahead``, the read time of each node's page: a read that
+        outlasts the stage's own computation gets room beside the own
+        computations of as many stages before as it takes (slow flash), at
+        the price of memory the plan could otherwise use.
     progress:
         Called with a :class:`SolveProgress` after each phase and while HiGHS searches.
     """
     clock = _Clock(time_limit)
     _check_arguments(graph, solver, gap, threads, time_limit,
-                     {"paging_time_ms": paging_time_ms, "io_time_ms": io_time_ms})
+                     {"paging_time_ms": paging_time_ms, "io_time_ms": io_time_ms}, read_ahead_ms)
     form = PoetFormulation(graph, memory_budget=memory_budget, runtime_budget_ms=runtime_budget_ms,
                            paging=paging, remat=remat, paging_time_ms=paging_time_ms, io_time_ms=io_time_ms,
-                           read_ahead=read_ahead)
+                           read_ahead=read_ahead, read_ahead_ms=read_ahead_ms)
     if form.model.contradiction is not None:
         return MilpOutcome("infeasible", None, None, None, clock.elapsed(), None)
     start = _warm_start_vector(form, warm_start)
@@ -753,7 +756,8 @@ class _Search:
 
 
 def _check_arguments(graph: TrainingGraph, solver: str, gap: float, threads: int, time_limit: float | None,
-                     time_columns: dict[str, tuple[Sequence[float], Sequence[float]] | None]) -> None:
+                     time_columns: dict[str, tuple[Sequence[float], Sequence[float]] | None],
+                     read_ahead_ms: Sequence[float] | None = None) -> None:
     """Reject arguments that would make the solver fail obscurely."""
     if solver not in ("highs", "cbc"):
         raise SolverError(f"unknown solver {solver!r}: use 'highs' or 'cbc'")
@@ -766,6 +770,8 @@ def _check_arguments(graph: TrainingGraph, solver: str, gap: float, threads: int
     for name, columns in time_columns.items():
         if columns is not None and any(len(col) != graph.size for col in columns):
             raise SolverError(f"{name} needs (page-in, page-out) lists of {graph.size} values each")
+    if read_ahead_ms is not None and len(read_ahead_ms) != graph.size:
+        raise SolverError(f"read_ahead_ms needs one read time per node ({graph.size} values)")
 
 
 def _backend(solver: str) -> str:

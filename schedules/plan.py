@@ -65,7 +65,7 @@ def plan(
     warm_start: bool = True,
     relax_and_round: bool = False,
     count_paging_time: bool = False,
-    read_ahead: bool = False,
+    read_ahead: bool | str = False,
     check_timeline: bool = True,
     progress: Callable[[SolveProgress], None] | None = None,
 ) -> PlanResult:
@@ -101,18 +101,21 @@ def plan(
         wait for writes); the share of paging time the profile measured not
         hidden behind compute (``paging_hidden_fraction``) is counted.
     read_ahead:
-        Leave room under the memory budget to read each page in beside the
-        computations before its ``page_in``, as many as the device's read of
-        it takes (see :func:`schedules.milp.solve_poet_milp`).
+        Leave room under the memory budget to read each page in ahead of its
+        ``page_in`` (see :func:`schedules.milp.solve_poet_milp`): ``"node"`` (or
+        ``True``) beside the computation just before it; ``"read"`` beside as
+        many computations before it as the device's read of the page takes
+        (slow flash; more memory kept for reads, less for the plan).
     check_timeline:
         With paging beside compute and a runtime budget, replay a MILP plan
         in the executor's I/O timeline (:func:`schedules.timeline.timeline_step_ms`:
         frees wait for their writes, page-ins for their reads).  A plan that
         misses the runtime budget there (a page-in with no room to be read
-        ahead, slow flash) is planned again with ``read_ahead``, then with
-        paging time counted (each with the same ``time_limit``: up to three
-        times the solve time); the first that meets the budget in the
-        timeline is kept, else the fastest there, with a message.
+        ahead, slow flash) is planned again with ``read_ahead="node"``, then
+        ``"read"``, then with paging time counted (each with the same
+        ``time_limit``: up to four times the solve time); the first that meets
+        the budget in the timeline is kept, else the fastest there, with a
+        message.
         The timeline's step time is in ``timeline_ms``.
     progress:
         Called with :class:`SolveProgress` while the MILP runs.
@@ -124,6 +127,9 @@ def plan(
     paging_ms = paging_time_ms(graph, profile) if profile is not None else None
     if count_paging_time and paging_ms is None:
         raise PlannerError("count_paging_time needs a device profile to know paging times; pass device=")
+    read_ahead = _read_ahead_mode(read_ahead)
+    if read_ahead == "read" and paging_ms is None:
+        raise PlannerError('read_ahead="read" needs a device profile to know read times; pass device=')
     runtime_ms = None if runtime_budget is None else runtime_budget * graph.total_compute_ms
     problem = BaselineProblem(graph, memory_budget, runtime_ms, _counted_paging_ms(profile, paging_ms, count_paging_time),
                               paging_ms)
@@ -136,7 +142,8 @@ def plan(
         graph, memory_budget=memory_budget, runtime_budget_ms=runtime_ms, paging=paging, remat=remat,
         solver=solver, time_limit=time_limit, gap=gap, threads=threads, warm_start=start,
         relax_and_round=relax_and_round, paging_time_ms=problem.counted_paging_ms,
-        io_time_ms=problem.paging_ms, read_ahead=read_ahead, progress=progress,
+        io_time_ms=problem.paging_ms, read_ahead=read_ahead is not None,
+        read_ahead_ms=paging_ms[0] if read_ahead == "read" else None, progress=progress,
     )
     result = _from_milp(context, outcome)
     if not (check_timeline and paging and result.feasible and runtime_ms is not None and profile is not None
@@ -146,8 +153,10 @@ def plan(
     if step_ms <= runtime_ms * (1 + 1e-9):
         return replace(result, timeline_ms=step_ms)
     seconds, candidates = result.solve_seconds, [(step_ms, result, "")]
-    retries = [({"read_ahead": True}, "with room to read each page ahead")] if not read_ahead else []
-    retries.append(({"count_paging_time": True, "read_ahead": read_ahead}, "with paging time counted"))
+    modes = list(READ_AHEAD)
+    roomier = modes[modes.index(read_ahead) + 1:] if read_ahead else modes  # the rooms not tried yet
+    retries = [({"read_ahead": mode}, READ_AHEAD[mode]) for mode in roomier]
+    retries.append(({"count_paging_time": True, "read_ahead": read_ahead or False}, "with paging time counted"))
     for options, how in retries:
         again = plan(graph, profile, memory_budget=memory_budget, runtime_budget=runtime_budget, method=method,
                      solver=solver, time_limit=time_limit, gap=gap, threads=threads, warm_start=warm_start,
@@ -169,6 +178,23 @@ def plan(
         message = (f"planned {how}: the overlapped plan takes {step_ms:.0f} ms in the executor's I/O timeline, "
                    f"this one {best_ms:.0f} ms, against the runtime budget of {runtime_ms:.0f} ms{over}")
     return replace(best, solve_seconds=seconds, timeline_ms=best_ms, message=message)
+
+
+READ_AHEAD = {"node": "with room to read each page ahead",
+              "read": "with room to read each page ahead for as long as its read takes"}
+"""Read-ahead room :func:`plan` can keep (``read_ahead=``), least memory first, and how its message says so."""
+
+
+def _read_ahead_mode(read_ahead: bool | str) -> str | None:
+    """``None`` (the published model), ``"node"`` or ``"read"``; ``True`` means ``"node"``."""
+    if read_ahead is False or read_ahead is None:
+        return None
+    if read_ahead is True:
+        return "node"
+    if read_ahead not in READ_AHEAD:
+        raise UnknownNameError(f"unknown read_ahead {read_ahead!r}; choose one of {', '.join(READ_AHEAD)} "
+                               "(or True for 'node')")
+    return read_ahead
 
 
 def _counted_paging_ms(device: DeviceProfile | None, paging_ms, count_paging_time: bool):

@@ -420,7 +420,7 @@ def test_read_ahead_room_spans_as_many_stages_as_a_slow_read_takes(n: int, seed:
     one_stage = solve_poet_milp(graph, memory_budget=budget, runtime_budget_ms=None, gap=EXACT, read_ahead=True)
     assert _reads_not_in_time(graph, one_stage.matrices, budget, read_ms)[1] > 0
     timed = solve_poet_milp(graph, memory_budget=budget, runtime_budget_ms=None, gap=EXACT, read_ahead=True,
-                            io_time_ms=(read_ms, read_ms))
+                            read_ahead_ms=read_ms)
     page_ins, late = _reads_not_in_time(graph, timed.matrices, budget, read_ms)
     assert timed.status == "optimal" and page_ins > 0 and late == 0  # still pages, every read done in time
     assert timed.objective_j >= one_stage.objective_j * (1 - 1e-9)  # a restriction of the one-stage room
@@ -431,6 +431,8 @@ def test_io_time_columns_must_cover_the_graph() -> None:
     graph = chain_graph(4)
     with pytest.raises(SolverError, match="io_time_ms needs"):
         solve_poet_milp(graph, memory_budget=None, runtime_budget_ms=None, io_time_ms=([1.0], [1.0]))
+    with pytest.raises(SolverError, match="read_ahead_ms needs"):
+        solve_poet_milp(graph, memory_budget=None, runtime_budget_ms=None, read_ahead=True, read_ahead_ms=[1.0])
 
 
 def test_the_pulp_model_is_the_same_model() -> None:

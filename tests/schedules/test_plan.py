@@ -183,6 +183,31 @@ def test_an_overlapped_plan_that_misses_its_runtime_budget_in_the_io_timeline_is
     assert result.timeline_ms == timeline_step_ms(graph, result.schedule, slow) <= runtime_ms * (1 + 1e-9)
 
 
+def test_a_read_longer_than_a_node_gets_room_for_as_long_as_it_takes():
+    from schedules.timeline import timeline_step_ms
+    from tests.schedules.test_milp import chain_graph
+
+    graph, slow = chain_graph(8, seed=0), _slow_flash(1e5)
+    budget, runtime_ms = required_bytes(graph), 1.5 * graph.total_compute_ms
+    one_node = checked(graph, plan(graph, slow, memory_budget=budget, runtime_budget=1.5, read_ahead="node",
+                                   check_timeline=False))
+    assert timeline_step_ms(graph, one_node.schedule, slow) > runtime_ms  # reads outlast the room beside one node
+    result = checked(graph, plan(graph, slow, memory_budget=budget, runtime_budget=1.5))
+    assert "for as long as its read takes" in result.message and not result.schedule.count_paging_time
+    assert result.timeline_ms == timeline_step_ms(graph, result.schedule, slow) <= runtime_ms * (1 + 1e-9)
+
+
+def test_read_ahead_takes_node_or_read():
+    from schedules.errors import PlannerError
+    from tests.schedules.test_milp import chain_graph
+
+    graph = chain_graph(5)
+    with pytest.raises(UnknownNameError, match="node, read"):
+        plan(graph, "rpi4", read_ahead="always")
+    with pytest.raises(PlannerError, match="device profile"):
+        plan(graph, None, read_ahead="read")
+
+
 def test_an_overlapped_plan_is_kept_with_a_warning_when_counting_paging_finds_nothing():
     from schedules.timeline import timeline_step_ms
     from tests.schedules.test_milp import chain_graph
