@@ -137,7 +137,10 @@ def checkpoint_variants(work: Workload) -> list[tuple[str, nn.Module, Callable[[
     """``torch.utils.checkpoint`` per block at every sensible granularity, as ``(label, model, step)``."""
     if hasattr(work.model, "gradient_checkpointing_enable"):  # transformers: one checkpoint per layer
         model = copy.deepcopy(work.model)
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model, "activation_checkpointing_enable"):  # the newer name; the old one warns
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return [("per layer", model, lambda: work.loss_fn(model(work.inputs), work.targets).backward())]
     model = _out_of_place(work.model)
     blocks = _as_sequence(model)
@@ -326,8 +329,10 @@ def bench_budget(fraction: float, M: int, graph, cut, work: Workload, device: De
 
 
 # The tightest first: the executor's own cost (1.04-1.07 of plain with nothing paged) comes on top of the
-# plan's, so a plan at exactly the 1.1x target lands above it; then the targets, then whatever fits.
-RUNTIME_BUDGETS = (1.03, 1.05, 1.1, 1.3, None)
+# plan's, so a plan at exactly the 1.1x target lands above it; then the targets, then a looser one before
+# none at all (on slow flash at 30% of M no plan may meet 1.3x in the I/O timeline, and the plan without a
+# runtime budget pages for least energy, whatever the time), then whatever fits.
+RUNTIME_BUDGETS = (1.03, 1.05, 1.1, 1.3, 1.5, None)
 
 
 def plan_within_time(graph, device: DeviceProfile, budget: int, time_limit: float):

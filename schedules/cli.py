@@ -62,7 +62,7 @@ from schedules.errors import (
     UnknownNameError,
 )
 from schedules.graph import TrainingGraph
-from schedules.plan import METHODS, MILP_METHODS, PlanResult, plan
+from schedules.plan import METHODS, MILP_METHODS, READ_AHEAD, PlanResult, plan
 from schedules.plot import plot_pareto, plot_timeline  # matplotlib itself loads only when drawing
 from schedules.progress import SolveProgressDisplay  # rich loads only on a terminal
 from schedules.schedule import Schedule
@@ -220,6 +220,10 @@ def _add_budget_options(p: argparse.ArgumentParser, *, memory: bool) -> None:
     p.add_argument("--count-paging-time", action="store_true",
                    help="count paging time in the runtime budget (devices whose paging does not overlap "
                         "compute; needs --device)")
+    p.add_argument("--read-ahead", choices=tuple(READ_AHEAD),
+                   help="keep room under the memory budget to read each page ahead: beside the node before its "
+                        "use (node) or for as long as its read takes on --device's flash (read); by default "
+                        "tried in that order only when the plan misses the runtime budget in the I/O timeline")
 
 
 def _add_solve(subparsers: Any) -> None:
@@ -325,12 +329,15 @@ def _check_writable(path: str) -> None:
 
 def _plan_function(args: argparse.Namespace, graph: TrainingGraph, device: DeviceProfile | None) -> Planner:
     """``plan`` with the graph, device, runtime and solver settings of ``args`` bound."""
-    if device is None and (not graph.has_energy or args.count_paging_time):
-        need = "has no energy costs to price" if not graph.has_energy else "needs paging times for --count-paging-time"
+    if device is None and (not graph.has_energy or args.count_paging_time or args.read_ahead == "read"):
+        need = "has no energy costs to price" if not graph.has_energy else \
+            "needs paging times for --count-paging-time" if args.count_paging_time else \
+            "needs read times for --read-ahead read"
         raise CommandError(f"{args.graph} {need}: pass --device NAME or --device FILE.json "
                            "(built-in names: `poet-edge devices`)", USAGE)
     return functools.partial(plan, graph, device=device, runtime_budget=args.runtime, solver=args.solver,
-                             threads=args.threads, count_paging_time=args.count_paging_time)
+                             threads=args.threads, count_paging_time=args.count_paging_time,
+                             read_ahead=args.read_ahead or False)
 
 
 # -- solve -------------------------------------------------------------------------

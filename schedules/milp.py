@@ -632,7 +632,7 @@ def solve_poet_milp(graph: TrainingGraph, *, memory_budget: float | None, runtim
     """
     clock = _Clock(time_limit)
     _check_arguments(graph, solver, gap, threads, time_limit,
-                     {"paging_time_ms": paging_time_ms, "io_time_ms": io_time_ms}, read_ahead_ms)
+                     {"paging_time_ms": paging_time_ms, "io_time_ms": io_time_ms}, read_ahead, read_ahead_ms)
     form = PoetFormulation(graph, memory_budget=memory_budget, runtime_budget_ms=runtime_budget_ms,
                            paging=paging, remat=remat, paging_time_ms=paging_time_ms, io_time_ms=io_time_ms,
                            read_ahead=read_ahead, read_ahead_ms=read_ahead_ms)
@@ -757,8 +757,8 @@ class _Search:
 
 def _check_arguments(graph: TrainingGraph, solver: str, gap: float, threads: int, time_limit: float | None,
                      time_columns: dict[str, tuple[Sequence[float], Sequence[float]] | None],
-                     read_ahead_ms: Sequence[float] | None = None) -> None:
-    """Reject arguments that would make the solver fail obscurely."""
+                     read_ahead: bool = False, read_ahead_ms: Sequence[float] | None = None) -> None:
+    """Reject arguments that would make the solver fail obscurely (or be ignored)."""
     if solver not in ("highs", "cbc"):
         raise SolverError(f"unknown solver {solver!r}: use 'highs' or 'cbc'")
     if not gap >= 0:
@@ -772,6 +772,8 @@ def _check_arguments(graph: TrainingGraph, solver: str, gap: float, threads: int
             raise SolverError(f"{name} needs (page-in, page-out) lists of {graph.size} values each")
     if read_ahead_ms is not None and len(read_ahead_ms) != graph.size:
         raise SolverError(f"read_ahead_ms needs one read time per node ({graph.size} values)")
+    if read_ahead_ms is not None and not read_ahead:
+        raise SolverError("read_ahead_ms sizes the read-ahead room: pass read_ahead=True with it")
 
 
 def _backend(solver: str) -> str:

@@ -143,6 +143,33 @@ def test_solve_says_when_slow_flash_made_it_replan_with_read_ahead_room(tmp_path
     assert not Schedule.load(tmp_path / "s.json").count_paging_time
 
 
+def test_read_ahead_room_can_be_asked_for_up_front(tmp_path, capsys):
+    from dataclasses import replace
+
+    from schedules.timeline import timeline_step_ms
+    from tests.schedules.graphs import required_bytes
+    from tests.schedules.test_milp import chain_graph
+
+    graph = chain_graph(8, seed=0)  # test_plan's graph whose reads outlast a node on this flash
+    graph.save(tmp_path / "g.json")
+    slow = replace(DeviceProfile.builtin("rpi4"), pagein_bandwidth_bps=1e5, pageout_bandwidth_bps=1e5)
+    slow.save(tmp_path / "slow.json")
+    argv = ["solve", tmp_path / "g.json", "--device", tmp_path / "slow.json", "--runtime", "1.5",
+            "--memory", str(required_bytes(graph)), "-o", tmp_path / "s.json"]
+    code, stdout, _ = run([*argv, "--read-ahead", "read"], capsys)
+    assert code == OK and "note: planned" not in stdout  # no retries: the room asked for meets the timeline
+    schedule = Schedule.load(tmp_path / "s.json")
+    assert timeline_step_ms(graph, schedule, slow) <= 1.5 * graph.total_compute_ms * (1 + 1e-9)
+    code, stdout, _ = run([*argv, "--read-ahead", "node"], capsys)  # too little room: replanned with more
+    assert code == OK and "for as long as its read takes" in stdout
+
+
+def test_read_ahead_by_read_time_needs_a_device(graph_file, tmp_path, capsys):
+    code, _, err = run(["solve", graph_file, "--read-ahead", "read", "-o", tmp_path / "s.json"], capsys)
+    assert code == USAGE
+    assert_one_line_error(err, "--read-ahead read", "--device")
+
+
 # -- user errors: exit codes and one clear line --------------------------------------------
 def test_unknown_device_is_a_usage_error(graph_file, tmp_path, capsys):
     code, _, err = run(["solve", graph_file, "--device", "pdp11", "-o", tmp_path / "s.json"], capsys)

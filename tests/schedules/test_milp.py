@@ -433,6 +433,8 @@ def test_io_time_columns_must_cover_the_graph() -> None:
         solve_poet_milp(graph, memory_budget=None, runtime_budget_ms=None, io_time_ms=([1.0], [1.0]))
     with pytest.raises(SolverError, match="read_ahead_ms needs"):
         solve_poet_milp(graph, memory_budget=None, runtime_budget_ms=None, read_ahead=True, read_ahead_ms=[1.0])
+    with pytest.raises(SolverError, match="pass read_ahead=True"):  # read times without the room: not ignored
+        solve_poet_milp(graph, memory_budget=None, runtime_budget_ms=None, read_ahead_ms=[1.0] * graph.size)
 
 
 def test_the_pulp_model_is_the_same_model() -> None:
