@@ -13,10 +13,11 @@ Each instruction of ``schedule.instructions`` is done for real: ``compute``
 runs a unit (or its backward) through :class:`~agent.runtime.Runtime`,
 ``free`` drops the value's storages, ``page_out`` / ``page_in`` move them to
 and from a page file through :class:`~agent.pager.Pager`, reading ahead,
-writing behind and reading into memory kept from an earlier page-in where
-the budget has room (:func:`schedules.timeline.plan_io`; once a step has
-measured the page-in bandwidth, reads may start later to take over such
-memory where the computations left still hide them).  Before the first
+writing behind and reading into memory kept from an earlier page-in or from a
+value just freed, where the budget has room (:func:`schedules.timeline.plan_io`;
+once a step has measured the page-in bandwidth and seen each value's storage
+sizes, reads may start later to take over such memory where the computations
+left still hide them).  Before the first
 step the executor refuses a schedule planned for another graph, one the
 simulator rejects (over budget, missing inputs) and one whose first
 computations of forward nodes are not in stage order (the RNG stream would
@@ -66,7 +67,7 @@ from schedules.errors import PlannerError
 from schedules.graph import TrainingGraph
 from schedules.schedule import Schedule
 from schedules.simulate import simulate
-from schedules.timeline import plan_io
+from schedules.timeline import Donor, plan_io
 
 
 class Executor:
@@ -121,6 +122,7 @@ class Executor:
         # read-ahead buffers, values written behind and memory kept for a later read go on top of what each
         # instruction holds, its node's workspace included
         self._limit = limit
+        self._layouts: dict[int, tuple[int, ...]] = {}  # node -> its storage sizes, as last freed
         self._plan_io()
         # A freed activation must leave the process, or the budget binds the ledger but not the device's RAM:
         # glibc otherwise keeps freed tensors for reuse (validate measured RSS growth up to 2.4x its prediction so).
@@ -132,7 +134,7 @@ class Executor:
         self._behind: dict[int, int] = {}     # value freed while its write runs -> bytes the write still holds
         self._deadlines: dict[int, int] = {}  # ... -> position before which the write must be done
         self._read_of: dict[int, tuple[int, int]] = {}  # paged-in value -> the read that brought it
-        self._kept: dict[tuple[int, int], int] = {}     # read whose value is freed, memory kept -> bytes
+        self._kept: dict[Donor, int] = {}               # freed value whose memory waits for a read -> bytes
         self.last_stats: StepStats | None = None
 
     def step(self, inputs: Any, targets: Any) -> torch.Tensor:
@@ -190,8 +192,10 @@ class Executor:
         the computations before its ``page_in`` still cover it."""
         nodes = self.graph.nodes
         self._read_ms = [n.bytes / read_bps * 1e3 for n in nodes] if read_bps else None
+        # a step has seen the storages: a read takes over only memory of its own layout (before, of its bytes)
+        layouts = [self._layouts.get(i, n.bytes) for i, n in enumerate(nodes)] if read_bps else None
         self.io_plan = plan_io(self.instructions, [n.bytes for n in nodes], self.report.working_bytes, self._limit,
-                               [n.compute_ms for n in nodes], self._read_ms)
+                               [n.compute_ms for n in nodes], self._read_ms, layouts)
         self.prefetch = self.io_plan.reads
 
     def close(self) -> None:
@@ -218,9 +222,13 @@ class Executor:
             else:  # the write holds the storages until the bytes are on flash, within the room planned
                 self._behind[node] = self.runtime.value_bytes(node)
                 self._deadlines[node] = deadline
+        self._layouts[node] = tuple(sorted(self.runtime.store.value(node).slot_bytes))
         read = self._read_of.pop(node, None)
         if read in self.io_plan.keep:  # its memory waits for a later read (pager), within the room planned
             self._kept[read] = self.runtime.value_bytes(node)
+        elif ("free", position) in self.io_plan.keep:  # so do the storages of this computed value
+            self._kept[("free", position)] = self.runtime.value_bytes(node)
+            self.pager.donate(("free", position), self.runtime.storages(node))
         self.runtime.free(node, keep_skeleton=paged)
         self._heap.after_free()
 
@@ -249,7 +257,7 @@ class Executor:
         self._read_of[node] = (position, node)
         self.pager.prefetch(node, self.runtime.store.values[node].slot_bytes, *self._memory_for((position, node)))
 
-    def _memory_for(self, read: tuple[int, int]) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+    def _memory_for(self, read: tuple[int, int]) -> tuple[Donor | None, tuple[int, int] | None]:
         """(kept memory to read into, name to keep this read's memory under) for the pager."""
         reuse = self.io_plan.reuse.get(read)
         if reuse is not None:

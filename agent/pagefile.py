@@ -116,18 +116,16 @@ def write(path: Path, node: int, storages: Sequence[torch.UntypedStorage]) -> in
 
 
 def read(path: Path, node: int, slot_bytes: Sequence[int],
-         memory: PageMemory | None = None) -> list[torch.UntypedStorage]:
+         memory: PageMemory | DonatedMemory | None = None) -> list[torch.UntypedStorage]:
     """Read the page of ``node`` back into storages, verifying header, sizes and checksum.
 
     The storages lie in ``memory`` where it is given, unused and of exactly the page's layout (a kept
-    :class:`PageMemory`: already mapped in, so no page faults), otherwise in fresh memory.
+    :class:`PageMemory` or a freed value's :class:`DonatedMemory`: already mapped in, so no page faults),
+    otherwise in fresh memory.
     """
     if memory is None or not memory.fits(slot_bytes):
         memory = PageMemory(slot_bytes)
-    buffers = memory.buffers(slot_bytes)
-    order = file_order(slot_bytes)
-    whole = memory.head(sum(slot_bytes[slot] for slot in order if slot_bytes[slot] % BLOCK == 0))
-    rest = [memoryview(buffers[slot].numpy()).cast("B") for slot in order if slot_bytes[slot] % BLOCK]
+    buffers, whole, rest = memory.views(slot_bytes)
     try:
         try:
             crc, actual = _read_data(path, node, slot_bytes, whole, rest, direct=True, mapped=memory.mapped)
@@ -182,6 +180,14 @@ class PageMemory:
         """The first ``nbytes`` of the memory, where :meth:`buffers` puts the slots of whole blocks."""
         return memoryview(self._map)[:nbytes] if self._map is not None else memoryview(b"")
 
+    def views(self, slot_bytes: Sequence[int]) -> tuple[list[torch.Tensor], memoryview, list[memoryview]]:
+        """What a read fills: the slots' byte tensors (slot order), the whole-block slots as one range (read
+        in place) and the other slots in file order (read through the bounce buffer)."""
+        buffers = self.buffers(slot_bytes)
+        order = file_order(slot_bytes)
+        whole = self.head(sum(slot_bytes[slot] for slot in order if slot_bytes[slot] % BLOCK == 0))
+        return buffers, whole, [_byte_view(buffers[slot]) for slot in order if slot_bytes[slot] % BLOCK]
+
     def fits(self, slot_bytes: Sequence[int]) -> bool:
         """Whether a page of these slots can be read here: the same layout size, and nothing of it in use."""
         return self.nbytes == self.layout_bytes(slot_bytes) and not self.in_use()
@@ -190,6 +196,48 @@ class PageMemory:
         """Whether a storage of an earlier page still lies here (it holds the mapping through the buffer
         protocol: one reference each)."""
         return self._map is not None and sys.getrefcount(self._map) > 2  # this object's, and the call's argument
+
+
+class DonatedMemory:
+    """The storages of a value just freed, taken over by a later page-in of the same layout
+    (:func:`schedules.timeline.plan_io` plans which, where the budget holds them in between).
+
+    Like kept :class:`PageMemory` it is mapped in already, and the free that gave it unmapped nothing.
+    The storages lie wherever the allocator put them, not at block-aligned offsets of one range, so every
+    slot is read through the bounce buffer: one copy into mapped memory, cheaper than mapping fresh
+    memory in on the development VM.  A storage anything else still refers to (a view, a parameter's
+    gradient that is the same tensor) is never read into: the read then takes fresh memory.
+    """
+
+    mapped = True
+
+    def __init__(self, storages: Sequence[torch.UntypedStorage]) -> None:
+        self.storages = list(storages)
+        self.nbytes = sum(s.nbytes() for s in self.storages)
+
+    def fits(self, slot_bytes: Sequence[int]) -> bool:
+        """Whether a page of these slots can be read here: storages of the same sizes, none in use."""
+        return sorted(s.nbytes() for s in self.storages) == sorted(slot_bytes) and not self.in_use()
+
+    def in_use(self) -> bool:
+        """Whether anything but this object refers to one of the storages (always, where torch cannot say)."""
+        return _USE_COUNT is None or any(_USE_COUNT(s._cdata) > 1 for s in self.storages)
+
+    def views(self, slot_bytes: Sequence[int]) -> tuple[list[torch.Tensor], memoryview, list[memoryview]]:
+        """As :meth:`PageMemory.views`, with every slot in the bounce-buffer part (nothing read in place)."""
+        by_size: dict[int, list[torch.UntypedStorage]] = {}
+        for storage in self.storages:
+            by_size.setdefault(storage.nbytes(), []).append(storage)
+        buffers = [torch.empty(0, dtype=torch.uint8).set_(by_size[size].pop()) for size in slot_bytes]
+        return buffers, memoryview(b""), [_byte_view(buffers[slot]) for slot in file_order(slot_bytes)]
+
+
+# ``torch._C._storage_Use_Count``: the references to a storage (torch's own CUDA-graph trees use it likewise)
+_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def _byte_view(buffer: torch.Tensor) -> memoryview:
+    return memoryview(buffer.numpy()).cast("B")
 
 
 # -- the two directions ------------------------------------------------------------------------------

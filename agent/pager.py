@@ -10,7 +10,9 @@
   A read told to ``keep`` its memory leaves it with the pager once read, for a
   later read told to ``reuse`` it (planned by :func:`schedules.timeline.plan_io`
   where the budget holds it in between): that read fills memory already mapped
-  in.  Memory still holding a storage of its first page is never reused.
+  in.  So does a read told to ``reuse`` the storages of a value the executor
+  freed and handed over (``donate``).  Memory still holding a storage in use
+  is never reused.
 * ``reserve`` runs before a step: it checks the filesystem has room for every
   page the schedule writes and allocates the files (``posix_fallocate``), so a
   full disk is reported before any work and never mid-step.  Bytes a file
@@ -53,6 +55,7 @@ _NAME = re.compile(r"^poet-(\d+)-[0-9a-f]+-n\d+\.page$")
 HEADER_ALLOWANCE = (64 << 10) + pagefile.BLOCK
 
 FreeSpace = Callable[[Path], int]
+Memory = pagefile.PageMemory | pagefile.DonatedMemory
 
 
 def disk_free(path: Path) -> int:
@@ -75,7 +78,8 @@ class Pager:
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="poet-pager")
         self._writes: dict[int, Future] = {}
         self._reads: dict[int, Future] = {}
-        self._kept: dict[Hashable, pagefile.PageMemory] = {}  # read -> its memory, for a later read
+        # read or freed value -> its memory, for a later read
+        self._kept: dict[Hashable, Memory] = {}
         self._lock = threading.Lock()
         self._pattern = f"poet-{os.getpid()}-{self.token}-n*.page"
         self._finalizer = weakref.finalize(self, _remove_files, self.dir, self._pattern)
@@ -147,6 +151,11 @@ class Pager:
         """Block until ``node``'s page is on flash (raises what the write raised)."""
         self._wait(self._writes[node])
 
+    def donate(self, name: Hashable, storages: list[torch.UntypedStorage]) -> None:
+        """Keep the storages of a value being freed under ``name``, for a later read told to ``reuse`` it."""
+        with self._lock:
+            self._kept[name] = pagefile.DonatedMemory(storages)
+
     def prefetch(self, node: int, slot_bytes: list[int], reuse: Hashable | None = None,
                  keep: Hashable | None = None) -> None:
         """Queue the read of ``node``'s page ahead of its page-in, into the memory kept as ``reuse`` if there is
@@ -169,7 +178,7 @@ class Pager:
             with self._lock:
                 self.inflight_bytes -= sum(slot_bytes)
 
-    def _read_page(self, node: int, slot_bytes: list[int], memory: pagefile.PageMemory | None,
+    def _read_page(self, node: int, slot_bytes: list[int], memory: Memory | None,
                    keep: Hashable | None) -> list[torch.UntypedStorage]:
         reused = memory is not None and memory.fits(slot_bytes)
         if not reused:

@@ -5,7 +5,9 @@ storage; four storages of uneven sizes, as a node's output plus its saved
 tensors), pages go through :class:`agent.pager.Pager` exactly as the executor
 uses it (reserve, background write, wait, prefetch, read, end of step), and the
 bandwidth is bytes / seconds of the pager's I/O thread, the figure the
-executor's ``StepStats`` reports.  Raw bandwidth: :func:`raw_bandwidth`, a
+executor's ``StepStats`` reports.  Each page is read back twice: into fresh
+memory, and into the storages of a value of its layout just freed (memory
+mapped in already; the executor reads there where the budget allows).  Raw bandwidth: :func:`raw_bandwidth`, a
 256 MiB file written with plain ``write`` calls, ``fsync``'d, its page cache
 dropped, read back.
 
@@ -82,11 +84,13 @@ def slot_layout(total: int, slots: int) -> list[int]:
     return [*sizes, left]
 
 
-def pager_bandwidth(directory: Path, slot_bytes: list[int], repeats: int) -> tuple[float, float]:
-    """Median page-out and page-in bytes/s of one page of ``slot_bytes`` through a :class:`Pager`."""
+def pager_bandwidth(directory: Path, slot_bytes: list[int], repeats: int) -> tuple[float, float, float]:
+    """Median bytes/s of one page of ``slot_bytes`` through a :class:`Pager`: page-out, page-in into fresh
+    memory, and page-in into the storages of a value just freed (what the executor does where
+    :func:`schedules.timeline.plan_io` finds a freed value of the page's layout)."""
     storages = [torch.randint(0, 256, (n,), dtype=torch.uint8).untyped_storage() for n in slot_bytes]
     pager = Pager(directory)
-    outs, ins = [], []
+    outs, ins, into_freed = [], [], []
     try:
         for _ in range(repeats):
             pager.reset_counters()
@@ -96,10 +100,16 @@ def pager_bandwidth(directory: Path, slot_bytes: list[int], repeats: int) -> tup
             pager.read(1, slot_bytes)
             outs.append(pager.bytes_out / pager.seconds["out"])
             ins.append(pager.bytes_in / pager.seconds["in"])
+            # a value of the same layout, computed (its memory mapped in) and freed
+            pager.donate("freed", [torch.zeros(n, dtype=torch.uint8).untyped_storage() for n in slot_bytes])
+            pager.reset_counters()
+            pager.read(1, slot_bytes, reuse="freed")
+            assert pager.reads_into_kept == 1, "the read did not take the freed value's memory"
+            into_freed.append(pager.bytes_in / pager.seconds["in"])
             pager.end_step()
     finally:
         pager.close()
-    return statistics.median(outs), statistics.median(ins)
+    return statistics.median(outs), statistics.median(ins), statistics.median(into_freed)
 
 
 @contextmanager
@@ -135,10 +145,11 @@ def run(directory: Path, sizes_mb: list[int], layouts: list[int], repeats: int) 
             result["raw"][label] = raw_bandwidth(directory)
             for size in sizes_mb:
                 for slots in layouts:
-                    out, into = pager_bandwidth(directory, slot_layout(size << 20, slots), repeats)
-                    result["pages"].append({"load": label, "mb": size, "slots": slots, "out_bps": out, "in_bps": into})
-                    print(f"  {label} {size:>3} MB x{slots}: out {out / MB:6.0f} MB/s, in {into / MB:6.0f} MB/s",
-                          flush=True)
+                    out, into, freed = pager_bandwidth(directory, slot_layout(size << 20, slots), repeats)
+                    result["pages"].append({"load": label, "mb": size, "slots": slots, "out_bps": out, "in_bps": into,
+                                            "in_freed_bps": freed})
+                    print(f"  {label} {size:>3} MB x{slots}: out {out / MB:6.0f} MB/s, in {into / MB:6.0f} MB/s, "
+                          f"in into a freed value {freed / MB:6.0f} MB/s", flush=True)
     return result
 
 
@@ -146,8 +157,10 @@ def print_report(result: dict) -> None:
     raw_w, raw_r = result["raw"]["idle"]
     print(f"\nraw idle: write {raw_w / MB:.0f} MB/s, read {raw_r / MB:.0f} MB/s; raw under load: write "
           f"{result['raw']['load'][0] / MB:.0f} MB/s, read {result['raw']['load'][1] / MB:.0f} MB/s")
-    print("| page | slots | idle out MB/s | /raw | idle in MB/s | /raw | load out MB/s | /raw | load in MB/s | /raw |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("`in` reads into fresh memory, `freed` into the storages of a value just freed")
+    print("| page | slots | idle out MB/s | /raw | idle in MB/s | /raw | freed | /raw "
+          "| load out MB/s | /raw | load in MB/s | /raw | freed | /raw |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     rows: dict[tuple[int, int], dict[str, dict]] = {}
     for page in result["pages"]:
         rows.setdefault((page["mb"], page["slots"]), {})[page["load"]] = page
@@ -156,7 +169,8 @@ def print_report(result: dict) -> None:
         for label in ("idle", "load"):
             page = by_load[label]
             cells += [f"{page['out_bps'] / MB:.0f}", f"{page['out_bps'] / raw_w:.2f}",
-                      f"{page['in_bps'] / MB:.0f}", f"{page['in_bps'] / raw_r:.2f}"]
+                      f"{page['in_bps'] / MB:.0f}", f"{page['in_bps'] / raw_r:.2f}",
+                      f"{page['in_freed_bps'] / MB:.0f}", f"{page['in_freed_bps'] / raw_r:.2f}"]
         print(f"| {size} MB | {slots} | " + " | ".join(cells) + " |")
 
 

@@ -20,10 +20,13 @@ the schedule holds during instruction ``k``, its node's workspace included):
   RAM copy was freed (the single I/O thread keeps writes and reads in order).
 
 * **reused read memory.**  Mapping fresh memory in is most of a page-in's CPU
-  (a page fault per 4 KiB).  A value that was paged in and is freed can keep
-  its memory for a later read of as many bytes, where the room holds it from
-  its ``free`` until that read takes it over; the read then fills memory
-  already mapped.
+  (a page fault per 4 KiB), and unmapping a freed value most of a free's.  A
+  value that is freed -- read back earlier, or computed (not the batch, and
+  not one whose page is still being written) -- can keep its memory for a
+  later read of the same layout, where the room holds it from its ``free``
+  until that read takes it over; the read then fills memory already mapped.
+  In a stack of identical layers the value freed by one layer's backward is
+  the layout the next page-in needs.
 
 Write-behind is planned first: it sits right after the page-outs of the forward
 pass, where backward read-ahead has no use for the room; then read-ahead, then
@@ -33,13 +36,17 @@ reused memory in what room is left.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Hashable, Sequence
 
 from schedules.device import DeviceProfile
 from schedules.graph import TrainingGraph
 from schedules.matrices import Instruction
 from schedules.schedule import Schedule
 from schedules.simulate import simulate
+
+
+Donor = tuple[int, int] | tuple[str, int]
+"""Memory a read can fill: an earlier read ``(start, node)``, or a computed value's ``("free", position)``."""
 
 
 @dataclass(frozen=True)
@@ -50,17 +57,18 @@ class IoPlan:
     ``release_by``: position of a ``free`` of a paged value -> position before
     which its write must be done (absent: the free waits for it); ``reuse``:
     a read, named ``(position, node)`` by its start (its ``page_in`` where it
-    is not read ahead) -> the earlier read whose memory it reads into;
-    ``keep``: the reads whose memory outlives their value's ``free`` for such
-    a later read; ``held``: bytes read ahead, written behind or kept for a read during
-    each instruction.
+    is not read ahead) -> the memory it reads into: an earlier read's (named
+    so) or a computed value's, named ``("free", position)`` by its ``free``;
+    ``keep``: those donors, whose memory outlives their value's ``free`` for
+    such a later read; ``held``: bytes read ahead, written behind or kept for a
+    read during each instruction.
     """
 
     reads: dict[int, list[int]] = field(default_factory=dict)
     release_by: dict[int, int] = field(default_factory=dict)
     held: tuple[int, ...] = ()
-    reuse: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
-    keep: frozenset[tuple[int, int]] = frozenset()
+    reuse: dict[tuple[int, int], Donor] = field(default_factory=dict)
+    keep: frozenset[Donor] = frozenset()
 
 
 def plan_io(
@@ -70,13 +78,15 @@ def plan_io(
     limit: int,
     compute_ms: Sequence[float] | None = None,
     read_ms: Sequence[float] | None = None,
+    layouts: Sequence[Hashable] | None = None,
 ) -> IoPlan:
     """Plan write-behind, read-ahead and reused read memory for a schedule; see the module docstring.
 
     ``compute_ms`` and ``read_ms`` (per node: its computation, the read of its page) let a read start later
-    than it could, just after a value of as many bytes is freed, to take over that value's memory, where
+    than it could, just after a value of its layout is freed, to take over that value's memory, where
     the computations left before its ``page_in`` still cover the read; without them a read takes over only
-    memory freed before its earliest start.
+    memory freed before its earliest start.  ``layouts`` (per node, equal where one value's memory holds
+    the other's page: the executor's storage sizes) default to the node bytes.
     """
     inflight = [0] * len(instructions)
     release_by: dict[int, int] = {}
@@ -94,7 +104,8 @@ def plan_io(
                 for r in range(p, d):
                     inflight[r] += node_bytes[node]
     covers = _lead(instructions, compute_ms, read_ms)
-    reads = _plan_reads(instructions, node_bytes, holding, limit, inflight, covers)
+    reads = _plan_reads(instructions, node_bytes, holding, limit, inflight, covers,
+                        layouts if layouts is not None else node_bytes)
     reuse = {read.name: read.reuses for read in reads if read.reuses is not None}
     return IoPlan(_starts(reads), release_by, tuple(inflight), reuse, frozenset(reuse.values()))
 
@@ -129,7 +140,7 @@ class _Read:
     page_in: int   # position of its page_in
     start: int     # the read starts just before this position (== page_in: read at the page_in itself)
     free: int | None  # position of the free that ends this copy (None: kept to the step's end)
-    reuses: tuple[int, int] | None = None  # the earlier read whose memory it takes over
+    reuses: Donor | None = None  # the memory it takes over
 
     @property
     def name(self) -> tuple[int, int]:
@@ -157,13 +168,16 @@ def _lead(instructions: Sequence[Instruction], compute_ms: Sequence[float] | Non
 
 
 def _plan_reads(instructions: Sequence[Instruction], node_bytes: Sequence[int], resident: Sequence[int], limit: int,
-                inflight: list[int] | None, covers: LeadCovers | None = None) -> list[_Read]:
+                inflight: list[int] | None, covers: LeadCovers | None = None,
+                layouts: Sequence[Hashable] | None = None) -> list[_Read]:
     """Every ``page_in``'s read: started as early as the room allows, and reading into the memory of a value
-    of as many bytes freed before it starts (the latest such free first: the shortest wait) where the room
+    of its layout freed before it starts (the latest such free first: the shortest wait) where the room
     holds that memory in between -- or, given ``covers``, freed before its ``page_in`` where the read still
     ends in time when started just after that free, behind the reads queued before it.  ``inflight``
-    (updated in place) is what is held on top of ``resident``."""
+    (updated in place) is what is held on top of ``resident``; ``layouts`` default to ``node_bytes``."""
     inflight = [0] * len(instructions) if inflight is None else inflight
+    layouts = node_bytes if layouts is None else layouts
+    computed = _computed_frees(instructions)
     reads: list[_Read] = []
     last_free: dict[int, int] = {}
     for p, (op, node) in enumerate(instructions):
@@ -176,16 +190,18 @@ def _plan_reads(instructions: Sequence[Instruction], node_bytes: Sequence[int], 
         earliest = _earliest(p, last_free.get(node, -1) + 1, size, resident, inflight, limit)
         read = _Read(node, p, earliest, end)
         taken = {r.reuses for r in reads}
-        donors = [d for d in reads if d.free is not None and d.free < p and d.name not in taken
-                  and node_bytes[d.node] == size > 0]
-        for donor in sorted(donors, key=lambda d: -d.free):
-            start = max(earliest, donor.free + 1)
+        donors = [(d.name, d.free) for d in reads if d.free is not None and d.free < p]
+        donors += [(("free", f), f) for f in computed if f < p]
+        donors = [(name, free) for name, free in donors if name not in taken and size > 0
+                  and layouts[instructions[free][1]] == layouts[node]]
+        for name, free in sorted(donors, key=lambda d: -d[1]):
+            start = max(earliest, free + 1)
             # the one I/O thread reads in order: reads started earlier and not yet taken go first
             queued = [r.node for r in reads if r.start <= start < r.page_in]
             if start > earliest and (covers is None or not covers(start, p, [*queued, node])):
                 continue
-            candidate = _Read(node, p, start, end, donor.name)
-            idle = range(donor.free, candidate.takes_memory_at)  # the memory waits, counted, for the read
+            candidate = _Read(node, p, start, end, name)
+            idle = range(free, candidate.takes_memory_at)  # the memory waits, counted, for the read
             if all(resident[r] + inflight[r] + size <= limit for r in idle):
                 for r in idle:
                     inflight[r] += size
@@ -196,6 +212,20 @@ def _plan_reads(instructions: Sequence[Instruction], node_bytes: Sequence[int], 
                 inflight[r] += size
         reads.append(read)
     return reads
+
+
+def _computed_frees(instructions: Sequence[Instruction]) -> list[int]:
+    """Positions of the ``free`` instructions that drop a value computed in RAM: not the batch (node 0: the caller's
+    memory), not a copy read back (a read donates its own memory), not one whose page may still be written."""
+    state: dict[int, str] = {}
+    frees = []
+    for p, (op, node) in enumerate(instructions):
+        if op in ("compute", "page_out", "page_in"):
+            state[node] = op
+        elif op == "free":
+            if state.pop(node, None) == "compute" and node != 0:
+                frees.append(p)
+    return frees
 
 
 def _earliest(p: int, lo: int, size: int, resident: Sequence[int], inflight: list[int], limit: int) -> int:

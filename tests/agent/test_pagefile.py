@@ -231,3 +231,34 @@ def test_kept_memory_a_storage_still_uses_is_never_read_into(tmp_path):
     assert torch.equal(view, torch.empty(0, dtype=torch.uint8).set_(first[1])[100:200])  # left intact
     del view
     assert memory.fits(sizes) and not memory.fits((4096, 4096))  # free again; another layout never fits
+
+
+@pytest.mark.parametrize("sizes", [(5 * 4096, 3 * 4096 + 10, 0), (CHUNK + 10, 7, 2 * 4096)])
+def test_a_page_read_into_a_freed_values_storages_lands_in_them_with_the_right_bytes(tmp_path, sizes):
+    page = _storages(*sizes)
+    pagefile.write(tmp_path / "a.page", 1, page)
+    donated = _storages(*reversed(sizes))  # another value's storages: the same sizes, in another order
+    pointers = {s.data_ptr() for s in donated if s.nbytes()}
+    memory = pagefile.DonatedMemory(donated)
+    del donated  # the free: only the donated memory holds them now
+    assert memory.fits(sizes) and not memory.fits((*sizes[:-1], sizes[-1] + 4096))
+    got = pagefile.read(tmp_path / "a.page", 1, list(sizes), memory)
+    assert _same(got, page)
+    assert {s.data_ptr() for s in got if s.nbytes()} == pointers  # filled in place, no fresh memory
+
+
+def test_a_freed_values_storage_still_referred_to_is_never_read_into(tmp_path):
+    sizes = (2 * 4096, 4096)
+    page = _storages(*sizes)
+    pagefile.write(tmp_path / "a.page", 1, page)
+    donated = _storages(*sizes)
+    alias = torch.empty(0, dtype=torch.uint8).set_(donated[1])[:100]  # e.g. a parameter's .grad is the same tensor
+    before = alias.clone()
+    memory = pagefile.DonatedMemory(donated)
+    del donated
+    assert memory.in_use() and not memory.fits(sizes)
+    got = pagefile.read(tmp_path / "a.page", 1, list(sizes), memory)
+    assert _same(got, page)
+    assert torch.equal(alias, before)  # left intact: the read took fresh memory
+    del alias
+    assert memory.fits(sizes)

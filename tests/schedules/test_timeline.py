@@ -1,5 +1,7 @@
 """The executor's paging in time, planned from the schedule alone: read-ahead and write-behind."""
 
+import pytest
+
 from schedules.timeline import plan_io, plan_prefetch
 
 
@@ -77,3 +79,32 @@ def test_a_late_read_must_end_in_time_behind_the_reads_queued_before_it():
     # but the I/O thread first finishes node 7's read, started at 9
     assert late_reads(5.0) == {(13, 1): (6, 2)}  # 5 + 4 ms fit in 10
     assert late_reads(7.0) == {}                 # 7 + 4 do not: node 1 is read early, into fresh memory
+
+
+def test_a_read_takes_over_the_memory_of_a_computed_value_of_its_layout_freed_before_it():
+    # node 1 (100 bytes) is paged out and freed at 3; node 2 (100 bytes) is computed at 4 and freed at 6, after
+    # node 3 used it; node 1 is paged back in at 8, and no read fits before node 2's free
+    instructions = [("compute", 0), ("compute", 1), ("page_out", 1), ("free", 1), ("compute", 2), ("compute", 3),
+                    ("free", 2), ("compute", 4), ("page_in", 1), ("compute", 5)]
+    sizes = [10, 100, 100, 10, 10, 10]
+    holding = [10, 110, 110, 10, 110, 120, 20, 30, 130, 130]
+    io = plan_io(instructions, sizes, holding, limit=135)
+    assert io.reads == {7: [1]}
+    assert io.reuse == {(7, 1): ("free", 6)} and io.keep == {("free", 6)}  # the read fills node 2's memory
+    assert max(h + x for h, x in zip(holding, io.held)) <= 135
+    # node 2's memory holds another layout (the executor's storage sizes): nothing to take over
+    other = plan_io(instructions, sizes, holding, limit=135, layouts=[10, (100,), (60, 40), 10, 10, 10])
+    assert other.reads == {7: [1]} and other.reuse == {}
+
+
+@pytest.mark.parametrize("freed, written, donates", [(2, False, True), (0, False, False), (2, True, False)])
+def test_neither_the_batch_nor_a_value_whose_page_is_being_written_gives_its_memory(freed, written, donates):
+    # node 1 is paged back in at the end; the room for its read opens just after the free of ``freed`` (beside
+    # the write of ``freed`` running behind that free, where it is written)
+    instructions = [("compute", 0), ("compute", 1), ("page_out", 1), ("free", 1), ("compute", 2),
+                    *([("page_out", freed)] if written else []), ("free", freed), ("compute", 3), ("page_in", 1)]
+    holding = [100, 200, 200, 100, 250, *([250] if written else []), 100, 110, 110]
+    io = plan_io(instructions, [100, 100, 100, 10], holding, limit=310)
+    free = instructions.index(("free", freed))
+    assert io.reads == {free + 1: [1]}
+    assert io.reuse == ({(free + 1, 1): ("free", free)} if donates else {})  # the batch is the caller's memory
