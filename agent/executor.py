@@ -222,7 +222,8 @@ class Executor:
             else:  # the write holds the storages until the bytes are on flash, within the room planned
                 self._behind[node] = self.runtime.value_bytes(node)
                 self._deadlines[node] = deadline
-        self._layouts[node] = tuple(sorted(self.runtime.store.value(node).slot_bytes))
+        if self._read_ms is None:  # until the step that lets _plan_io match layouts
+            self._layouts[node] = tuple(sorted(self.runtime.store.value(node).slot_bytes))
         read = self._read_of.pop(node, None)
         if read in self.io_plan.keep:  # its memory waits for a later read (pager), within the room planned
             self._kept[read] = self.runtime.value_bytes(node)
