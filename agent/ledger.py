@@ -29,8 +29,8 @@ class StepStats:
     (``None`` when not measured); ``io_seconds`` is time spent by the I/O
     thread (``io_out_seconds`` writing, ``io_in_seconds`` reading),
     ``io_wait_seconds`` time the step waited for it; ``reads_into_kept``
-    counts the page-ins that filled memory kept from an earlier one (no page
-    faults; :mod:`schedules.timeline`).  Per-node times
+    counts the page-ins that filled memory already mapped: kept from an
+    earlier page-in or from a value just freed (:mod:`schedules.timeline`).  Per-node times
     are summed over recomputations; ``node_io_seconds`` is paging time per node.
     ``energy`` is the step's energy, total and per node class, when the
     executor was given a meter (``None`` otherwise); ``dataclasses.asdict``

@@ -213,7 +213,6 @@ class DonatedMemory:
 
     def __init__(self, storages: Sequence[torch.UntypedStorage]) -> None:
         self.storages = list(storages)
-        self.nbytes = sum(s.nbytes() for s in self.storages)
 
     def fits(self, slot_bytes: Sequence[int]) -> bool:
         """Whether a page of these slots can be read here: storages of the same sizes, none in use."""

@@ -129,7 +129,7 @@ class Pager:
         self.seconds = {"out": 0.0, "in": 0.0}  # I/O thread time per direction
         self.node_io_seconds: dict[int, float] = {}
         self.inflight_bytes = 0
-        self.reads_into_kept = 0  # reads that filled memory kept from an earlier one
+        self.reads_into_kept = 0  # reads that filled kept memory (an earlier read's, or a freed value's)
 
     # -- pages -----------------------------------------------------------------
     def path(self, node: int) -> Path:
