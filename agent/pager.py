@@ -27,8 +27,8 @@
   left by dead processes, and a pager that is garbage collected or outlives the
   interpreter removes its own.
 
-Nothing here knows torch beyond storages; page format, O_DIRECT and the copy/I-O pipeline (a helper
-thread with a 2 MiB bounce buffer per I/O thread) in :mod:`agent.pagefile`.
+Nothing here knows torch beyond storages; page format, O_DIRECT and the copy/I-O pipeline (two disk
+threads and a 4 MiB bounce buffer per I/O thread) in :mod:`agent.pagefile`.
 """
 
 from __future__ import annotations

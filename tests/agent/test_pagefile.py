@@ -7,6 +7,7 @@ import errno
 import mmap
 import os
 import struct
+import time
 
 import pytest
 import torch
@@ -116,6 +117,38 @@ def test_a_truncated_last_chunk_is_refused(tmp_path):
     os.truncate(path, pagefile.data_offset(1) + CHUNK + 100)
     with pytest.raises(PageCorruptError, match="truncated"):
         pagefile.read(path, 1, [CHUNK + 5000])
+
+
+def test_a_failed_read_closes_the_page_only_after_its_queued_reads(tmp_path, monkeypatch):
+    """Reads run several chunks ahead on the disk threads; one failing must not close the file under the others
+    (a reused descriptor number would read another file into the storages)."""
+    path = tmp_path / "p.page"
+    pagefile.write(path, 1, _storages(6 * CHUNK))
+    offset = pagefile.data_offset(1)
+    os.truncate(path, offset + 2 * CHUNK)
+    events: list[tuple] = []
+    real_read, real_close = pagefile._pread_all, os.close
+
+    def slow_read(fd, view, position, page):
+        try:
+            if position >= offset + 3 * CHUNK:
+                time.sleep(0.05)  # still running when the chunk at 2 * CHUNK fails
+            return real_read(fd, view, position, page)
+        finally:
+            events.append(("read", position))
+
+    def close(fd):
+        events.append(("close", fd))
+        real_close(fd)
+
+    monkeypatch.setattr(pagefile, "_pread_all", slow_read)
+    monkeypatch.setattr(os, "close", close)
+    with pytest.raises(PageCorruptError, match="truncated"):
+        pagefile.read(path, 1, [6 * CHUNK])
+    monkeypatch.undo()
+    late = [i for i, event in enumerate(events) if event[0] == "read" and event[1] >= offset + 3 * CHUNK]
+    assert late, "no chunk was queued behind the failing one"
+    assert events[-1][0] == "close" and max(late) < len(events) - 1
 
 
 def _refuse_direct_open(monkeypatch) -> list[int]:
