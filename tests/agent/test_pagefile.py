@@ -234,6 +234,22 @@ def test_read_back_memory_is_resident_while_held_and_returned_when_dropped(tmp_p
     assert held - rss.current() >= 0.9 * sum(sizes)  # and unmapped as soon as the value is dropped
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="RSS needs Linux /proc")
+@pytest.mark.parametrize("kernel_refuses", [False, True])
+def test_fresh_memory_is_mapped_in_before_a_read_fills_it(monkeypatch, kernel_refuses):
+    """MADV_POPULATE_WRITE where the kernel has it; where it refuses (before Linux 5.14), a write into each page."""
+    from agent import rss
+
+    if kernel_refuses:
+        monkeypatch.setattr(pagefile, "_MADVISE", lambda start, length, advice: -1)
+    size = 16 << 20
+    memory = pagefile.PageMemory([size])
+    before = rss.current()
+    pagefile._populate(memory.head(size)[4096:])
+    assert rss.current() - before >= 0.9 * size
+    assert (pagefile._MADVISE is None) == kernel_refuses  # one refusal: pages are touched from then on
+
+
 @pytest.mark.parametrize("sizes", [(5 * 4096, 3 * 4096 + 10), (CHUNK + 10, 7)])  # in place, and through the bounce
 def test_a_page_read_into_kept_memory_lands_in_it_with_the_right_bytes(tmp_path, sizes):
     first, second = _storages(*sizes), _storages(*sizes)
