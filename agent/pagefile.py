@@ -25,25 +25,30 @@ Why it is built this way (measured with ``benchmarks/paging.py``, see docs/bench
   ``fdatasync`` and ``DONTNEED``, as version 1 did.
 * **A pipeline over a bounce buffer of four slices.**  The calling thread
   copies a chunk of the storages into one slice and checksums it while a helper
-  thread writes the others (reads: the helper reads chunks k+1 .. k+3 while this
-  thread checksums chunk k and copies it into the storages).  Reads are queued
-  three ahead on two disk threads, so the disk has two requests at once and
-  never waits for a thread to wake up and ask for the next chunk: beside a BERT
-  training step on the development VM, a 32 MB page read into a freed value's
-  memory went from 0.5-0.7 of the disk's raw bandwidth (one chunk queued, one
-  disk thread) to 0.8-1.1, and into memory read before from 0.7-0.9 (4 MiB
-  pieces, one queued) to 0.9-1.1.  The slices are ``_CHUNK`` bytes: 4 x 1 MiB
-  of RAM per paging thread, which the memory budget has to leave room for.
+  thread writes the others (reads: the disk threads read chunks k+1 .. k+3
+  while this thread checksums chunk k and copies it into the storages).  Reads
+  are queued three ahead on two disk threads, so the disk has two requests at
+  once and never waits for a thread to wake up and ask for the next chunk; a
+  read's header, and the first chunks of its slots that go through the bounce
+  buffer, are queued with its data, not read before it.  Beside a BERT
+  training loop on the development VM (10 and 32 MB pages, interleaved with
+  the earlier code in one process), a read into a freed value's memory went
+  from 0.54-0.65 of the idle disk's raw bandwidth (one chunk queued, one disk
+  thread) to 0.86-1.04, into memory read before from 0.70-0.79 (4 MiB pieces,
+  one queued) to 0.89-0.95; a 2.6 MB page of 13 slots from 525 to 963 MB/s
+  with its header and small slots queued.  The slices are ``_CHUNK`` bytes:
+  4 x 1 MiB of RAM per paging thread, which the memory budget has to leave
+  room for.
 * **Reads in place.**  The slots of whole blocks (activations nearly always
   are) come first in the file and lie back to back in memory too, so a direct
-  read goes straight into the fresh storages chunk by chunk, queued as the
-  bounce buffer's are, their memory mapped in chunk by chunk (a zero written
-  into each page) beside the reads: no bounce copy, and the mapping off the
-  critical path (a 32 MB page-in 1.04-1.24 -> 1.37-1.46 GB/s on the development
-  VM, whose disk reads 2.0 GB/s into reused memory).  Only the other slots (a BatchNorm's saved statistics: a few
-  hundred bytes) go through the bounce buffer.  Version 2 kept slot order, so
-  one such slot early in a value sent all of it through the bounce buffer
-  (every page of resnet18's stem and first blocks).
+  read goes straight into the fresh storages chunk by chunk, their memory
+  mapped in chunk by chunk (:func:`_populate`) as the chunks are queued: no
+  bounce copy, and the mapping off the critical path (a 32 MB page-in
+  1.04-1.24 -> 1.37-1.46 GB/s on the development VM, whose disk reads 2.0
+  GB/s into reused memory).  Only the other slots (a BatchNorm's saved
+  statistics: a few hundred bytes) go through the bounce buffer.  Version 2
+  kept slot order, so one such slot early in a value sent all of it through
+  the bounce buffer (every page of resnet18's stem and first blocks).
 * **CRC-32C in hardware** (the ``crc32c`` package: SSE4.2 / ARMv8 CRC
   instructions, ~15 GB/s here against ~3 GB/s for ``zlib.crc32``, and it
   releases the GIL).  It still catches every flipped bit and every burst of up
@@ -279,14 +284,25 @@ def _read_data(path: Path, node: int, slot_bytes: Sequence[int], whole: memoryvi
                direct: bool, mapped: bool) -> tuple[int, int]:
     """Read the header, the slots of whole blocks straight into ``whole`` (their memory, back to back) and the
     ``rest`` (the other slots, in file order) through the bounce buffer; returns (written CRC, CRC of what was
-    read)."""
+    read).  The header and the first chunks of the rest are queued with the data, not read before it: a page
+    of a few MB is a handful of requests, and a round trip each for the header and the rest weighs on it."""
     transfer = _transfer()
     offset = data_offset(len(slot_bytes))
+    head = transfer.header(offset)
     fd = _open(path, os.O_RDONLY, direct)
     try:
-        crc = _read_head(fd, transfer, path, node, slot_bytes, direct)
-        actual = _read_in_place(fd, transfer, path, whole, offset, direct, mapped)
-        actual = _read_bounced(fd, transfer, path, rest, offset + len(whole), actual, direct, mapped)
+        with _Pipeline(transfer, direct) as pipe:
+            head_read = transfer.disk.submit(_io, direct, os.preadv, fd, [head], 0)
+            try:
+                rest_read = _BouncedRead(pipe, fd, path, rest, offset + len(whole), mapped)
+                actual = _read_in_place(fd, transfer, path, whole, offset, direct, mapped)
+                actual = rest_read.finish(actual)
+            except PageCorruptError:
+                _check_head(head_read.result(), head, path, node, slot_bytes)  # not this page at all, if so
+                raise
+            finally:
+                head_read.exception()  # no read may outlive the file descriptor
+        crc = _check_head(head_read.result(), head, path, node, slot_bytes)
         if not direct:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
@@ -327,43 +343,48 @@ def _read_in_place(fd: int, transfer: _Transfer, path: Path, into: memoryview, p
     return crc
 
 
-def _read_bounced(fd: int, transfer: _Transfer, path: Path, views: Sequence[memoryview], position: int, crc: int,
-                  direct: bool, mapped: bool) -> int:
-    """Read the bytes of ``views``, back to back from ``position``, through the bounce buffer: the disk reads
-    chunks k+1 .. k+3 while this thread checksums chunk k and copies it out.  Returns ``crc`` extended over them."""
-    chunks = list(_chunks(position, sum(map(len, views))))
-    if not mapped:
-        for view in views:  # in one go: a copy faulting fresh memory in as it writes is slower than the disk
-            _populate(view)
-    with _Pipeline(transfer, direct) as pipe:
+class _BouncedRead:
+    """Read the bytes of ``views``, back to back from ``position``, through the bounce buffer: made, it queues
+    the first ``_READ_AHEAD`` chunks; :meth:`finish` copies each out as it arrives (checksumming it) while the
+    disk threads read the chunks after it."""
 
-        def read(k: int) -> None:
-            at, length = chunks[k]
-            pipe.submit(k, _pread_all, fd, pipe.take(k)[:_aligned(length)], at, path)
+    def __init__(self, pipe: _Pipeline, fd: int, path: Path, views: Sequence[memoryview], position: int,
+                 mapped: bool) -> None:
+        self._pipe, self._fd, self._path, self._views, self._position = pipe, fd, path, views, position
+        self._chunks = list(_chunks(position, sum(map(len, views))))
+        if not mapped:
+            for view in views:  # in one go: a copy faulting fresh memory in as it writes is slower than the disk
+                _populate(view)
+        for k in range(min(_READ_AHEAD, len(self._chunks))):
+            self._read(k)
 
-        for k in range(min(_READ_AHEAD, len(chunks))):
-            read(k)
-        for k, (at, length) in enumerate(chunks):
-            pipe.wait(k)
-            if k + _READ_AHEAD < len(chunks):
-                read(k + _READ_AHEAD)
-            data = pipe.slice(k)[:length]
+    def _read(self, k: int) -> None:
+        at, length = self._chunks[k]
+        self._pipe.submit(k, _pread_all, self._fd, self._pipe.take(k)[:_aligned(length)], at, self._path)
+
+    def finish(self, crc: int) -> int:
+        """Wait for every chunk and copy it out; returns ``crc`` extended over the bytes."""
+        for k, (at, length) in enumerate(self._chunks):
+            self._pipe.wait(k)
+            if k + _READ_AHEAD < len(self._chunks):
+                self._read(k + _READ_AHEAD)
+            data = self._pipe.slice(k)[:length]
             crc = crc32c(data, crc)
-            _scatter(data, views, at - position)
-    return crc
+            _scatter(data, self._views, at - self._position)
+        return crc
 
 
 def _write_head(fd: int, transfer: _Transfer, head: bytes, offset: int, direct: bool) -> None:
-    block = transfer.scratch(offset)
+    block = transfer.header(offset)
     block[:len(head)] = head
-    block[len(head):offset] = bytes(offset - len(head))
-    _io(direct, _pwrite_all, fd, block[:offset], 0)
+    block[len(head):] = bytes(offset - len(head))
+    _io(direct, _pwrite_all, fd, block, 0)
 
 
-def _read_head(fd: int, transfer: _Transfer, path: Path, node: int, slot_bytes: Sequence[int], direct: bool) -> int:
+def _check_head(got: int, block: memoryview, path: Path, node: int, slot_bytes: Sequence[int]) -> int:
+    """The written CRC in a page's header (``got`` bytes of it read into ``block``), once it says the page is
+    ``node``'s, of these slot sizes and this format."""
     offset = data_offset(len(slot_bytes))
-    block = transfer.scratch(offset)
-    got = _io(direct, os.preadv, fd, [block[:offset]], 0)
     if got < _HEAD.size:
         raise PageCorruptError(f"page {path} for node {node} is truncated (header of {got} bytes)")
     magic, version, slots, crc, owner = _HEAD.unpack_from(block)
@@ -385,15 +406,14 @@ class _Transfer:
         view = memoryview(self._memory)
         self.slices = tuple(view[i * _CHUNK:(i + 1) * _CHUNK] for i in range(_SLICES))
         self.disk = ThreadPoolExecutor(max_workers=_DISK_THREADS, thread_name_prefix="poet-page-disk")
-        self._large: memoryview | None = None
+        self._head = memoryview(mmap.mmap(-1, BLOCK))
 
-    def scratch(self, size: int) -> memoryview:
-        """An aligned buffer of at least ``size`` bytes for a header (a slice, unless the header is larger)."""
-        if size <= _CHUNK:
-            return self.slices[0]
-        if self._large is None or len(self._large) < size:
-            self._large = memoryview(mmap.mmap(-1, size))
-        return self._large
+    def header(self, size: int) -> memoryview:
+        """An aligned buffer of exactly ``size`` bytes (whole blocks) for a header, apart from the slices (a
+        read's header is read beside its data)."""
+        if len(self._head) < size:
+            self._head = memoryview(mmap.mmap(-1, size))
+        return self._head[:size]
 
 
 _local = threading.local()

@@ -57,6 +57,14 @@ def test_missing_truncated_and_foreign_pages_are_refused(tmp_path):
         pagefile.read(path, 1, [100_000])
 
 
+def test_a_shorter_page_of_another_value_is_named_foreign_not_truncated(tmp_path):
+    """The header is read beside the data; when the data runs out, the header still says whose page it is."""
+    path = tmp_path / "p.page"
+    pagefile.write(path, 1, _storages(5000))
+    with pytest.raises(PageCorruptError, match="not node 2's page .*node 1, 1 slots"):
+        pagefile.read(path, 2, [3 << 20, 64])
+
+
 def test_pager_writes_in_background_and_prefetches(tmp_path):
     pager = Pager(tmp_path)
     slots = _storages(1 << 20, 77)
