@@ -24,8 +24,8 @@ Why it is built this way (measured with ``benchmarks/paging.py``, see docs/bench
   filesystems) the same code runs buffered and ends each page with
   ``fdatasync`` and ``DONTNEED``, as version 1 did.
 * **A pipeline over a bounce buffer of four slices.**  The calling thread
-  copies a chunk of the storages into one slice and checksums it while a helper
-  thread writes the others (reads: the disk threads read chunks k+1 .. k+3
+  copies a chunk of the storages into one slice and checksums it while the disk
+  threads write the others (reads: the disk threads read chunks k+1 .. k+3
   while this thread checksums chunk k and copies it into the storages).  Reads
   are queued three ahead on two disk threads, so the disk has two requests at
   once and never waits for a thread to wake up and ask for the next chunk; a
@@ -397,9 +397,10 @@ def _check_head(got: int, block: memoryview, path: Path, node: int, slot_bytes: 
     return crc
 
 
-# -- the bounce buffer and its disk thread -------------------------------------------------------------
+# -- the bounce buffer and its disk threads ------------------------------------------------------------
 class _Transfer:
-    """One paging thread's aligned bounce buffer (``_SLICES`` slices) and the helper thread that does its disk I/O."""
+    """One paging thread's aligned bounce buffer (``_SLICES`` slices) and the ``_DISK_THREADS`` threads that do its
+    disk I/O."""
 
     def __init__(self) -> None:
         self._memory = mmap.mmap(-1, _SLICES * _CHUNK)  # anonymous mmap: page aligned, as O_DIRECT needs
@@ -428,7 +429,7 @@ def _transfer() -> _Transfer:
 
 
 class _Pipeline:
-    """Chunk k's disk I/O runs on the helper thread while this thread works on another chunk in another slice.
+    """Chunk k's disk I/O runs on a disk thread while this thread works on another chunk in another slice.
 
     Chunk k uses slice ``k % _SLICES``.  Leaving the ``with`` block waits for every submitted I/O, also on an
     error, so no I/O outlives the file descriptor; an O_DIRECT refusal (``EINVAL``) becomes
