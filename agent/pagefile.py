@@ -321,6 +321,7 @@ def _read_in_place(fd: int, transfer: _Transfer, path: Path, into: memoryview, p
     instead of before them takes it off the page-in's critical path."""
     pieces = [(into[start:start + _CHUNK], position + start) for start in range(0, len(into), _CHUNK)]
     pending: dict[int, Future] = {}
+    populate = (lambda view: None) if mapped else _populate
 
     def read(k: int) -> None:
         piece, at = pieces[k]
@@ -328,7 +329,6 @@ def _read_in_place(fd: int, transfer: _Transfer, path: Path, into: memoryview, p
         pending[k] = transfer.disk.submit(_io, direct, _pread_all, fd, piece, at, path)
 
     crc = 0
-    populate = (lambda view: None) if mapped else _populate
     try:
         for k in range(min(_READ_AHEAD, len(pieces))):
             read(k)
