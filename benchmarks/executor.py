@@ -21,7 +21,10 @@ Printed side by side: ledger peak / budget; peak RSS growth over the model's
 fixed memory (parameters and gradients, which exist before the step) / budget; step
 time / plain step time (the minimum over the interleaved repetitions); the same
 for the remedies; bytes paged and the achieved page-out and page-in bandwidth /
-raw bandwidth.  ``--json`` keeps every figure.
+raw bandwidth (the target's yardstick), and / the same raw measurement taken
+while plain steps of the model run on a thread (``beside``: what the medium
+itself gives beside the step's compute and memory traffic, so that a shortfall
+can be put on the medium or on the pager).  ``--json`` keeps every figure.
 
 Run ``python benchmarks/executor.py`` (re-executes itself with
 ``MALLOC_MMAP_THRESHOLD_=65536`` so freed activations leave the process and
@@ -54,7 +57,7 @@ from torch.utils.checkpoint import checkpoint_sequential  # noqa: E402
 from agent import rss  # noqa: E402
 from agent.executor import Executor  # noqa: E402
 from agent.zoo import Workload, load_workload  # noqa: E402
-from benchmarks.paging import raw_bandwidth, throttled  # noqa: E402
+from benchmarks.paging import compute_load, raw_bandwidth, throttled  # noqa: E402
 from schedules.device import DeviceProfile, price_graph  # noqa: E402
 from schedules.errors import PlannerError  # noqa: E402
 from schedules.extract import extract  # noqa: E402
@@ -255,7 +258,15 @@ def bench_model(name: str, shape: tuple[int, ...], fractions: list[float], repea
           f"page-out {device.pageout_bandwidth_bps / MB:.0f} MB/s, page-in {device.pagein_bandwidth_bps / MB:.0f} MB/s, "
           f"overlap {device.paging_overlaps_compute} ({1 - device.exposed_paging_fraction:.0%} hidden)", flush=True)
     raw_before = raw_bandwidth(swap)
-    plain = Method("plain", lambda: work.loss_fn(work.model(work.inputs), work.targets).backward(), work.model)
+
+    def plain_step() -> None:
+        work.loss_fn(work.model(work.inputs), work.targets).backward()
+
+    # The same raw measurement beside plain steps of this model (on a thread, as the executor computes beside
+    # its pager): whether the step slows the medium itself, or only the pager's own work.
+    with compute_load(True, plain_step):
+        raw_beside = raw_bandwidth(swap)
+    plain = Method("plain", plain_step, work.model)
     remedies = [Method(f"checkpoint {label}", step, model) for label, model, step in checkpoint_variants(work)]
     offload = DiskOffload(swap, work.model)
 
@@ -272,7 +283,8 @@ def bench_model(name: str, shape: tuple[int, ...], fractions: list[float], repea
     raw = (statistics.mean([raw_before[0], raw_after[0]]), statistics.mean([raw_before[1], raw_after[1]]))
     return {"model": name, "shape": shape, "nodes": graph.size, "threads": torch.get_num_threads(), "M": M,
             "values_peak": values_peak, "device": device.to_dict(),
-            "raw_write_bps": raw[0], "raw_read_bps": raw[1], "plain_seconds": plain.seconds,
+            "raw_write_bps": raw[0], "raw_read_bps": raw[1], "raw_beside_step_bps": list(raw_beside),
+            "plain_seconds": plain.seconds,
             "remedy_plain_seconds": remedy_plain,
             "plain_growth": plain.growth, "rows": [asdict(r) for r in rows]}
 
@@ -367,15 +379,18 @@ def _rate(nbytes: int, seconds: float) -> float | None:
 def print_report(result: dict[str, Any]) -> None:
     M, plain = result["M"], result["remedy_plain_seconds"]
     raw_w, raw_r = result["raw_write_bps"], result["raw_read_bps"]
+    beside_w, beside_r = result["raw_beside_step_bps"]
     print(f"\n{result['model']} {'x'.join(map(str, result['shape']))}: {result['nodes']} nodes, "
           f"M = {M / MB:.1f} MB (values alone {result['values_peak'] / MB:.1f} MB); "
           f"plain step {result['plain_seconds']:.3f} s, RSS growth {_mb(result['plain_growth'])} "
-          f"({_ratio(result['plain_growth'], M)} of M); raw write {raw_w / MB:.0f} MB/s, read {raw_r / MB:.0f} MB/s")
+          f"({_ratio(result['plain_growth'], M)} of M); raw write {raw_w / MB:.0f} MB/s, read {raw_r / MB:.0f} MB/s; "
+          f"beside a plain step write {beside_w / MB:.0f} MB/s, read {beside_r / MB:.0f} MB/s")
     # time: against plain PyTorch; /100%: against POET's own unconstrained schedule (the executor's cost divided out)
     unconstrained = next((r["seconds"] / r["plain_seconds"] for r in result["rows"]
                           if r["fraction"] >= 1.0 and r["seconds"]), None)
     print(f"{'budget':>7} {'POET':>10} {'rt':>4} {'ledger/B':>9} {'RSS/B':>7} {'time':>7} {'/100%':>6} | {'checkpoint':>22} {'RSS/B':>7} "
-          f"{'time':>7} | {'offload RSS/B':>13} {'time':>7} | {'paged MB':>9} {'out/raw':>8} {'in/raw':>7}")
+          f"{'time':>7} | {'offload RSS/B':>13} {'time':>7} | {'paged MB':>9} {'out/raw':>8} {'in/raw':>7} | "
+          f"{'out/beside':>10} {'in/beside':>9}")
     for r in result["rows"]:
         B = r["budget"]
         ck = r["checkpoint"]
@@ -389,7 +404,8 @@ def print_report(result: dict[str, Any]) -> None:
         print(f"{r['fraction']:>7.0%} {r['status'][:10]:>10} {rt:>4} {_ratio(r['ledger_peak'], B):>9} {_ratio(r['growth'], B):>7} "
               f"{time_ratio:>7} {own:>6} | {ck_name[:22]:>22} {_ratio(ck.get('growth'), B) if ck.get('config') else '-':>7} "
               f"{ck_time:>7} | {_ratio(off['growth'], B):>13} {_ratio(off['seconds'], plain):>7} | {paged:>9.1f} "
-              f"{_ratio(r['pageout_bps'], raw_w):>8} {_ratio(r['pagein_bps'], raw_r):>7}")
+              f"{_ratio(r['pageout_bps'], raw_w):>8} {_ratio(r['pagein_bps'], raw_r):>7} | "
+              f"{_ratio(r['pageout_bps'], beside_w):>10} {_ratio(r['pagein_bps'], beside_r):>9}")
 
 
 def _mb(value: float | None) -> str:

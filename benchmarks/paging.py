@@ -34,7 +34,7 @@ import threading
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -113,17 +113,21 @@ def pager_bandwidth(directory: Path, slot_bytes: list[int], repeats: int) -> tup
 
 
 @contextmanager
-def compute_load(active: bool) -> Iterator[list[int]]:
-    """A second thread running convolutions (torch at one thread), as a training step beside the pager."""
+def compute_load(active: bool, step: Callable[[], object] | None = None) -> Iterator[list[int]]:
+    """A second thread running ``step`` over and over (by default convolutions at one torch thread), as a
+    training step runs beside the pager; yields the count of steps done."""
     stop, done = threading.Event(), [0]
+    if step is None:
+        conv, x = torch.nn.Conv2d(64, 64, 3, padding=1), torch.randn(8, 64, 32, 32)
+
+        def step() -> None:
+            with torch.no_grad():
+                conv(x)
 
     def loop() -> None:
-        conv = torch.nn.Conv2d(64, 64, 3, padding=1)
-        x = torch.randn(8, 64, 32, 32)
-        with torch.no_grad():
-            while not stop.is_set():
-                conv(x)
-                done[0] += 1
+        while not stop.is_set():
+            step()
+            done[0] += 1
 
     thread = threading.Thread(target=loop, daemon=True) if active else None
     if thread:
