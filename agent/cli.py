@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Iterator, TextIO
 
 from agent.errors import AgentError, ExecutorError, InputMismatchError, LedgerError, PageError, ScheduleRefusedError
-from schedules.cli import BAD_FILE, OK, REJECTED, USAGE, CommandError, load_device, positive_int
+from schedules.cli import BAD_FILE, NOT_EXACT, OK, REJECTED, USAGE, CommandError, load_device, positive_int
 
 
 def add_commands(subparsers: Any) -> None:
@@ -96,6 +96,9 @@ def _add_validate(subparsers: Any) -> None:
     p.add_argument("--steps", type=positive_int, default=3, help="measured steps (default 3)")
     p.add_argument("--warmup", type=int, default=1, metavar="N", help="steps run first, not measured (default 1)")
     p.add_argument("--plot", metavar="FILE.png", help="plot predicted vs measured resident memory over the step")
+    p.add_argument("--check-exact", action="store_true",
+                   help="first run one step against plain loss.backward() on a copy of the model and require the "
+                        "loss, gradients, buffers and RNG state to be identical bit for bit (exit 6 otherwise)")
     _add_meter_options(p)
     p.set_defaults(handler=run_validate)
 
@@ -181,7 +184,7 @@ def run_validate(args: argparse.Namespace) -> int:
     with _meter(args, device) as meter:
         try:
             report = validate(workload, graph, segments, schedule, swap_dir=args.swap_dir, steps=args.steps,
-                              warmup=args.warmup, device=device, meter=meter)
+                              warmup=args.warmup, device=device, meter=meter, parity=args.check_exact)
         except (ScheduleRefusedError, InputMismatchError, LedgerError) as exc:
             raise CommandError(str(exc), REJECTED) from exc
         except PageError as exc:
@@ -193,6 +196,8 @@ def run_validate(args: argparse.Namespace) -> int:
     print(report.table())
     if args.plot:
         print(f"wrote {plot_memory(report, args.plot, title=f'{workload.name}: resident memory over one step')}")
+    if report.parity is not None and not report.parity.exact:
+        raise CommandError(f"the executor's step is not exact: {report.parity.summary()}", NOT_EXACT)
     return OK
 
 

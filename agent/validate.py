@@ -50,12 +50,13 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
 from agent.energy import EnergyMeter
 from agent.ledger import StepStats
+from agent.parity import ParityReport, check_parity
 from schedules.device import DeviceProfile, paging_time_ms, price_graph
 from schedules.graph import TrainingGraph
 from schedules.schedule import Schedule
@@ -189,6 +190,7 @@ class ValidationReport:
     warmup: int = 0
     notes: tuple[str, ...] = field(default_factory=tuple)
     energy_is_estimate: bool = False
+    parity: ParityReport | None = None
 
     def figure(self, name: str) -> Figure:
         """The row called ``name``: ``step time``, ``planner step``, ``ledger peak``, ``RSS growth``,
@@ -206,6 +208,8 @@ class ValidationReport:
             err = "-" if f.error_pct is None else f"{f.error_pct:+.1f}%"
             lines.append(f"{f.name:<{width}} {_fmt(f.predicted, f.unit):>14} {_fmt(f.measured, f.unit):>14} "
                          f"{err:>9}  {f.note}")
+        if self.parity is not None:
+            lines.append(f"{'gradients':<{width}} {self.parity.summary()}")
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
 
     def node_time_errors(self) -> list[tuple[int, float, float]]:
@@ -238,6 +242,7 @@ def validate(
     device: DeviceProfile | None = None,
     meter: EnergyMeter | None = None,
     hidden_fraction: float | None = None,
+    parity: bool = False,
 ) -> ValidationReport:
     """Run ``warmup + steps`` steps of ``schedule`` on ``workload`` and compare with :func:`predict`.
 
@@ -263,6 +268,10 @@ def validate(
         Share of paging time hidden behind compute; by default the device's own
         (``paging_hidden_fraction``, which ``poet-edge profile`` measures; 1 or 0
         from ``paging_overlaps_compute`` where a profile has none).
+    parity:
+        First run one step against plain autograd on a copy of the model
+        (:func:`agent.parity.check_parity`, not a measured step); the report's
+        ``parity`` says whether everything was identical bit for bit.
 
     The process's allocator is left as it is: call
     :func:`agent.rss.return_freed_memory` first (as ``poet-edge`` does, for the
@@ -270,6 +279,8 @@ def validate(
     """
     with Validator(workload, graph, segments, schedule, swap_dir=swap_dir, device=device, meter=meter,
                    hidden_fraction=hidden_fraction) as v:
+        if parity:
+            v.check_parity()
         for k in range(warmup + steps):
             v.step(measured=k >= warmup)
         return v.report()
@@ -293,6 +304,14 @@ class Validator:
         self.executor = Executor(workload.model, segments, graph, schedule, swap_dir=swap_dir, meter=meter)
         self.records: list[StepStats] = []
         self.warmup = 0
+        self.parity: ParityReport | None = None
+
+    def check_parity(self) -> ParityReport:
+        """One step through the executor against plain autograd on a copy of the model (not a measured
+        step; gradients cleared after it); the report carries the result."""
+        self.parity = check_parity(self.executor, self.workload)
+        self.workload.model.zero_grad(set_to_none=True)
+        return self.parity
 
     def step(self, measured: bool = True) -> StepStats:
         """Run one step (gradients cleared after it); keep its figures when ``measured``."""
@@ -309,7 +328,8 @@ class Validator:
         """Predicted against measured over the measured steps so far."""
         if not self.records:
             raise ValueError("no measured step yet: call step() first")
-        return _report(self.prediction, self.records, self.schedule, self.device, self.meter, self.warmup)
+        report = _report(self.prediction, self.records, self.schedule, self.device, self.meter, self.warmup)
+        return replace(report, parity=self.parity)
 
     def close(self) -> None:
         """Stop the executor's pager and remove its files."""
@@ -388,7 +408,8 @@ def plot_memory(report: ValidationReport, path: str | Path, title: str = "") -> 
     """Draw predicted and measured resident activation bytes over the step (matplotlib, Agg).
 
     The measured line is the ledger of the last measured step; the budget and
-    the measured peak RSS growth are horizontal lines.
+    the predicted and measured peak RSS growth (which also holds the parameter
+    gradients the step allocates) are horizontal lines.
     """
     import matplotlib
 
@@ -403,11 +424,15 @@ def plot_memory(report: ValidationReport, path: str | Path, title: str = "") -> 
     ax.step(range(len(measured)), measured, where="post", label="measured (executor ledger)", linestyle="--")
     if report.budget is not None:
         ax.axhline(report.budget / 1e6, color="black", linewidth=1, label="budget")
-    rss = report.figure("RSS growth").measured
-    if rss is not None and math.isfinite(rss):
-        ax.axhline(rss / 1e6, color="tab:red", linestyle=":", label="measured peak RSS growth")
+    # RSS also holds the parameter gradients the step allocates (outside the activation budget): drawn with
+    # its prediction, so that neither is read against the budget line
+    rss = report.figure("RSS growth")
+    if rss.measured is not None and math.isfinite(rss.measured):
+        ax.axhline(rss.predicted / 1e6, color="tab:gray", linestyle=":",
+                   label="predicted peak RSS growth (activations + parameter gradients)")
+        ax.axhline(rss.measured / 1e6, color="tab:red", linestyle=":", label="measured peak RSS growth")
     ax.set_xlabel("instruction")
-    ax.set_ylabel("resident activations, MB")
+    ax.set_ylabel("MB")
     ax.set_title(title or "resident memory over one step: predicted vs measured")
     ax.legend(loc="upper left", fontsize=8)
     ax.grid(alpha=0.3)

@@ -21,6 +21,9 @@ Exit codes
 4     solver failure, or no schedule found within the time limit
 5     rejected: a signature does not verify, a schedule belongs to another
       graph, or it breaks a rule when replayed
+6     not exact: ``validate --check-exact`` found the executor's gradients,
+      buffers, loss or RNG state differ from plain autograd's (a bug: report
+      it with the model, graph and schedule)
 130   interrupted (Ctrl-C)
 ====  ========================================================================
 
@@ -73,7 +76,7 @@ from schedules.units import format_bytes, parse_bytes, short_bytes
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-OK, INFEASIBLE, USAGE, BAD_FILE, SOLVER_FAILED, REJECTED, INTERRUPTED = 0, 1, 2, 3, 4, 5, 130
+OK, INFEASIBLE, USAGE, BAD_FILE, SOLVER_FAILED, REJECTED, NOT_EXACT, INTERRUPTED = 0, 1, 2, 3, 4, 5, 6, 130
 
 # Other packages' modules defining add_commands(subparsers), in help order after this
 # module's own; a provider that is not installed (yet) is skipped.

@@ -10,6 +10,7 @@ import torch
 import torchvision
 
 from agent.executor import Executor
+from agent.parity import bits_equal
 from schedules.extract import extract
 from schedules.plan import plan
 from tests.agent.models import (
@@ -89,16 +90,6 @@ def _optimizer(kind: str, model: torch.nn.Module) -> torch.optim.Optimizer:
     if kind == "adam":
         return torch.optim.Adam(model.parameters(), lr=1e-3)
     return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-
-
-def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bit-for-bit equality (``torch.equal`` would call two identical NaNs different)."""
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    if a.is_floating_point():
-        ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-        return torch.equal(a.contiguous().view(ints), b.contiguous().view(ints))
-    return torch.equal(a, b)
 
 
 def _assert_same_model(a: torch.nn.Module, b: torch.nn.Module) -> None:
