@@ -12,6 +12,13 @@
    signature verification and a replay in the simulator.
 4. Draw the schedule's stage x node timeline and a small energy-vs-budget
    sweep of POET against every baseline.
+5. On this machine, as a device would: profile a real PyTorch model
+   (``resnet18`` at 16x3x64x64 by default: its training graph and this
+   machine's compute and swap-path costs), plan it at half the memory plain
+   backpropagation needs and 1.3x its time, sign the schedule, and run
+   training steps through the executor, paging to real files in
+   ``out/swap``: predicted against measured step time, memory and paging,
+   and one step checked bit for bit against plain ``loss.backward()``.
 
 Everything goes into the output folder (``./out`` by default).  It takes about
 a minute on a laptop.
@@ -78,6 +85,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--points", type=int, default=4, help="budgets in the energy-vs-budget sweep (default 4)")
     p.add_argument("--time-limit", type=float, default=60.0, help="time limit of the main solve, seconds")
     p.add_argument("--gap", type=float, default=0.005, help="relative MIP gap of the main solve (default 0.005)")
+    p.add_argument("--model", default="resnet18", help="zoo model trained on this machine in step 5 (default resnet18)")
+    p.add_argument("--input", default="16x3x64x64", help="its batch shape (default 16x3x64x64)")
+    p.add_argument("--no-device", action="store_true", help="skip step 5 (planning only)")
     return p.parse_args(argv)
 
 
@@ -103,17 +113,51 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "-o", str(out / "pareto.png")]),
     ]
     for title, command in steps:
-        print(f"\n== poet-edge {' '.join(command)}", flush=True)
-        code = cli_main(command)
+        code = _run(cli_main, title, command)
         if code != 0:
-            print(f"demo: step {title!r} failed with exit code {code}", file=sys.stderr)
             return code
         if title == "solve" and graph_path.name == REFERENCE_GRAPH and (memory, runtime) in PUBLISHED:
             print(f"(the reference formulation's published objective at these budgets: "
                   f"{PUBLISHED[memory, runtime]} J)")
+    if not args.no_device:
+        code = _train_on_this_machine(args.model, args.input, out, keys, cli_main)
+        if code != 0:
+            return code
     print(f"\ndemo finished in {time.perf_counter() - started:.0f} s; files in {out}/: "
           + ", ".join(sorted(p.name for p in out.iterdir() if p.is_file())))
     return 0
+
+
+def _run(cli_main, title: str, command: list[str]) -> int:
+    """One ``poet-edge`` command, echoed; its exit code (said on standard error when it failed)."""
+    print(f"\n== poet-edge {' '.join(command)}", flush=True)
+    code = cli_main(command)
+    if code != 0:
+        print(f"demo: step {title!r} failed with exit code {code}", file=sys.stderr)
+    return code
+
+
+def _train_on_this_machine(model: str, shape: str, out: Path, keys: tuple[Path, Path], cli_main) -> int:
+    """Step 5: profile ``model`` here, plan it at half of plain backpropagation's memory, and run it."""
+    from schedules.budgets import memory_lower_bound, store_all_peak
+
+    graph, device, schedule = out / f"{model}_graph.json", out / "this_machine.json", out / f"{model}_schedule.json"
+    model_options = ["--model", model, "--input", shape]
+    code = _run(cli_main, "profile", ["profile", *model_options, "--swap-dir", str(out / "swap"), "--repeats", "3",
+                                      "-o", str(graph), "--device-out", str(device)])
+    if code != 0:
+        return code
+    measured = TrainingGraph.load(graph)
+    # half of what plain backpropagation needs, unless that is below the least any schedule needs
+    budget = max(store_all_peak(measured) // 2, int(1.1 * memory_lower_bound(measured)))
+    code = _run(cli_main, "solve", ["solve", str(graph), "--device", str(device), "--memory", str(budget),
+                                    "--runtime", "1.3", "--time-limit", "60", "--sign", str(keys[0]),
+                                    "-o", str(schedule)])
+    if code != 0:
+        return code
+    return _run(cli_main, "validate", ["validate", *model_options, "--schedule", str(schedule), "--graph", str(graph),
+                                       "--device", str(device), "--key", str(keys[1]), "--swap-dir", str(out / "swap"),
+                                       "--steps", "3", "--check-exact", "--plot", str(out / "memory.png")])
 
 
 def _choose_graph(explicit: str | None, synthetic: bool, out: Path) -> tuple[Path, int, float]:

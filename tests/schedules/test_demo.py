@@ -3,6 +3,7 @@
 import pytest
 
 from schedules import Schedule, TrainingGraph, simulate
+from schedules.budgets import store_all_peak
 from schedules.demo import main, reference_graph_path, synthetic_graph
 from schedules.signing import load_public_key
 
@@ -21,12 +22,19 @@ def test_synthetic_graph_is_valid_and_round_trips(tmp_path):
     assert graph.size == 17 and len(graph.backward_nodes) == 8
 
 
-def test_demo_on_the_synthetic_graph(tmp_path, capsys):
+def test_demo_plans_the_synthetic_graph_then_trains_a_model_on_this_machine(tmp_path, capsys):
     out = tmp_path / "out"
-    assert main(["--synthetic", "--out", str(out), "--points", "3"]) == 0
+    assert main(["--synthetic", "--out", str(out), "--points", "3", "--input", "4x3x32x32"]) == 0
     check_outputs(out, out / "synthetic_graph.json")
-    assert "demo finished" in capsys.readouterr().out
-    assert main(["--synthetic", "--out", str(out), "--points", "3"]) == 0  # a second run reuses the keys
+    # step 5: this machine's measured graph, planned below plain backpropagation's peak, run and checked
+    graph = TrainingGraph.load(out / "resnet18_graph.json")
+    schedule = Schedule.load(out / "resnet18_schedule.json", public_key=load_public_key(out / "keys" / "demo.pub"))
+    assert schedule.memory_budget < store_all_peak(graph)
+    assert simulate(graph, schedule).peak_memory_bytes <= schedule.memory_budget
+    assert (out / "memory.png").read_bytes()[:4] == b"\x89PNG" and list((out / "swap").iterdir()) == []
+    printed = capsys.readouterr().out
+    assert "bit-identical to plain autograd" in printed and "demo finished" in printed
+    assert main(["--synthetic", "--out", str(out), "--points", "3", "--no-device"]) == 0  # reuses the keys
 
 
 @pytest.mark.slow
