@@ -434,7 +434,7 @@ def plot_memory(report: ValidationReport, path: str | Path, title: str = "") -> 
     ax.set_xlabel("instruction")
     ax.set_ylabel("MB")
     ax.set_title(title or "resident memory over one step: predicted vs measured")
-    ax.legend(loc="upper left", fontsize=8)
+    ax.legend(loc="best", fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     out = Path(path)
