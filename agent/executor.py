@@ -297,6 +297,8 @@ class Executor:
             io_seconds=pager.io_seconds if pager else 0.0, io_wait_seconds=pager.wait_seconds if pager else 0.0,
             io_out_seconds=pager.seconds["out"] if pager else 0.0, io_in_seconds=pager.seconds["in"] if pager else 0.0,
             reads_into_kept=pager.reads_into_kept if pager else 0,
+            bytes_read_into_kept=pager.kept_bytes_in if pager else 0,
+            io_in_kept_seconds=pager.kept_in_seconds if pager else 0.0,
             rss_before_bytes=rss_before, peak_rss_bytes=peak, energy=energy,
         )
 

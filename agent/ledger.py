@@ -30,7 +30,10 @@ class StepStats:
     thread (``io_out_seconds`` writing, ``io_in_seconds`` reading),
     ``io_wait_seconds`` time the step waited for it; ``reads_into_kept``
     counts the page-ins that filled memory already mapped: kept from an
-    earlier page-in or from a value just freed (:mod:`schedules.timeline`).  Per-node times
+    earlier page-in or from a value just freed (:mod:`schedules.timeline`), and
+    ``bytes_read_into_kept`` / ``io_in_kept_seconds`` are their part of
+    ``bytes_paged_in`` / ``io_in_seconds`` (the rest filled fresh memory, which
+    the kernel zeroes as it maps it in).  Per-node times
     are summed over recomputations; ``node_io_seconds`` is paging time per node.
     ``energy`` is the step's energy, total and per node class, when the
     executor was given a meter (``None`` otherwise); ``dataclasses.asdict``
@@ -51,6 +54,8 @@ class StepStats:
     io_in_seconds: float = 0.0
     io_wait_seconds: float = 0.0
     reads_into_kept: int = 0
+    bytes_read_into_kept: int = 0
+    io_in_kept_seconds: float = 0.0
     rss_before_bytes: int | None = None
     peak_rss_bytes: int | None = None
     energy: StepEnergy | None = None

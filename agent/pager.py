@@ -130,6 +130,8 @@ class Pager:
         self.node_io_seconds: dict[int, float] = {}
         self.inflight_bytes = 0
         self.reads_into_kept = 0  # reads that filled kept memory (an earlier read's, or a freed value's)
+        self.kept_bytes_in, self.kept_in_seconds = 0, 0.0  # ... their bytes and I/O thread time
+        self._into_kept: set[int] = set()  # nodes whose read this step filled kept memory
 
     # -- pages -----------------------------------------------------------------
     def path(self, node: int) -> Path:
@@ -186,6 +188,8 @@ class Pager:
         storages = pagefile.read(self.path(node), node, slot_bytes, memory)
         with self._lock:
             self.reads_into_kept += reused
+            if reused:
+                self._into_kept.add(node)
             if keep is not None:
                 self._kept[keep] = memory
         return storages
@@ -208,7 +212,11 @@ class Pager:
             if direction == "out":
                 self.bytes_out += result
             else:
-                self.bytes_in += sum(s.nbytes() for s in result)
+                nbytes = sum(s.nbytes() for s in result)
+                self.bytes_in += nbytes
+                if node in self._into_kept:  # memory mapped in already: the read alone, no fresh pages
+                    self.kept_bytes_in += nbytes
+                    self.kept_in_seconds += seconds
         return result
 
 

@@ -21,7 +21,10 @@ Printed side by side: ledger peak / budget; peak RSS growth over the model's
 fixed memory (parameters and gradients, which exist before the step) / budget; step
 time / plain step time (the minimum over the interleaved repetitions); the same
 for the remedies; bytes paged and the achieved page-out and page-in bandwidth /
-raw bandwidth (the target's yardstick), and / the same raw measurement taken
+raw bandwidth (the target's yardstick; page-ins also split by the memory they
+filled: ``in kept`` memory mapped in already, from an earlier page-in or a
+freed value, ``in fresh`` new memory the kernel zeroes as it maps it in), and
+/ the same raw measurement taken
 while plain steps of the model run on a thread (``beside``: what the medium
 itself gives beside the step's compute and memory traffic, so that a shortfall
 can be put on the medium or on the pager).  ``--json`` keeps every figure.
@@ -233,6 +236,8 @@ class BudgetRow:
     bytes_paged_in: int = 0
     pageout_bps: float | None = None
     pagein_bps: float | None = None
+    pagein_kept_bps: float | None = None   # reads into memory mapped in already (kept or a freed value's)
+    pagein_fresh_bps: float | None = None  # reads into fresh memory, which the kernel zeroes as it maps it in
     recomputed: int = 0
     reads_into_kept: int = 0
     runtime_budget: float | None = None
@@ -325,6 +330,10 @@ def bench_budget(fraction: float, M: int, graph, cut, work: Workload, device: De
         row.bytes_paged_out, row.bytes_paged_in = best.bytes_paged_out, best.bytes_paged_in
         row.pageout_bps = _rate(sum(s.bytes_paged_out for s in stats), sum(s.io_out_seconds for s in stats))
         row.pagein_bps = _rate(sum(s.bytes_paged_in for s in stats), sum(s.io_in_seconds for s in stats))
+        kept_bytes, kept_seconds = sum(s.bytes_read_into_kept for s in stats), sum(s.io_in_kept_seconds for s in stats)
+        row.pagein_kept_bps = _rate(kept_bytes, kept_seconds)
+        row.pagein_fresh_bps = _rate(sum(s.bytes_paged_in for s in stats) - kept_bytes,
+                                     sum(s.io_in_seconds for s in stats) - kept_seconds)
         row.recomputed = result.simulation.recomputed_nodes if result.simulation else 0
         row.reads_into_kept = stats[-1].reads_into_kept
     limit = budget * TARGETS["rss_over_budget"]
@@ -390,7 +399,7 @@ def print_report(result: dict[str, Any]) -> None:
                           if r["fraction"] >= 1.0 and r["seconds"]), None)
     print(f"{'budget':>7} {'POET':>10} {'rt':>4} {'ledger/B':>9} {'RSS/B':>7} {'time':>7} {'/100%':>6} | {'checkpoint':>22} {'RSS/B':>7} "
           f"{'time':>7} | {'offload RSS/B':>13} {'time':>7} | {'paged MB':>9} {'out/raw':>8} {'in/raw':>7} | "
-          f"{'out/beside':>10} {'in/beside':>9}")
+          f"{'in kept':>7} {'in fresh':>8} | {'out/beside':>10} {'in/beside':>9}")
     for r in result["rows"]:
         B = r["budget"]
         ck = r["checkpoint"]
@@ -405,6 +414,7 @@ def print_report(result: dict[str, Any]) -> None:
               f"{time_ratio:>7} {own:>6} | {ck_name[:22]:>22} {_ratio(ck.get('growth'), B) if ck.get('config') else '-':>7} "
               f"{ck_time:>7} | {_ratio(off['growth'], B):>13} {_ratio(off['seconds'], plain):>7} | {paged:>9.1f} "
               f"{_ratio(r['pageout_bps'], raw_w):>8} {_ratio(r['pagein_bps'], raw_r):>7} | "
+              f"{_ratio(r['pagein_kept_bps'], raw_r):>7} {_ratio(r['pagein_fresh_bps'], raw_r):>8} | "
               f"{_ratio(r['pageout_bps'], beside_w):>10} {_ratio(r['pagein_bps'], beside_r):>9}")
 
 

@@ -303,5 +303,11 @@ def test_page_ins_fill_memory_kept_from_earlier_ones_or_freed_values_and_gradien
         assert len(ex.io_plan.reuse) > early
         # blocks alike: the gradient a backward node leaves and frees has the layout of a block's paged value
         assert any(donor[0] == "free" for donor in ex.io_plan.reuse.values())
-        assert ex.last_stats.reads_into_kept == len(ex.io_plan.reuse)  # every planned reuse found its memory free
+        stats = ex.last_stats
+        assert stats.reads_into_kept == len(ex.io_plan.reuse)  # every planned reuse found its memory free
+        # their bytes and time are the kept part of the page-ins: what the reused reads brought in, no more
+        reused_bytes = sum(graph.nodes[node].bytes for _, node in ex.io_plan.reuse)
+        assert stats.bytes_read_into_kept == reused_bytes
+        assert 0 < stats.io_in_kept_seconds <= stats.io_in_seconds
+        assert (stats.bytes_read_into_kept < stats.bytes_paged_in) == (stats.io_in_kept_seconds < stats.io_in_seconds)
         assert ex.last_stats.peak_with_inflight_bytes <= budget  # kept memory counted while it waits
