@@ -171,13 +171,26 @@ class _Recording:
         return [n for n in self.graph.nodes if n.op in ("call_module", "call_function")]
 
 
-class _Recorder(TorchFunctionMode):
-    """Writes every tensor operation made outside segment modules into an fx graph."""
+# Tensor methods and functions that hand a tensor's value to Python: glue code that branches on it, or builds an
+# argument from it, would be replayed with this example's value for every batch.
+_TO_PYTHON = frozenset({"__bool__", "__int__", "__float__", "__index__", "__complex__", "item", "tolist", "numpy",
+                        "__array__", "equal", "is_nonzero"})
 
-    def __init__(self, graph: fx.Graph, fixed: set[int]) -> None:
+
+class _Recorder(TorchFunctionMode):
+    """Writes every tensor operation made outside segment modules into an fx graph.
+
+    Glue code runs only here: the executor replays the recorded operations.  So a value the glue takes from a
+    tensor into Python (an ``if`` on a tensor, ``.item()``) is refused where that tensor depends on the batch or
+    on the parameters: the replay would take this example's path for every batch, or keep stale parameters.
+    """
+
+    def __init__(self, graph: fx.Graph, fixed: set[int], model: str = "the model") -> None:
         super().__init__()
         self.graph = graph
+        self.model = model
         self.fixed = fixed                        # ids of parameters and buffers: referenced as they are
+        self.dependent: set[int] = set()          # ids of recorded tensors computed from the batch or parameters
         self.depth = 0                            # > 0 while inside a segment module
         self.env: dict[int, fx.Node] = {}         # id(tensor) -> the node that produced it
         self.keep: list[torch.Tensor] = []        # keeps ids unique while recording
@@ -189,12 +202,28 @@ class _Recorder(TorchFunctionMode):
         kwargs = kwargs or {}
         if self.depth > 0:
             self.check_visible(args, kwargs)
+        elif getattr(func, "__name__", "") in _TO_PYTHON and self.depends(args, kwargs):
+            self.refuse_python_value(func.__name__)
         out = func(*args, **kwargs)
         if self.depth == 0 and any(isinstance(x, torch.Tensor) for x in tree_flatten(out)[0]):
             name = getattr(func, "__name__", "op")
             node = self.graph.call_function(func, self.lift(args, name), self.lift(kwargs, name))
-            self.bind(node, out)
+            self.bind(node, out, dependent=self.depends(args, kwargs))
         return out
+
+    def depends(self, args: Any, kwargs: Any) -> bool:
+        """Whether a tensor among the arguments is computed from the batch or is (or comes from) a parameter."""
+        return any(isinstance(a, torch.Tensor) and (id(a) in self.dependent or id(a) in self.fixed)
+                   for a in tree_flatten((args, kwargs))[0])
+
+    def refuse_python_value(self, what: str) -> None:
+        raise ExtractionError(
+            f"{self.model}.forward takes the value of a tensor computed from the batch or the parameters into "
+            f"Python between segments (Tensor.{what}: an `if` or `while` on a tensor, .item(), int(), .tolist()); "
+            "the executor replays the recorded operations, so every batch would follow this example's path. "
+            "Write it with tensor operations (torch.where), or cut so that the module holding that code is inside "
+            "one segment, where it runs as written (extract's segments=, or the segments of the Workload that "
+            "poet-edge --module returns)")
 
     def check_visible(self, args: Any, kwargs: Any) -> None:
         """Inside a segment, refuse a tensor of this pass that did not come in through its arguments."""
@@ -232,28 +261,34 @@ class _Recorder(TorchFunctionMode):
                 "than tuple/list/dict; pass explicit segments= so that the code building it is inside a segment")
         return lifted
 
-    def bind(self, node: fx.Node, out: Any) -> None:
-        """Remember which node produced each tensor in ``out``."""
+    def bind(self, node: fx.Node, out: Any, dependent: bool = True) -> None:
+        """Remember which node produced each tensor in ``out`` (and whether it depends on the batch or the
+        parameters)."""
         if isinstance(out, torch.Tensor):
             self.env[id(out)] = node
             self.keep.append(out)
+            if dependent:
+                self.dependent.add(id(out))
             return
         for index, leaf in enumerate(tree_flatten(out)[0]):
             if isinstance(leaf, torch.Tensor):
                 self.env[id(leaf)] = self.graph.call_function(pytree_leaf, (node, index))
                 self.keep.append(leaf)
+                if dependent:
+                    self.dependent.add(id(leaf))
 
 
 def _record(model: nn.Module, inputs: Any, names: list[str]) -> _Recording:
     args = inputs if isinstance(inputs, tuple) else (inputs,)
     graph = fx.Graph()
     fixed = {id(t) for t in (*model.parameters(), *model.buffers())}
-    recorder = _Recorder(graph, fixed)
+    recorder = _Recorder(graph, fixed, type(model).__name__)
     placeholders = []
     for leaf in tree_flatten(args)[0]:
         if isinstance(leaf, torch.Tensor):
             placeholders.append(graph.placeholder(f"input_{len(placeholders)}"))
             recorder.env[id(leaf)] = placeholders[-1]
+            recorder.dependent.add(id(leaf))
     modules = dict(model.named_modules())
     handles = [h for name in names for h in _hook(modules[name], name, recorder)]
     try:

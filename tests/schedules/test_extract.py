@@ -170,3 +170,79 @@ def test_hidden_tensors_name_the_segment():
 
     with pytest.raises(ExtractionError, match="segment 'b'"):
         extract(Model(), (torch.randn(2, 4), torch.randn(2)), lambda o, t: ((o - t) ** 2).mean())
+
+
+class Gate(nn.Module):
+    """Doubles its input where the input's sum is positive: Python control flow on a tensor's value."""
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h * 2 if h.sum() > 0 else h
+
+
+class GlueBranch(nn.Module):
+    """The same branch written in the model's own forward, between its segments ``a`` and ``b``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        return self.b(h * 2 if h.sum() > 0 else h)
+
+
+class GlueScale(GlueBranch):
+    """Glue that reads a parameter's value into Python: stale after an optimizer step if replayed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor(0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x) * self.scale.item())
+
+
+class GlueFromShapes(GlueBranch):
+    """Glue that reads into Python a tensor built from shapes alone: the same for every batch of this shape."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        width = torch.tensor(x.shape[-1]).item()
+        return self.b(self.a(x) / width)
+
+
+def _example(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(4, 8, generator=generator) * 3, torch.randint(0, 3, (4,), generator=generator)
+
+
+@pytest.mark.parametrize("model, what", [(GlueBranch, "__bool__"), (GlueScale, "item")])
+def test_glue_that_takes_a_tensors_value_into_python_is_refused(model, what):
+    """Replayed, the glue would follow the example's branch (or value) for every batch: silently wrong."""
+    with pytest.raises(ExtractionError, match=rf"GlueBranch|GlueScale.*Tensor\.{what}.*torch\.where.*segment"):
+        extract(model(), _example(), cross_entropy, repeats=1)
+
+
+def _exact_on_batches(model: nn.Module, seeds, method: str = "checkpoint-all") -> None:
+    """Extract ``model`` on the first batch, then run each batch through the executor against plain autograd."""
+    from agent.executor import Executor
+    from agent.parity import check_parity
+    from agent.zoo import Workload
+    from schedules.plan import plan
+
+    graph, segments = extract(model, _example(seeds[0]), cross_entropy, repeats=1)
+    with Executor(model, segments, graph, plan(graph, "rpi4", method=method).schedule) as ex:
+        for seed in seeds:
+            report = check_parity(ex, Workload("model", model, *_example(seed), cross_entropy))
+            assert report.exact, report.mismatched
+
+
+def test_glue_may_read_a_value_that_depends_on_neither_batch_nor_parameters():
+    _exact_on_batches(GlueFromShapes().train(), [0, 1])
+
+
+def test_a_branch_inside_a_segment_runs_as_written_for_every_batch():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), Gate(), nn.Linear(8, 3)).train()
+    positive = {seed: bool(model[0](_example(seed)[0]).sum() > 0) for seed in range(40)}
+    other = next(seed for seed in positive if positive[seed] != positive[0])  # a batch on the example's other branch
+    _exact_on_batches(model, [0, other])  # checkpoint-all: the gate is recomputed too
