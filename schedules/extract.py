@@ -17,7 +17,12 @@
    across segments become edges.  Recording instead of ``torch.fx`` symbolic
    tracing because symbolic tracing cannot enter transformers 5 models
    (``co_varnames is too small``); the recorded graph is specialised to the
-   example's shapes, as the byte counts are anyway.
+   example's shapes, as the byte counts are anyway.  The executor replays this
+   glue, so what it read from Python is fixed here: an attribute or global it
+   multiplies by, Python's ``random``.  Glue that takes a tensor's value into
+   Python (an ``if`` on a tensor, ``.item()``) is refused where the tensor
+   depends on the batch or the parameters: replayed, every batch would follow
+   the example's path.  Code inside a segment runs as written on every step.
 3. **Cut into units.**  Each segment call, with the glue before it, is a unit
    (a forward node).  A unit that modifies a value produced by another unit in
    place or returns a view of one (a ``flatten``) would corrupt or share that
