@@ -21,6 +21,8 @@ sink instead of flowing on into the producer's graph.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -187,16 +189,27 @@ class Segments:
 
 
 def run_unit(unit: Unit, env: dict[fx.Node, Any], modules: dict[str, torch.nn.Module]) -> list[Any]:
-    """Run ``unit``'s fx nodes on ``env`` (its inputs) and return its outputs in port order."""
+    """Run ``unit``'s fx nodes on ``env`` (its inputs) and return its outputs in port order; a node recorded
+    under ``torch.no_grad()`` runs under it again (a frozen backbone's call, a statistic of the glue)."""
     env = dict(env)
     for node in unit.nodes:
         args = fx.node.map_arg(node.args, env.__getitem__)
         kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
-        if node.op == "call_module":
-            env[node] = modules[node.target](*args, **kwargs)
-        else:  # call_function: glue recorded at the top level, or a pytree leaf of a module's output
-            env[node] = node.target(*args, **kwargs)
+        with torch.no_grad() if node.meta.get(_NO_GRAD) else nullcontext():
+            if node.op == "call_module":
+                env[node] = modules[node.target](*args, **kwargs)
+            else:  # call_function: glue recorded at the top level, or a pytree leaf of a module's output
+                env[node] = node.target(*args, **kwargs)
     return [env[o] for o in unit.outputs]
+
+
+_NO_GRAD = "poet_no_grad"
+
+
+def mark_grad_mode(node: fx.Node) -> None:
+    """Record on ``node``, as it is recorded, whether gradients are off (``run_unit`` turns them off again)."""
+    if not torch.is_grad_enabled():
+        node.meta[_NO_GRAD] = True
 
 
 def pytree_leaf(value: Any, index: int) -> Any:

@@ -146,3 +146,22 @@ def recompute_everything(graph: TrainingGraph) -> list[Instruction]:
                 out.append(("free", v))
                 resident.discard(v)
     return out
+
+
+class FrozenBackbone(nn.Module):
+    """Fine-tuning as on a device: a backbone called under ``torch.no_grad()`` (no gradients, no saved tensors),
+    a statistic of its features computed under ``no_grad`` in the model's own forward, and a trained head."""
+
+    def __init__(self, width: int = 32, classes: int = 5) -> None:
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.Linear(width, width))
+        self.adapter = nn.Sequential(nn.Linear(width, width), nn.Tanh(), nn.Dropout(0.2))
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            features = self.backbone(x)
+        h = self.adapter(features)
+        with torch.no_grad():
+            scale = h.abs().mean(dim=1, keepdim=True) + 1  # a normaliser gradients do not flow through
+        return self.head(h / scale)

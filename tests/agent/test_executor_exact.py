@@ -14,7 +14,7 @@ from agent.parity import bits_equal
 from schedules.extract import extract
 from schedules.plan import plan
 from tests.agent.models import (
-    FanIn, TinyUNet, bert_classifier, bert_example, cross_entropy, fan_in_example, image_example,
+    FanIn, FrozenBackbone, TinyUNet, bert_classifier, bert_example, cross_entropy, fan_in_example, image_example,
     logits_cross_entropy, mlp, mlp_example, page_everything, recompute_everything, schedule_for, unet_example,
 )
 
@@ -123,6 +123,14 @@ def test_bert_exact_with_dropout(schedule, tmp_path):
     pytest.importorskip("transformers")
     assert_exact(bert_classifier, bert_example, logits_cross_entropy, SCHEDULES[schedule], tmp_path,
                  optimizer="adam")
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_code_run_under_no_grad_stays_without_gradients(schedule, tmp_path):
+    """A frozen backbone called under torch.no_grad(), and a no_grad statistic between segments: replayed with
+    gradients on, the executor gave the backbone gradients plain autograd does not."""
+    ex = assert_exact(FrozenBackbone, mlp_example, cross_entropy, SCHEDULES[schedule], tmp_path)
+    assert all(p.grad is None for p in ex.runtime.model.backbone.parameters())
 
 
 def _mobilenet():
