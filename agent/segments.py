@@ -21,10 +21,10 @@ sink instead of flowing on into the producer's graph.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ContextManager, Sequence
 
 import torch
 import torch.fx as fx
@@ -190,12 +190,12 @@ class Segments:
 
 def run_unit(unit: Unit, env: dict[fx.Node, Any], modules: dict[str, torch.nn.Module]) -> list[Any]:
     """Run ``unit``'s fx nodes on ``env`` (its inputs) and return its outputs in port order; a node recorded
-    under ``torch.no_grad()`` runs under it again (a frozen backbone's call, a statistic of the glue)."""
+    under ``torch.no_grad()`` or ``torch.autocast`` runs under it again (:func:`mark_modes`)."""
     env = dict(env)
     for node in unit.nodes:
         args = fx.node.map_arg(node.args, env.__getitem__)
         kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
-        with torch.no_grad() if node.meta.get(_NO_GRAD) else nullcontext():
+        with _recorded_modes(node):
             if node.op == "call_module":
                 env[node] = modules[node.target](*args, **kwargs)
             else:  # call_function: glue recorded at the top level, or a pytree leaf of a module's output
@@ -203,13 +203,32 @@ def run_unit(unit: Unit, env: dict[fx.Node, Any], modules: dict[str, torch.nn.Mo
     return [env[o] for o in unit.outputs]
 
 
-_NO_GRAD = "poet_no_grad"
+_NO_GRAD, _AUTOCAST = "poet_no_grad", "poet_autocast"
+_AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
-def mark_grad_mode(node: fx.Node) -> None:
-    """Record on ``node``, as it is recorded, whether gradients are off (``run_unit`` turns them off again)."""
+def mark_modes(node: fx.Node) -> None:
+    """Record on ``node``, as it is recorded, the modes the model's own code set around it that change what it
+    computes: gradients off (a frozen backbone called under ``torch.no_grad()``, a statistic of the glue) and
+    autocast (device type -> dtype).  The default modes leave nothing."""
     if not torch.is_grad_enabled():
         node.meta[_NO_GRAD] = True
+    autocast = {d: torch.get_autocast_dtype(d) for d in _AUTOCAST_DEVICES if torch.is_autocast_enabled(d)}
+    if autocast:
+        node.meta[_AUTOCAST] = autocast
+
+
+def _recorded_modes(node: fx.Node) -> ContextManager[Any]:
+    """The modes :func:`mark_modes` recorded on ``node`` (nothing to enter, mostly)."""
+    no_grad, autocast = node.meta.get(_NO_GRAD), node.meta.get(_AUTOCAST)
+    if not no_grad and not autocast:
+        return nullcontext()
+    stack = ExitStack()
+    if no_grad:
+        stack.enter_context(torch.no_grad())
+    for device, dtype in (autocast or {}).items():
+        stack.enter_context(torch.autocast(device, dtype=dtype))
+    return stack
 
 
 def pytree_leaf(value: Any, index: int) -> Any:

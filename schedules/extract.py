@@ -64,7 +64,7 @@ from torch.utils._pytree import tree_flatten
 
 from agent import rss
 from agent.runtime import ModelState, Runtime
-from agent.segments import Port, Segments, TensorMeta, Unit, mark_grad_mode, pytree_leaf, run_unit
+from agent.segments import Port, Segments, TensorMeta, Unit, mark_modes, pytree_leaf, run_unit
 from schedules.errors import PlannerError
 from schedules.graph import Node, TrainingGraph
 
@@ -213,7 +213,7 @@ class _Recorder(TorchFunctionMode):
         if self.depth == 0 and any(isinstance(x, torch.Tensor) for x in tree_flatten(out)[0]):
             name = getattr(func, "__name__", "op")
             node = self.graph.call_function(func, self.lift(args, name), self.lift(kwargs, name))
-            mark_grad_mode(node)
+            mark_modes(node)
             self.bind(node, out, dependent=self.depends(args, kwargs))
         return out
 
@@ -319,7 +319,7 @@ def _hook(module: nn.Module, name: str, recorder: _Recorder) -> list[Any]:
             recorder.visible = set()
             node = recorder.graph.call_module(name, recorder.lift(args, f"segment {name!r}"),
                                               recorder.lift(kwargs, f"segment {name!r}"))
-            mark_grad_mode(node)
+            mark_modes(node)
             recorder.calls.append(node)
         recorder.depth += 1
 

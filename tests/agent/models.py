@@ -165,3 +165,17 @@ class FrozenBackbone(nn.Module):
         with torch.no_grad():
             scale = h.abs().mean(dim=1, keepdim=True) + 1  # a normaliser gradients do not flow through
         return self.head(h / scale)
+
+
+class MixedPrecision(nn.Module):
+    """Its own forward runs the middle under ``torch.autocast`` (bfloat16 on the CPU): the segments inside, and
+    the glue, compute in bfloat16."""
+
+    def __init__(self, width: int = 32, classes: int = 5) -> None:
+        super().__init__()
+        self.inp, self.mid, self.out = nn.Linear(width, width), nn.Linear(width, width), nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = self.mid(torch.relu(self.inp(x))) * 2
+        return self.out(h.float())

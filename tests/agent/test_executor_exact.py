@@ -14,7 +14,7 @@ from agent.parity import bits_equal
 from schedules.extract import extract
 from schedules.plan import plan
 from tests.agent.models import (
-    FanIn, FrozenBackbone, TinyUNet, bert_classifier, bert_example, cross_entropy, fan_in_example, image_example,
+    FanIn, FrozenBackbone, MixedPrecision, TinyUNet, bert_classifier, bert_example, cross_entropy, fan_in_example, image_example,
     logits_cross_entropy, mlp, mlp_example, page_everything, recompute_everything, schedule_for, unet_example,
 )
 
@@ -131,6 +131,13 @@ def test_code_run_under_no_grad_stays_without_gradients(schedule, tmp_path):
     gradients on, the executor gave the backbone gradients plain autograd does not."""
     ex = assert_exact(FrozenBackbone, mlp_example, cross_entropy, SCHEDULES[schedule], tmp_path)
     assert all(p.grad is None for p in ex.runtime.model.backbone.parameters())
+
+
+@pytest.mark.parametrize("schedule", FAST_SCHEDULES)
+def test_code_run_under_autocast_runs_under_it_again(schedule, tmp_path):
+    """Replayed without the model's own autocast, the step computed in float32 what plain PyTorch computes
+    in bfloat16: every gradient differed."""
+    assert_exact(MixedPrecision, mlp_example, cross_entropy, SCHEDULES[schedule], tmp_path)
 
 
 def _mobilenet():
