@@ -112,6 +112,7 @@ def extract(
     inputs, targets = _split_example(example_inputs)
     names = list(segments) if segments is not None else default_segments(model)
     _check_names(model, names)
+    _check_dense_gradients(model)
     state = ModelState(model)
     try:
         recording = _record(model, inputs, names)
@@ -120,6 +121,17 @@ def extract(
     finally:
         state.rollback()
     return _build_graph(model, cut, measured), cut
+
+
+def _check_dense_gradients(model: nn.Module) -> None:
+    """Refuse modules that make sparse gradients: the executor measures, frees and accumulates dense ones."""
+    for name, module in model.named_modules():
+        trained = any(p.requires_grad for p in module.parameters(recurse=False))
+        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.sparse and trained:
+            raise ExtractionError(
+                f"module {name!r} ({type(module).__name__}) makes sparse gradients (sparse=True), which the "
+                "executor does not handle; build it with sparse=False (dense gradients, any optimizer), or freeze "
+                "it (requires_grad=False)")
 
 
 def default_segments(model: nn.Module) -> list[str]:

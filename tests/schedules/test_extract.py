@@ -246,3 +246,21 @@ def test_a_branch_inside_a_segment_runs_as_written_for_every_batch():
     positive = {seed: bool(model[0](_example(seed)[0]).sum() > 0) for seed in range(40)}
     other = next(seed for seed in positive if positive[seed] != positive[0])  # a batch on the example's other branch
     _exact_on_batches(model, [0, other])  # checkpoint-all: the gate is recomputed too
+
+
+def test_sparse_gradients_are_refused_up_front_with_what_to_do():
+    class Bag(nn.Module):
+        def __init__(self, sparse: bool) -> None:
+            super().__init__()
+            self.words, self.head = nn.Embedding(50, 8, sparse=sparse), nn.Linear(8, 3)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.head(self.words(ids).mean(1))
+
+    example = (torch.randint(0, 50, (4, 6)), torch.randint(0, 3, (4,)))
+    with pytest.raises(ExtractionError, match=r"'words' \(Embedding\) makes sparse gradients.*sparse=False"):
+        extract(Bag(sparse=True), example, cross_entropy, repeats=1)
+    frozen = Bag(sparse=True)
+    frozen.words.requires_grad_(False)  # no gradient at all: nothing sparse to handle
+    assert extract(frozen, example, cross_entropy, repeats=1)[0].size > 0
+    assert extract(Bag(sparse=False), example, cross_entropy, repeats=1)[0].size > 0
