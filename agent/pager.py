@@ -68,10 +68,7 @@ class Pager:
 
     def __init__(self, swap_dir: str | Path, free_space: FreeSpace = disk_free) -> None:
         self.dir = Path(swap_dir)
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise PageError(f"cannot create swap directory {self.dir}: {exc.strerror or exc}") from exc
+        self._make_dir()
         self.free_space = free_space
         self.token = uuid.uuid4().hex[:8]
         self.removed_stale = remove_stale(self.dir)
@@ -85,9 +82,20 @@ class Pager:
         self._finalizer = weakref.finalize(self, _remove_files, self.dir, self._pattern)
         self.reset_counters()
 
+    def _make_dir(self) -> None:
+        """Create the swap directory (again: a cleaner of /tmp or /var/tmp may have removed it between steps)."""
+        if self.dir.exists() and not self.dir.is_dir():
+            raise PageError(f"swap directory {self.dir} is a file, not a directory; point swap_dir at a directory "
+                            "on the flash the device pages to")
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise PageError(f"cannot create swap directory {self.dir}: {exc.strerror or exc}") from exc
+
     # -- step ------------------------------------------------------------------
     def reserve(self, page_bytes: Mapping[int, int]) -> None:
         """Make room for one page per node in ``page_bytes`` (node -> value bytes) before the step."""
+        self._make_dir()
         sizes = {node: nbytes + HEADER_ALLOWANCE for node, nbytes in page_bytes.items()}
         needed = sum(max(0, size - _allocated(self.path(node))) for node, size in sizes.items())
         available = self.free_space(self.dir)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import subprocess
 import sys
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from agent import pagefile
-from agent.errors import PageCorruptError, SwapSpaceError
+from agent.errors import PageCorruptError, PageError, SwapSpaceError
 from agent.pager import HEADER_ALLOWANCE, Pager, remove_stale
 
 
@@ -155,3 +156,24 @@ def test_a_pager_left_unclosed_removes_its_files_when_collected(tmp_path):
     del pager
     gc.collect()
     assert not list(tmp_path.iterdir())
+
+
+def test_a_swap_directory_removed_between_steps_is_made_again(tmp_path):
+    """A cleaner of /tmp or /var/tmp may remove it while the agent waits between steps."""
+    swap = tmp_path / "swap"
+    pager = Pager(swap)
+    slots = _storages(5000)
+    for _ in range(2):
+        pager.reserve({3: 5000})
+        pager.write(3, slots)
+        pager.wait_written(3)
+        assert _same(pager.read(3, [5000]), slots)
+        pager.end_step()
+        shutil.rmtree(swap)
+    pager.close()
+
+
+def test_a_file_where_the_swap_directory_should_be_is_named(tmp_path):
+    (tmp_path / "swap").write_text("not a directory")
+    with pytest.raises(PageError, match="is a file, not a directory"):
+        Pager(tmp_path / "swap")
