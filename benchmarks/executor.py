@@ -21,13 +21,15 @@ Printed side by side: ledger peak / budget; peak RSS growth over the model's
 fixed memory (parameters and gradients, which exist before the step) / budget; step
 time / plain step time (the minimum over the interleaved repetitions); the same
 for the remedies; bytes paged and the achieved page-out and page-in bandwidth /
-raw bandwidth (the target's yardstick; page-ins also split by the memory they
-filled: ``in kept`` memory mapped in already, from an earlier page-in or a
-freed value, ``in fresh`` new memory the kernel zeroes as it maps it in), and
-/ the same raw measurement taken
-while plain steps of the model run on a thread (``beside``: what the medium
-itself gives beside the step's compute and memory traffic, so that a shortfall
-can be put on the medium or on the pager).  ``--json`` keeps every figure.
+raw bandwidth, the raw measurement repeated right before each measured POET
+step and the median kept (``raw w/r``: the virtual disk of the development VM
+moves by a third within minutes, so a yardstick taken once per model mismeasured
+rows); page-ins are also split by the memory they filled (``in kept``: mapped in
+already, from an earlier page-in or a freed value; ``in fresh``: new memory the
+kernel zeroes as it maps it in).  The model's line also gives the raw
+measurement before and after its rows, and taken while plain steps of the model
+run on a thread (what the medium itself gives beside the step's compute).
+``--json`` keeps every figure.
 
 Run ``python benchmarks/executor.py`` (re-executes itself with
 ``MALLOC_MMAP_THRESHOLD_=65536`` so freed activations leave the process and
@@ -236,6 +238,8 @@ class BudgetRow:
     bytes_paged_in: int = 0
     pageout_bps: float | None = None
     pagein_bps: float | None = None
+    raw_write_bps: float | None = None     # the raw measurement, taken between this row's measured steps
+    raw_read_bps: float | None = None
     pagein_kept_bps: float | None = None   # reads into memory mapped in already (kept or a freed value's)
     pagein_fresh_bps: float | None = None  # reads into fresh memory, which the kernel zeroes as it maps it in
     recomputed: int = 0
@@ -322,8 +326,13 @@ def bench_budget(fraction: float, M: int, graph, cut, work: Workload, device: De
                 ex.step(work.inputs, work.targets)
                 stats.append(ex.last_stats)
 
+            raw_now: list[tuple[float, float]] = []
+            # The yardstick right before each POET step: this VM's disk moves by a third within minutes.
+            probe = Method("raw", lambda: raw_now.append(raw_bandwidth(swap, repeats=1)), work.model)
             poet = Method("poet", poet_step, work.model)
-            interleaved([plain, poet], repeats)
+            interleaved([plain, probe, poet], repeats)
+            row.raw_write_bps = statistics.median(w for w, _ in raw_now)
+            row.raw_read_bps = statistics.median(r for _, r in raw_now)
         best = min(stats, key=lambda s: s.step_seconds)
         row.ledger_peak, row.growth, row.seconds = best.ledger_peak_bytes, poet.growth, poet.seconds
         row.plain_seconds = min(s.seconds for s in plain.samples[-repeats:])
@@ -399,7 +408,7 @@ def print_report(result: dict[str, Any]) -> None:
                           if r["fraction"] >= 1.0 and r["seconds"]), None)
     print(f"{'budget':>7} {'POET':>10} {'rt':>4} {'ledger/B':>9} {'RSS/B':>7} {'time':>7} {'/100%':>6} | {'checkpoint':>22} {'RSS/B':>7} "
           f"{'time':>7} | {'offload RSS/B':>13} {'time':>7} | {'paged MB':>9} {'out/raw':>8} {'in/raw':>7} | "
-          f"{'in kept':>7} {'in fresh':>8} | {'out/beside':>10} {'in/beside':>9}")
+          f"{'in kept':>7} {'in fresh':>8} | {'raw w/r MB/s':>12}")
     for r in result["rows"]:
         B = r["budget"]
         ck = r["checkpoint"]
@@ -409,13 +418,14 @@ def print_report(result: dict[str, Any]) -> None:
         time_ratio = _ratio(r["seconds"], r["plain_seconds"]) if r["seconds"] else "-"
         own = _ratio(r["seconds"] / r["plain_seconds"], unconstrained) if r["seconds"] and unconstrained else "-"
         paged = (r["bytes_paged_out"] + r["bytes_paged_in"]) / MB
+        row_w, row_r = r.get("raw_write_bps") or raw_w, r.get("raw_read_bps") or raw_r  # the row's own, if measured
         rt = f"{r['runtime_budget']:g}" if r.get("runtime_budget") else "-"
         print(f"{r['fraction']:>7.0%} {r['status'][:10]:>10} {rt:>4} {_ratio(r['ledger_peak'], B):>9} {_ratio(r['growth'], B):>7} "
               f"{time_ratio:>7} {own:>6} | {ck_name[:22]:>22} {_ratio(ck.get('growth'), B) if ck.get('config') else '-':>7} "
               f"{ck_time:>7} | {_ratio(off['growth'], B):>13} {_ratio(off['seconds'], plain):>7} | {paged:>9.1f} "
-              f"{_ratio(r['pageout_bps'], raw_w):>8} {_ratio(r['pagein_bps'], raw_r):>7} | "
-              f"{_ratio(r['pagein_kept_bps'], raw_r):>7} {_ratio(r['pagein_fresh_bps'], raw_r):>8} | "
-              f"{_ratio(r['pageout_bps'], beside_w):>10} {_ratio(r['pagein_bps'], beside_r):>9}")
+              f"{_ratio(r['pageout_bps'], row_w):>8} {_ratio(r['pagein_bps'], row_r):>7} | "
+              f"{_ratio(r['pagein_kept_bps'], row_r):>7} {_ratio(r['pagein_fresh_bps'], row_r):>8} | "
+              f"{row_w / MB:>5.0f} / {row_r / MB:<4.0f}")
 
 
 def _mb(value: float | None) -> str:
