@@ -231,6 +231,29 @@ def _recorded_modes(node: fx.Node) -> ContextManager[Any]:
     return stack
 
 
+def same_path(func: Callable, where: str, expected: Any, *args: Any, **kwargs: Any) -> None:
+    """A guard the recording put where the model's own code took a tensor's value into Python (an ``if`` on a
+    tensor, ``.item()``): the replay computes that value again and stops where it differs from the example's,
+    since from there on plain PyTorch would run code the recording does not hold."""
+    value = func(*args, **kwargs)
+    same = value == expected
+    if not isinstance(same, bool):  # numpy arrays and the like compare element by element
+        same = type(value) is type(expected) and bool(getattr(same, "all", lambda: same)())
+    if not same:
+        raise InputMismatchError(
+            f"this batch takes another path through {where} than the example extraction recorded: "
+            f"{getattr(func, '__name__', func)} gave {_short(value)} where the example gave {_short(expected)}. "
+            "The executor replays the example's path, so it stops here rather than train differently from plain "
+            "PyTorch; nothing was changed. Extract with an example whose path every batch takes (a transformers "
+            "attention mask: an example with padding, and padded batches), or cut so that this code is inside "
+            "a segment")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def pytree_leaf(value: Any, index: int) -> Any:
     """Leaf ``index`` of ``value``'s pytree: how a unit picks one tensor out of a module's output."""
     return tree_flatten(value)[0][index]

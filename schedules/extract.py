@@ -19,10 +19,13 @@
    (``co_varnames is too small``); the recorded graph is specialised to the
    example's shapes, as the byte counts are anyway.  The executor replays this
    glue, so what it read from Python is fixed here: an attribute or global it
-   multiplies by, Python's ``random``.  Glue that takes a tensor's value into
-   Python (an ``if`` on a tensor, ``.item()``) is refused where the tensor
-   depends on the batch or the parameters: replayed, every batch would follow
-   the example's path.  Code inside a segment runs as written on every step.
+   multiplies by, Python's ``random``.  Where glue takes a tensor's value into
+   Python (an ``if`` on a tensor, ``.item()``) and the tensor depends on the
+   batch or the parameters, a guard is recorded: each step computes that value
+   again and stops with :class:`~agent.errors.InputMismatchError` where it
+   differs from the example's (replayed unchecked, every batch would follow the
+   example's path: transformers skips an attention mask without padding this
+   way).  Code inside a segment runs as written on every step.
 3. **Cut into units.**  Each segment call, with the glue before it, is a unit
    (a forward node).  A unit that modifies a value produced by another unit in
    place or returns a view of one (a ``flatten``) would corrupt or share that
@@ -64,7 +67,7 @@ from torch.utils._pytree import tree_flatten
 
 from agent import rss
 from agent.runtime import ModelState, Runtime
-from agent.segments import Port, Segments, TensorMeta, Unit, mark_modes, pytree_leaf, run_unit
+from agent.segments import Port, Segments, TensorMeta, Unit, mark_modes, pytree_leaf, run_unit, same_path
 from schedules.errors import PlannerError
 from schedules.graph import Node, TrainingGraph
 
@@ -197,9 +200,10 @@ _TO_PYTHON = frozenset({"__bool__", "__int__", "__float__", "__index__", "__comp
 class _Recorder(TorchFunctionMode):
     """Writes every tensor operation made outside segment modules into an fx graph.
 
-    Glue code runs only here: the executor replays the recorded operations.  So a value the glue takes from a
-    tensor into Python (an ``if`` on a tensor, ``.item()``) is refused where that tensor depends on the batch or
-    on the parameters: the replay would take this example's path for every batch, or keep stale parameters.
+    Glue code runs only here: the executor replays the recorded operations.  So where the glue takes a value
+    from a tensor that depends on the batch or the parameters into Python (an ``if`` on a tensor, ``.item()``),
+    a guard (:func:`agent.segments.same_path`) is recorded: the replay computes the value again and stops with
+    an error where it differs from the example's, instead of following the example's path for every batch.
     """
 
     def __init__(self, graph: fx.Graph, fixed: set[int], model: str = "the model") -> None:
@@ -219,9 +223,9 @@ class _Recorder(TorchFunctionMode):
         kwargs = kwargs or {}
         if self.depth > 0:
             self.check_visible(args, kwargs)
-        elif getattr(func, "__name__", "") in _TO_PYTHON and self.depends(args, kwargs):
-            self.refuse_python_value(func.__name__)
         out = func(*args, **kwargs)
+        if self.depth == 0 and getattr(func, "__name__", "") in _TO_PYTHON and self.depends(args, kwargs):
+            self.guard(func, out, args, kwargs)
         if self.depth == 0 and any(isinstance(x, torch.Tensor) for x in tree_flatten(out)[0]):
             name = getattr(func, "__name__", "op")
             node = self.graph.call_function(func, self.lift(args, name), self.lift(kwargs, name))
@@ -234,14 +238,13 @@ class _Recorder(TorchFunctionMode):
         return any(isinstance(a, torch.Tensor) and (id(a) in self.dependent or id(a) in self.fixed)
                    for a in tree_flatten((args, kwargs))[0])
 
-    def refuse_python_value(self, what: str) -> None:
-        raise ExtractionError(
-            f"{self.model}.forward takes the value of a tensor computed from the batch or the parameters into "
-            f"Python between segments (Tensor.{what}: an `if` or `while` on a tensor, .item(), int(), .tolist()); "
-            "the executor replays the recorded operations, so every batch would follow this example's path. "
-            "Write it with tensor operations (torch.where), or cut so that the module holding that code is inside "
-            "one segment, where it runs as written (extract's segments=, or the segments of the Workload that "
-            "poet-edge --module returns)")
+    def guard(self, func: Callable, value: Any, args: Any, kwargs: Any) -> None:
+        """Record a check that the replay's ``func(*args, **kwargs)`` gives ``value`` again."""
+        where = f"{self.model}.forward"
+        name = getattr(func, "__name__", "op")
+        node = self.graph.call_function(same_path, (func, where, value, *self.lift(args, name)),
+                                        self.lift(kwargs, name))
+        mark_modes(node)
 
     def check_visible(self, args: Any, kwargs: Any) -> None:
         """Inside a segment, refuse a tensor of this pass that did not come in through its arguments."""

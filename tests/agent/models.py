@@ -70,6 +70,14 @@ def bert_example(batch: int = 2, length: int = 16, vocab: int = 500, labels: int
     return torch.randint(0, vocab, (batch, length)), torch.randint(0, labels, (batch,))
 
 
+def padded_bert_example(batch: int = 2, length: int = 16, vocab: int = 500, labels: int = 3, padded: bool = True):
+    """``((input_ids, attention_mask), labels)``: the last sequence padded from a random point when ``padded``."""
+    mask = torch.ones(batch, length, dtype=torch.long)
+    if padded:
+        mask[-1, int(torch.randint(1, length, ())):] = 0
+    return (torch.randint(0, vocab, (batch, length)), mask), torch.randint(0, labels, (batch,))
+
+
 
 
 def page_everything(graph: TrainingGraph) -> list[Instruction]:

@@ -9,13 +9,14 @@ import pytest
 import torch
 import torchvision
 
+from agent.errors import InputMismatchError
 from agent.executor import Executor
 from agent.parity import bits_equal
 from schedules.extract import extract
 from schedules.plan import plan
 from tests.agent.models import (
     FanIn, FrozenBackbone, MixedPrecision, TinyUNet, bert_classifier, bert_example, cross_entropy, fan_in_example, image_example,
-    logits_cross_entropy, mlp, mlp_example, page_everything, recompute_everything, schedule_for, unet_example,
+    logits_cross_entropy, mlp, mlp_example, padded_bert_example, page_everything, recompute_everything, schedule_for, unet_example,
 )
 
 
@@ -138,6 +139,20 @@ def test_code_run_under_autocast_runs_under_it_again(schedule, tmp_path):
     """Replayed without the model's own autocast, the step computed in float32 what plain PyTorch computes
     in bfloat16: every gradient differed."""
     assert_exact(MixedPrecision, mlp_example, cross_entropy, SCHEDULES[schedule], tmp_path)
+
+
+@pytest.mark.parametrize("schedule", FAST_SCHEDULES)
+def test_bert_with_an_attention_mask_exact_on_padded_batches_and_stops_on_unpadded(schedule, tmp_path):
+    """transformers skips the mask where no token is padded (an `if` on the mask's values): the executor
+    replays the padded example's path, exact for padded batches, and refuses a batch without padding."""
+    pytest.importorskip("transformers")
+    done = assert_exact(bert_classifier, padded_bert_example, logits_cross_entropy, SCHEDULES[schedule], tmp_path)
+    model = done.runtime.model
+    with Executor(model, done.runtime.segments, done.graph, done.schedule, swap_dir=tmp_path) as ex:
+        before = [t.clone() for t in model.state_dict().values()]
+        with pytest.raises(InputMismatchError, match="another path through BertForSequenceClassification"):
+            ex.step(*padded_bert_example(padded=False))
+        assert all(bits_equal(a, b) for a, b in zip(before, model.state_dict().values()))
 
 
 def _mobilenet():

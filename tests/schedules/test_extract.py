@@ -215,13 +215,6 @@ def _example(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(4, 8, generator=generator) * 3, torch.randint(0, 3, (4,), generator=generator)
 
 
-@pytest.mark.parametrize("model, what", [(GlueBranch, "__bool__"), (GlueScale, "item")])
-def test_glue_that_takes_a_tensors_value_into_python_is_refused(model, what):
-    """Replayed, the glue would follow the example's branch (or value) for every batch: silently wrong."""
-    with pytest.raises(ExtractionError, match=rf"GlueBranch|GlueScale.*Tensor\.{what}.*torch\.where.*segment"):
-        extract(model(), _example(), cross_entropy, repeats=1)
-
-
 def _exact_on_batches(model: nn.Module, seeds, method: str = "checkpoint-all") -> None:
     """Extract ``model`` on the first batch, then run each batch through the executor against plain autograd."""
     from agent.executor import Executor
@@ -234,6 +227,43 @@ def _exact_on_batches(model: nn.Module, seeds, method: str = "checkpoint-all") -
         for seed in seeds:
             report = check_parity(ex, Workload("model", model, *_example(seed), cross_entropy))
             assert report.exact, report.mismatched
+
+
+def test_glue_that_takes_a_tensors_value_into_python_stops_where_a_batch_leaves_the_examples_path():
+    """Replayed without a check, the executor followed the example's branch for every batch: silently wrong."""
+    from agent.errors import InputMismatchError
+    from agent.executor import Executor
+    from agent.parity import check_parity
+    from agent.zoo import Workload
+    from schedules.plan import plan
+
+    torch.manual_seed(0)
+    model = GlueBranch().train()
+    positive = {seed: bool(model.a(_example(seed)[0]).sum() > 0) for seed in range(40)}
+    same = next(seed for seed in range(1, 40) if positive[seed] == positive[0])
+    other = next(seed for seed in range(1, 40) if positive[seed] != positive[0])
+    graph, segments = extract(model, _example(), cross_entropy, repeats=1)
+    with Executor(model, segments, graph, plan(graph, "rpi4", method="checkpoint-all").schedule) as ex:
+        assert check_parity(ex, Workload("glue", model, *_example(same), cross_entropy)).exact
+        state = [t.clone() for t in (*model.parameters(), *(p.grad for p in model.parameters()))]
+        with pytest.raises(InputMismatchError, match=r"another path through GlueBranch\.forward.*__bool__ gave"):
+            ex.step(*_example(other))
+        assert all(torch.equal(a, b) for a, b in zip(state, (*model.parameters(), *(p.grad for p in model.parameters()))))
+
+
+def test_glue_reading_a_parameter_into_python_stops_once_the_parameter_changed():
+    from agent.errors import InputMismatchError
+    from agent.executor import Executor
+    from schedules.plan import plan
+
+    model = GlueScale().train()
+    graph, segments = extract(model, _example(), cross_entropy, repeats=1)
+    with Executor(model, segments, graph, plan(graph, "rpi4", method="store-all").schedule) as ex:
+        ex.step(*_example(1))
+        with torch.no_grad():
+            model.scale.add_(0.25)  # an optimizer step: the recorded 0.5 is stale now
+        with pytest.raises(InputMismatchError, match=r"item gave 0\.75 where the example gave 0\.5"):
+            ex.step(*_example(1))
 
 
 def test_glue_may_read_a_value_that_depends_on_neither_batch_nor_parameters():
