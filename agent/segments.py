@@ -22,7 +22,6 @@ sink instead of flowing on into the producer's graph.
 from __future__ import annotations
 
 from contextlib import ExitStack, nullcontext
-
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Sequence
 
