@@ -86,7 +86,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--time-limit", type=float, default=60.0, help="time limit of the main solve, seconds")
     p.add_argument("--gap", type=float, default=0.005, help="relative MIP gap of the main solve (default 0.005)")
     p.add_argument("--model", default="resnet18", help="zoo model trained on this machine in step 5 (default resnet18)")
-    p.add_argument("--input", default="16x3x64x64", help="its batch shape (default 16x3x64x64)")
+    p.add_argument("--input", help="its batch shape (default 16x3x64x64 for resnet18, else the zoo's own)")
     p.add_argument("--no-device", action="store_true", help="skip step 5 (planning only)")
     return p.parse_args(argv)
 
@@ -137,13 +137,14 @@ def _run(cli_main, title: str, command: list[str]) -> int:
     return code
 
 
-def _train_on_this_machine(model: str, shape: str, out: Path, keys: tuple[Path, Path], cli_main) -> int:
+def _train_on_this_machine(model: str, shape: str | None, out: Path, keys: tuple[Path, Path], cli_main) -> int:
     """Step 5: profile ``model`` here, plan it at half of plain backpropagation's memory, and run it."""
     from schedules.budgets import memory_lower_bound, store_all_peak
     from schedules.cli import INFEASIBLE
 
     graph, device, schedule = out / f"{model}_graph.json", out / "this_machine.json", out / f"{model}_schedule.json"
-    model_options = ["--model", model, "--input", shape]
+    shape = shape or ("16x3x64x64" if model == "resnet18" else None)  # half the zoo's 32: a quicker demo
+    model_options = ["--model", model, *(["--input", shape] if shape else [])]
     code = _run(cli_main, "profile", ["profile", *model_options, "--swap-dir", str(out / "swap"), "--repeats", "3",
                                       "-o", str(graph), "--device-out", str(device)])
     if code != 0:
