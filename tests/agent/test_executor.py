@@ -18,7 +18,7 @@ from agent.executor import Executor
 from schedules.timeline import plan_prefetch
 from schedules.budgets import memory_lower_bound, store_all_peak
 from schedules.errors import SolverError
-from schedules.extract import extract
+from agent.extract import extract
 from schedules.plan import plan
 from schedules.simulate import simulate
 from tests.agent.models import (
@@ -248,7 +248,8 @@ def test_read_ahead_leaves_room_for_each_nodes_workspace(tmp_path):
     torch.manual_seed(0)
     model, example = mlp(), mlp_example()
     graph, segments = extract(model, example, cross_entropy, repeats=1)
-    graph = graph.with_nodes([replace(n, workspace_bytes=2 * n.bytes) if n.kind == "backward" else n
+    # fixed workspaces: the measured ones of forward nodes vary from run to run by a few hundred bytes
+    graph = graph.with_nodes([replace(n, workspace_bytes=2 * n.bytes if n.kind == "backward" else 0)
                               for n in graph.nodes])
     instructions = page_everything(graph)
     report = simulate(graph, instructions)
