@@ -6,7 +6,7 @@ store-all peak of activation values plus the workspace of the node computing
 at that moment (what the planner's budget bounds; the values-only peak is
 printed beside it):
 
-1. profile this machine (:func:`schedules.profile.profile_workload`: swap path
+1. profile this machine (:func:`agent.profile.profile_workload`: swap path
    through the executor's page files, overlap, powers) and extract the graph;
 2. plan with POET (``schedules.plan``) at the budget and run several steps
    through :class:`agent.executor.Executor`;
@@ -31,10 +31,10 @@ measurement before and after its rows, and taken while plain steps of the model
 run on a thread (what the medium itself gives beside the step's compute).
 ``--json`` keeps every figure.
 
-Run ``python benchmarks/executor.py`` (re-executes itself with
+Run ``python -m benchmarks.executor`` (re-executes itself with
 ``MALLOC_MMAP_THRESHOLD_=65536`` so freed activations leave the process and
 RSS means something; see ``agent.rss``).  ``--throttle MBPS`` runs it all with
-the swap disk held to flash speed (root; see ``benchmarks/paging.py``).
+the swap disk held to flash speed (root; see ``benchmarks.paging``).
 """
 
 from __future__ import annotations
@@ -52,23 +52,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import torch
+import torch.nn as nn
+from torch.utils.checkpoint import checkpoint_sequential
 
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-from torch.utils.checkpoint import checkpoint_sequential  # noqa: E402
-
-from agent import rss  # noqa: E402
-from agent.executor import Executor  # noqa: E402
-from agent.zoo import Workload, load_workload  # noqa: E402
-from benchmarks.paging import compute_load, raw_bandwidth, throttled  # noqa: E402
-from schedules.device import DeviceProfile, price_graph  # noqa: E402
-from schedules.errors import PlannerError  # noqa: E402
-from schedules.extract import extract  # noqa: E402
-from schedules.plan import plan  # noqa: E402
-from schedules.profile import drop_page_cache, profile_workload  # noqa: E402
-from schedules.simulate import simulate  # noqa: E402
+from agent import rss
+from agent.executor import Executor
+from agent.zoo import Workload, load_workload
+from benchmarks.paging import compute_load, raw_bandwidth, throttled
+from schedules.device import DeviceProfile, price_graph
+from schedules.errors import PlannerError
+from agent.extract import extract
+from schedules.plan import plan
+from agent.profile import drop_page_cache, profile_workload
+from schedules.simulate import simulate
 
 MB = 1e6
 TARGETS = {"rss_over_budget": 1.10, "time_at_50": 1.10, "time_at_30": 1.30, "bandwidth_share": 0.80}
@@ -475,5 +472,5 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     if os.environ.get("MALLOC_MMAP_THRESHOLD_") != "65536":
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"})
+        os.execve(sys.executable, [sys.executable, "-m", "benchmarks.executor", *sys.argv[1:]], {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"})
     sys.exit(main())

@@ -13,9 +13,9 @@ dropped, read back.
 
 Everything runs twice: idle, and while a second thread runs a convolution loop
 at one torch thread, as a training step does beside the pager's thread.  Ratios
-are to the idle raw bandwidth (what ``benchmarks/executor.py`` divides by).
+are to the idle raw bandwidth (what ``benchmarks.executor`` divides by).
 
-Run ``python benchmarks/paging.py`` (``--swap-dir`` to measure another
+Run ``python -m benchmarks.paging`` (``--swap-dir`` to measure another
 filesystem; ``--json`` keeps every figure).  ``--throttle MBPS`` (root, cgroup
 v1 blkio) runs everything, raw figures included, with the swap disk limited to
 that many MB/s each way: flash of an SD card or eMMC's class, where the medium
@@ -37,12 +37,9 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Callable, Iterator
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import torch
 
-import torch  # noqa: E402
-
-from agent.pager import Pager  # noqa: E402
+from agent.pager import Pager
 
 MB = 1e6
 

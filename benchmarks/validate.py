@@ -4,7 +4,7 @@ For each model (resnet18 at 32x3x64x64, the BERT encoder at 8x128 by default)
 and each memory budget as a fraction of M, the unconstrained activation peak
 (store-all's):
 
-1. profile this machine with the model (:func:`schedules.profile.profile_workload`:
+1. profile this machine with the model (:func:`agent.profile.profile_workload`:
    node times and bytes, swap path, overlap, powers);
 2. plan with POET at the budget (a budget below the graph's lower bound --
    the largest node plus its inputs -- is infeasible for every schedule; it is
@@ -31,7 +31,7 @@ simulator's, the source named and the nominal-power estimate (the fallback
 when no sensor answers) labelled as such; the default leaves the per-instruction
 meter reads out of the timed steps.
 
-Run ``python benchmarks/validate.py`` (``--help`` for the options).  The
+Run ``python -m benchmarks.validate`` (``--help`` for the options).  The
 defaults suit the shared 2-vCPU machine this project is developed on: one
 compute thread (a pool of two stalls for whole scheduler slices when other
 processes compete for the cores) and the load average printed beside the
@@ -51,18 +51,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import torch
 
-import torch  # noqa: E402
-
-from agent.energy import EnergyMeter, MeterConfig, detect_meter  # noqa: E402
-from agent.rss import return_freed_memory  # noqa: E402
-from agent.validate import ValidationReport, Validator  # noqa: E402
-from agent.zoo import load_workload, parse_shape  # noqa: E402
-from schedules.budgets import memory_lower_bound, store_all_peak  # noqa: E402
-from schedules.plan import plan  # noqa: E402
-from schedules.profile import device_estimate, profile_workload  # noqa: E402
+from agent.energy import EnergyMeter, MeterConfig, detect_meter
+from agent.rss import return_freed_memory
+from agent.validate import ValidationReport, Validator
+from agent.zoo import load_workload, parse_shape
+from schedules.budgets import memory_lower_bound, store_all_peak
+from schedules.plan import plan
+from agent.profile import device_estimate, profile_workload
 
 TARGETS = {"step time": 15.0, "ledger peak": 5.0}
 DEFAULT_MODELS = ("resnet18:32x3x64x64", "bert:8x128")
@@ -261,7 +258,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     fractions = [float(f) for f in args.budgets.split(",")]
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="poet-validate-", dir=args.swap_dir or REPO) as swap:
+    with tempfile.TemporaryDirectory(prefix="poet-validate-", dir=args.swap_dir or Path.cwd()) as swap:
         rows = [row for spec in args.models.split(",") for row in bench_model(spec, fractions, args, Path(swap))]
     print_table(rows)
     print(f"({time.perf_counter() - started:.0f} s, {args.threads} thread(s), torch {torch.__version__})")

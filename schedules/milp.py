@@ -78,7 +78,7 @@ Our reductions (each keeps the optimum of the published model)
    and :meth:`PoetFormulation.decode` rebuilds ``SRam`` as the least residency
    the rounded decisions need.
 5. *Units.*  Bytes are divided by the memory budget, joules by the store-all
-   energy, milliseconds by the recomputation allowance, so every coefficient is
+   energy, milliseconds by the runtime budget, so every coefficient is
    O(1) and HiGHS' tolerances mean the same thing on every graph.  (The dense
    formulation in raw joules stops above the optimum on ``linear_a72``, whose
    costs sit below HiGHS' default tolerances.)
@@ -98,7 +98,7 @@ large models whose simplex root would not fit in the time left, (d) is
 skipped; ``relax_and_round`` stops after (c).  Progress is reported after
 each phase and from HiGHS' MIP callbacks.
 
-Measured by ``benchmarks/solver.py`` (one thread, a busy 2-core machine; ours at
+Measured by ``python -m benchmarks.solver`` (one thread, a busy 2-core machine; ours at
 gap 1e-6 with the best baseline as warm start, the dense reference at HiGHS'
 default 1e-4, 600 s): vgg16_cifar 1.5 MB / 1.5 optimal in 1.1 s (reference
 20.7 s, same optimum within 5e-8); resnet18_cifar 3 MB / 7.6 optimal in 0.2 s
@@ -125,7 +125,10 @@ MIP (no phases, no progress, no bound).
 
 from __future__ import annotations
 
+import functools
 import math
+import os
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -373,7 +376,9 @@ class PoetFormulation:
         """Recomputation (and optionally paging) time within what the budget leaves after one pass."""
         g = self.graph
         allowance = budget_ms - g.total_compute_ms
-        scale = max(abs(allowance), 1e-12)
+        # in units of the whole budget, not of the allowance: at a budget of one pass the allowance is 0, and
+        # dividing by it gave coefficients of 1e15, which HiGHS >= 1.16 refuses to load
+        scale = max(budget_ms, g.total_compute_ms, 1e-9)
         terms = {col: g.nodes[i].compute_ms / scale for (t, i), col in self.R.items()}
         if paging_time_ms is not None:
             page_in_ms, page_out_ms = paging_time_ms
@@ -938,10 +943,33 @@ def _highs_model(model: SparseMilp):
     return lp
 
 
+@functools.cache
+def _silence_highs_banner() -> None:
+    """Construct the process's first ``Highs`` with standard output pointed at /dev/null.
+
+    HiGHS (1.16) prints its banner to file descriptor 1 from the first
+    instance's constructor, before ``output_flag`` can be set, which would mix
+    it into output a caller parses (``--json``, a pipe).  Later instances
+    print nothing.
+    """
+    import highspy
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), 1)
+            highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def _new_highs(time_limit: float | None, gap: float, threads: int):
     """A silent HiGHS instance with the limits set."""
     import highspy
 
+    _silence_highs_banner()
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("threads", int(threads))

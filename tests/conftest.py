@@ -6,17 +6,15 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-# CI clones the repo with shared/ beside it; a checkout may also carry shared/ inside.
-_CANDIDATES = (REPO.parent / "shared" / "bench" / "poet_graphs", REPO / "shared" / "bench" / "poet_graphs")
+from benchmarks import reference_graph_dir as _graph_dir
 
 
 def reference_graph_dir() -> Path:
     """The folder of POET reference graphs, or skip the test when this checkout has none."""
-    for candidate in _CANDIDATES:
-        if candidate.is_dir():
-            return candidate
-    pytest.skip("POET reference graphs (../shared/bench/poet_graphs) are not beside this checkout")
+    found = _graph_dir()
+    if found is None:
+        pytest.skip("POET reference graphs (../shared/bench/poet_graphs, or $POET_GRAPHS) are not beside this checkout")
+    return found
 
 
 @pytest.fixture

@@ -1,19 +1,17 @@
 """The reduced POET MILP against the dense published formulation, and its contract.
 
-The dense reference (``benchmarks/reference_milp.py``) is the oracle: on every
+The dense reference (:mod:`benchmarks.reference_milp`) is the oracle: on every
 instance small enough to solve both ways, the optimum must be the same.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from benchmarks import reference_milp as reference
 from schedules.errors import ScheduleViolation, SolverError
 from schedules.graph import Node, TrainingGraph
 from schedules.matrices import Matrices, to_instructions
@@ -21,30 +19,15 @@ from schedules.milp import (
     MilpOutcome, PoetFormulation, SolveProgress, build_pulp_problem, canonical_plan, plan_energy, solve_poet_milp,
 )
 from schedules.simulate import simulate
+from tests.conftest import reference_graph_dir
 from tests.schedules.graphs import with_workspace
 
-REPO = Path(__file__).parents[2]
-GRAPHS = REPO.parent / "shared/bench/poet_graphs"
 EXACT = 1e-9  # gap asked of both solvers when optima are compared
 SAME = 1e-6  # relative difference allowed between the two optima
 
 
-def _load_reference():
-    spec = importlib.util.spec_from_file_location("reference_milp", REPO / "benchmarks/reference_milp.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("reference_milp", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-reference = _load_reference()
-
-
 def reference_graph(name: str) -> TrainingGraph:
-    path = GRAPHS / f"{name}.json"
-    if not path.exists():
-        pytest.skip(f"{path} not found (the shared benchmark graphs live beside the repository)")
-    return TrainingGraph.load(path)
+    return TrainingGraph.load(reference_graph_dir() / f"{name}.json")
 
 
 def chain_graph(n: int, seed: int = 0) -> TrainingGraph:
