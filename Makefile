@@ -3,13 +3,12 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test test-all bench
+.PHONY: demo test test-all bench lock
 
-$(VENV)/.installed: pyproject.toml
+# Everything (planner, device, zoo models, test tools) at the versions in constraints.txt.
+$(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	# torch first, pinned: plain `torch` would pull a multi-GB CUDA build from the index.
-	$(VENV)/bin/pip install -q torch==2.14.1 torchvision==0.29.1
-	$(VENV)/bin/pip install -q -e '.[dev]'
+	$(VENV)/bin/pip install -q -c constraints.txt -e '.[device,zoo,dev]'
 	touch $@
 
 demo: $(VENV)/.installed
@@ -22,4 +21,10 @@ test-all: $(VENV)/.installed
 	$(PY) -m pytest -q -m ''
 
 bench: $(VENV)/.installed
-	$(PY) benchmarks/solver.py
+	$(PY) -m benchmarks.solver
+
+# Pin what is installed now (after the suite passed on it) as the versions every later install gets.
+lock: $(VENV)/.installed
+	{ echo "# The versions the test suite passed with: \`make\` installs with \`pip install -c constraints.txt\`."; \
+	  echo "# Regenerate with \`make lock\` after the suite passes on newer versions."; \
+	  $(VENV)/bin/pip freeze --exclude-editable | grep -v '^poet-edge'; } > constraints.txt

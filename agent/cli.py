@@ -8,8 +8,9 @@
     poet-edge validate --model resnet18 --input 32x3x64x64 --schedule schedule.json --graph graph.json \\
                        --device device.json --swap-dir /mnt/sd/swap --steps 5 --plot memory.png
 
-Registered through :data:`schedules.cli.COMMAND_PROVIDERS`; exit codes are
-that module's.  This module imports neither torch nor the model zoo: the
+Registered in the ``poet_edge.commands`` entry-point group (see
+:mod:`schedules.cli`); errors exit with their own codes
+(:mod:`schedules.exit_codes`).  This module imports neither torch nor the model zoo: the
 handlers do, so ``poet-edge --help`` stays fast.  Both commands make glibc
 keep large blocks on mmap (:func:`agent.rss.return_freed_memory`)
 before measuring, so a profile's times and a validation's are taken under the
@@ -19,14 +20,15 @@ same allocator and a step's peak RSS is honest.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import time
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Iterator, TextIO
 
-from agent.errors import AgentError, ExecutorError, InputMismatchError, LedgerError, PageError, ScheduleRefusedError
-from schedules.cli import BAD_FILE, NOT_EXACT, OK, REJECTED, USAGE, CommandError, load_device, positive_int
+from schedules.cli import check_writable, load_device, load_schedule, positive_int
+from schedules.errors import CommandError
+from schedules.exit_codes import ExitCode
 
 
 def add_commands(subparsers: Any) -> None:
@@ -104,26 +106,33 @@ def _add_validate(subparsers: Any) -> None:
 
 
 # -- profile -----------------------------------------------------------------------------
+DEVICE_MODULES = ("torch", "crc32c")
+"""What ``profile`` and ``validate`` need beyond the planner: the ``device`` extra."""
+
+
+def require_device_extra(command: str) -> None:
+    """Refuse ``command`` with what to install when the device extra is missing (a server's install)."""
+    missing = [name for name in DEVICE_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise CommandError(f"poet-edge {command} runs the model on this machine and needs {', '.join(missing)}: "
+                           "pip install 'poet-edge[device]'", ExitCode.USAGE)
+
+
 def run_profile(args: argparse.Namespace) -> int:
     """``poet-edge profile``: measure, write the graph and device profile, print the figures and sources."""
+    require_device_extra("profile")
     for path in (args.output, args.device_out):
-        _check_writable(path)
+        check_writable(path)
     estimate_device = load_device(args.power_like) if args.power_like else None
     workload = _workload(args)
-    from schedules.profile import ProfileError, device_estimate, profile_workload
+    from agent.profile import device_estimate, profile_workload
 
     estimate = device_estimate(estimate_device) if estimate_device is not None else None
-    try:
-        with StageProgress(f"profile {workload.name}") as progress:
-            profile, _ = profile_workload(
-                workload.model, workload.example, workload.loss_fn, args.swap_dir, name=workload.name,
-                repeats=args.repeats, max_nodes=args.max_nodes, segments=workload.segments,
-                meter_config=_meter_config(args),
-                estimate=estimate, progress=progress)
-    except ProfileError as exc:
-        raise CommandError(str(exc), BAD_FILE) from exc
-    except AgentError as exc:
-        raise CommandError(str(exc), USAGE) from exc
+    with StageProgress(f"profile {workload.name}") as progress:
+        profile, _ = profile_workload(
+            workload.model, workload.example, workload.loss_fn, args.swap_dir, name=workload.name,
+            repeats=args.repeats, max_nodes=args.max_nodes, segments=workload.segments,
+            meter_config=_meter_config(args), estimate=estimate, progress=progress)
     profile.graph.save(args.output)
     profile.device.save(args.device_out)
     width = max(len(row[0]) for row in profile.summary())
@@ -131,30 +140,21 @@ def run_profile(args: argparse.Namespace) -> int:
         print(f"{figure:<{width}}  {value:<28}  {source}")
     print(f"wrote {args.output} ({profile.graph.size} nodes) and {args.device_out} ({profile.device.name})")
     print(f"next: poet-edge solve {args.output} --device {args.device_out} --memory SIZE")
-    return OK
-
-
-def _check_writable(path: str) -> None:
-    parent = Path(path).resolve().parent
-    if not parent.is_dir():
-        raise CommandError(f"cannot write {path}: directory {parent} does not exist", BAD_FILE)
+    return ExitCode.OK
 
 
 def _workload(args: argparse.Namespace) -> Any:
-    """Set up torch as asked and build the workload; zoo errors are usage errors."""
+    """Set up torch as asked and build the workload."""
     import torch
 
     from agent.rss import return_freed_memory
-    from agent.zoo import ZooError, load_workload, parse_shape
+    from agent.zoo import load_workload, parse_shape
 
     return_freed_memory()
     if args.threads:
         torch.set_num_threads(args.threads)
-    try:
-        shape = parse_shape(args.input) if args.input else None
-        return load_workload(args.model or args.module, shape, seed=args.seed)
-    except ZooError as exc:
-        raise CommandError(str(exc), USAGE) from exc
+    shape = parse_shape(args.input) if args.input else None
+    return load_workload(args.model or args.module, shape, seed=args.seed)
 
 
 def _meter_config(args: argparse.Namespace) -> Any:
@@ -166,39 +166,32 @@ def _meter_config(args: argparse.Namespace) -> Any:
 # -- validate ----------------------------------------------------------------------------
 def run_validate(args: argparse.Namespace) -> int:
     """``poet-edge validate``: run the schedule, print predicted vs measured, plot memory."""
-    from schedules.cli import _load_schedule  # one loader for signed and unsigned schedules
+    require_device_extra("validate")
     from schedules.device import DeviceProfile
     from schedules.graph import TrainingGraph
 
-    schedule = _load_schedule(args.schedule, args.key)
+    schedule = load_schedule(args.schedule, args.key)
     graph = TrainingGraph.load(args.graph)
     schedule.check_graph(graph)
     device = load_device(args.device) if args.device else (
         DeviceProfile.builtin(schedule.device) if schedule.device in DeviceProfile.builtin_names() else None)
     if args.plot:
-        _check_writable(args.plot)
+        check_writable(args.plot)
     workload = _workload(args)
     segments = _segments_matching(workload, graph, args)
     from agent.validate import plot_memory, validate
 
     with _meter(args, device) as meter:
-        try:
-            report = validate(workload, graph, segments, schedule, swap_dir=args.swap_dir, steps=args.steps,
-                              warmup=args.warmup, device=device, meter=meter, parity=args.check_exact)
-        except (ScheduleRefusedError, InputMismatchError, LedgerError) as exc:
-            raise CommandError(str(exc), REJECTED) from exc
-        except PageError as exc:
-            raise CommandError(str(exc), BAD_FILE) from exc
-        except ExecutorError as exc:
-            raise CommandError(str(exc), REJECTED) from exc
+        report = validate(workload, graph, segments, schedule, swap_dir=args.swap_dir, steps=args.steps,
+                          warmup=args.warmup, device=device, meter=meter, parity=args.check_exact)
     print(f"{workload.name}: {args.steps} steps after {args.warmup} warm-up, schedule {args.schedule} "
           f"({schedule.solver.method}, budget {_mb(schedule.memory_budget)})")
     print(report.table())
     if args.plot:
         print(f"wrote {plot_memory(report, args.plot, title=f'{workload.name}: resident memory over one step')}")
     if report.parity is not None and not report.parity.exact:
-        raise CommandError(f"the executor's step is not exact: {report.parity.summary()}", NOT_EXACT)
-    return OK
+        raise CommandError(f"the executor's step is not exact: {report.parity.summary()}", ExitCode.NOT_EXACT)
+    return ExitCode.OK
 
 
 def _mb(value: int | None) -> str:
@@ -207,7 +200,7 @@ def _mb(value: int | None) -> str:
 
 def _segments_matching(workload: Any, graph: Any, args: argparse.Namespace) -> Any:
     """Cut the model as the profile did; refuse when it does not give the graph's nodes and bytes."""
-    from schedules.extract import extract
+    from agent.extract import extract
 
     fresh, segments = extract(workload.model, workload.example, workload.loss_fn, args.max_nodes,
                               segments=workload.segments, repeats=0)
@@ -215,7 +208,7 @@ def _segments_matching(workload: Any, graph: Any, args: argparse.Namespace) -> A
         raise CommandError(
             f"{args.graph} was not extracted from this model and input ({fresh.size} nodes here, "
             f"{graph.size} in the graph, or different bytes): validate with the --model/--module, --input, "
-            "--seed and --max-nodes the profile was made with", REJECTED)
+            "--seed and --max-nodes the profile was made with", ExitCode.REJECTED)
     return segments
 
 
@@ -226,14 +219,14 @@ def _meter(args: argparse.Namespace, device: Any) -> Iterator[Any]:
     The estimate is labelled as one in the report; ``--meter estimate`` asks for it outright.
     """
     from agent.energy import EnergyMeterError, detect_meter
-    from schedules.profile import device_estimate
+    from agent.profile import device_estimate
 
     powers = device_estimate(device).powers if device is not None else None
     try:
         detection = detect_meter(_meter_config(args), powers=powers)
-    except EnergyMeterError as exc:
+    except EnergyMeterError:
         if args.meter != "auto":
-            raise CommandError(str(exc), USAGE) from exc
+            raise  # the meter asked for by name is not there: say so (exit 8)
         yield None
         return
     with detection.meter as meter:
@@ -245,7 +238,7 @@ class StageProgress:
     """Progress of a multi-stage measurement: a live bar on a terminal, plain lines elsewhere.
 
     Used as the ``progress(stage, done, total)`` callback of
-    :func:`schedules.profile.profile_workload`.
+    :func:`agent.profile.profile_workload`.
     """
 
     def __init__(self, label: str, stream: TextIO | None = None, live: bool | None = None) -> None:

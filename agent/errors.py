@@ -1,16 +1,20 @@
-"""Exceptions raised by the agent.
+"""Exceptions raised by the agent: a branch of POET Edge's one tree (:mod:`schedules.errors`).
 
-The tree::
+The tree, with each class's exit code (:class:`schedules.exit_codes.ExitCode`)::
 
-    AgentError                        anything the agent refuses or fails to do
-    ├── EnergyMeterError              an energy meter failed (branch in agent.energy.errors)
-    └── ExecutorError                 a training step cannot run as scheduled
-        ├── ScheduleRefusedError      the schedule does not belong to this model/graph or breaks its budget
-        ├── InputMismatchError        the step's inputs differ from the ones the graph was extracted with
-        ├── LedgerError               resident bytes went over the schedule's memory budget
-        ├── SwapSpaceError            the swap directory lacks room for the schedule's pages
-        └── PageError                 a page could not be written or read back
-            └── PageCorruptError      a page file is missing, truncated or fails its checksum
+    PoetEdgeError
+    └── AgentError                        anything the agent refuses or fails to do        2 usage
+        ├── ZooError                      a model name, module path or shape that cannot be built  2 usage
+        ├── ExtractionError               the model cannot be cut or traced as written     9 unsupported model
+        ├── ProfileError                  the swap path cannot be measured                 7 storage
+        ├── EnergyMeterError              an energy meter failed (:mod:`agent.energy.errors`)  8 meter
+        └── ExecutorError                 a training step cannot run as scheduled          5 rejected
+            ├── ScheduleRefusedError      the schedule is for another model/graph or breaks its budget  5 rejected
+            ├── InputMismatchError        the batch differs from the one the graph was extracted with  5 rejected
+            ├── LedgerError               resident bytes went over the schedule's memory budget  5 rejected
+            ├── SwapSpaceError            the swap directory lacks room for the schedule's pages  7 storage
+            └── PageError                 a page could not be written or read back         7 storage
+                └── PageCorruptError      a page file is missing, truncated or fails its checksum  7 storage
 
 Every executor error raised during :meth:`agent.executor.Executor.step` leaves
 the model (parameters, gradients, buffers) and the RNG state as they were before
@@ -20,13 +24,34 @@ OS errors are converted where they enter (``raise PageError(...) from exc``).
 
 from __future__ import annotations
 
+from schedules.errors import PoetEdgeError
+from schedules.exit_codes import ExitCode
 
-class AgentError(Exception):
+
+class AgentError(PoetEdgeError):
     """Base class of every error raised by ``agent``."""
+
+
+class ZooError(AgentError):
+    """A model name, module path or input shape that cannot be built; the message says what to pass."""
+
+
+class ExtractionError(AgentError):
+    """The model cannot be cut or traced as asked; the message names the module and what to do."""
+
+    exit_code = ExitCode.UNSUPPORTED_MODEL
+
+
+class ProfileError(AgentError):
+    """The swap path cannot be measured as asked (the swap directory is missing, unwritable or unreadable)."""
+
+    exit_code = ExitCode.STORAGE
 
 
 class ExecutorError(AgentError):
     """A training step cannot run as scheduled."""
+
+    exit_code = ExitCode.REJECTED
 
 
 class ScheduleRefusedError(ExecutorError):
@@ -50,6 +75,8 @@ class SwapSpaceError(ExecutorError):
         Bytes the schedule's pages need and bytes the filesystem has free.
     """
 
+    exit_code = ExitCode.STORAGE
+
     def __init__(self, message: str, needed: int, available: int) -> None:
         super().__init__(message)
         self.needed = needed
@@ -58,6 +85,8 @@ class SwapSpaceError(ExecutorError):
 
 class PageError(ExecutorError):
     """A page could not be written to or read from the swap directory."""
+
+    exit_code = ExitCode.STORAGE
 
 
 class PageCorruptError(PageError):

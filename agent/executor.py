@@ -2,7 +2,7 @@
 
 ::
 
-    graph, segments = schedules.extract(model, (inputs, targets), loss_fn)
+    graph, segments = extract(model, (inputs, targets), loss_fn)
     schedule = schedules.plan(graph, device, memory_budget=...).schedule
     ex = Executor(model, segments, graph, schedule, swap_dir="/var/lib/poet-agent/swap")
     loss = ex.step(inputs, targets)   # .grad exactly as loss_fn(model(inputs), targets).backward()
@@ -76,7 +76,7 @@ class Executor:
     Parameters
     ----------
     model, segments, graph:
-        The model and what :func:`schedules.extract` returned for it.
+        The model and what :func:`agent.extract` returned for it.
     schedule:
         A schedule planned for ``graph``.
     swap_dir:

@@ -1,6 +1,6 @@
 """Segments: a model cut into units that run one at a time, and the graph node ids they map to.
 
-:func:`schedules.extract.extract` records a model's forward pass at segment
+:func:`agent.extract.extract` records a model's forward pass at segment
 granularity into a :class:`torch.fx.Graph` and cuts it into *units*: contiguous
 runs of fx nodes, each holding one or more segment-module calls plus the glue
 code around them (``torch.flatten``, residual adds, mask building).  Every value
@@ -71,7 +71,7 @@ class Unit:
 
 @dataclass
 class Segments:
-    """A model cut into units; see the module docstring.  Built by :func:`schedules.extract.extract`."""
+    """A model cut into units; see the module docstring.  Built by :func:`agent.extract.extract`."""
 
     graph: fx.Graph
     units: tuple[Unit, ...]

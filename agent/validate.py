@@ -252,7 +252,7 @@ def validate(
         An :class:`agent.zoo.Workload` (model, inputs, targets, loss): the
         model the graph and segments were extracted from.
     graph, segments:
-        What :func:`schedules.extract.extract` returned for it (``graph`` may be
+        What :func:`agent.extract.extract` returned for it (``graph`` may be
         a profile's, whose fingerprint equals the extraction's).
     swap_dir:
         Where the executor pages; needed when the schedule pages.

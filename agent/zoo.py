@@ -36,13 +36,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from agent.errors import AgentError
+from agent.errors import ZooError
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 
-
-class ZooError(AgentError):
-    """A model name, module path or input shape that cannot be built; the message says what to pass."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +71,7 @@ class Workload:
 
     @property
     def example(self) -> tuple[Any, Any]:
-        """``(inputs, targets)``, as :func:`schedules.extract.extract` and ``Executor.step`` take them."""
+        """``(inputs, targets)``, as :func:`agent.extract.extract` and ``Executor.step`` take them."""
         return self.inputs, self.targets
 
 
@@ -120,9 +117,18 @@ def mse(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 # -- built-in models -----------------------------------------------------------------
+def _import_zoo_library(name: str, model: str) -> Any:
+    """``torchvision`` or ``transformers``, which only the ``zoo`` extra installs."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise ZooError(f"the zoo model {model} needs {name}, which is not installed: "
+                       "pip install 'poet-edge[zoo]'") from exc
+
+
 def _torchvision(arch: str) -> Callable[[tuple[int, ...]], Workload]:
     def build(shape: tuple[int, ...]) -> Workload:
-        import torchvision
+        torchvision = _import_zoo_library("torchvision", arch)
 
         _need_rank(arch, shape, 4, "batch x channels x height x width, e.g. 32x3x64x64")
         model = getattr(torchvision.models, arch)(num_classes=10).train()
@@ -137,8 +143,8 @@ BERT_LAYERS, BERT_HIDDEN, BERT_HEADS, BERT_VOCAB, BERT_LABELS = 4, 256, 4, 30522
 def bert_encoder(layers: int = BERT_LAYERS, hidden: int = BERT_HIDDEN, heads: int = BERT_HEADS,
                  vocab: int = BERT_VOCAB, positions: int = 512, labels: int = BERT_LABELS) -> nn.Module:
     """A BERT encoder classifier built from a config (no download), in training mode."""
-    from transformers import BertConfig, BertForSequenceClassification
-
+    transformers = _import_zoo_library("transformers", "bert")
+    BertConfig, BertForSequenceClassification = transformers.BertConfig, transformers.BertForSequenceClassification
     config = BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                         intermediate_size=4 * hidden, num_labels=labels, max_position_embeddings=positions)
     return BertForSequenceClassification(config).train()

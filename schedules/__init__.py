@@ -1,13 +1,11 @@
 """POET Edge planner: training graphs, device profiles, the POET MILP, baselines, schedules.
 
-Pure Python and PuLP: importing ``schedules`` never imports torch.  Only
-:func:`extract` (graph extraction from an ``nn.Module``) and the profiler need
-torch, and they import it when called.
+Pure Python, numpy and PuLP/HiGHS: ``schedules`` never imports torch, and
+nothing of ``agent`` or ``server``.  Training graphs come from a model through
+:func:`agent.extract.extract` (device side) or from a graph file.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from schedules.device import DeviceProfile
 from schedules.errors import (
@@ -28,17 +26,6 @@ from schedules.simulate import SimulationReport, simulate
 __all__ = [
     "DeviceProfile", "FormatError", "METHODS", "Node", "PlanResult", "PlannerError", "Schedule",
     "ScheduleMismatchError", "ScheduleViolation", "SignatureError", "SimulationReport", "SolverError",
-    "TrainingGraph", "UnknownNameError", "UnsupportedVersionError", "extract", "plan", "simulate",
+    "TrainingGraph", "UnknownNameError", "UnsupportedVersionError", "plan", "simulate",
 ]
 
-
-def extract(*args: Any, **kwargs: Any):
-    """Extract a TrainingGraph from a torch model; see :func:`schedules.extract.extract` (imports torch)."""
-    import importlib
-    import sys
-
-    module = importlib.import_module("schedules.extract")
-    # Importing the submodule rebinds the package attribute ``extract`` to the
-    # module; put this function back so ``schedules.extract(...)`` keeps working.
-    setattr(sys.modules[__name__], "extract", extract)
-    return module.extract(*args, **kwargs)

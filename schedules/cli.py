@@ -11,43 +11,30 @@ Subcommands (``poet-edge COMMAND --help`` for each)::
 
 Exit codes
 ----------
-====  ========================================================================
-0     success
-1     infeasible: no schedule within the budgets (``solve`` prints the
-      smallest memory budget that is feasible)
-2     usage error: bad arguments, unknown device profile or method, bad size
-3     bad file: an input is unreadable, malformed or of an unknown version,
-      or an output cannot be written
-4     solver failure, or no schedule found within the time limit
-5     rejected: a signature does not verify, a schedule belongs to another
-      graph, or it breaks a rule when replayed
-6     not exact: ``validate --check-exact`` found the executor's gradients,
-      buffers, loss or RNG state differ from plain autograd's (a bug: report
-      it with the model, graph and schedule)
-130   interrupted (Ctrl-C)
-====  ========================================================================
-
-Errors are one line on standard error (``poet-edge solve: error: ...``), never
-a traceback.  Results go to standard output, progress to standard error.
+:class:`schedules.exit_codes.ExitCode` (the README prints the table).  Every
+error POET Edge raises carries its code; :func:`main` maps them in one place
+(:func:`schedules.exit_codes.exit_code_for`).  Errors are one line on standard
+error (``poet-edge solve: error: ...``), never a traceback.  Results go to
+standard output, progress to standard error.
 
 Adding subcommands from another package
 ---------------------------------------
-A package lists a module in :data:`COMMAND_PROVIDERS` (or, from outside this
-distribution, declares an entry point in the group ``poet_edge.commands``)
-that defines ``add_commands(subparsers)``.  It adds parsers with
+A package declares an entry point in the group ``poet_edge.commands`` (this
+distribution's ``pyproject.toml`` does for ``agent.cli``) naming a function
+``add_commands(subparsers)``.  It adds parsers with
 ``subparsers.add_parser(...)`` and sets ``handler=`` (a function taking the
 parsed ``argparse.Namespace`` and returning an exit code) with
 ``set_defaults``.  The module must be cheap to import: import torch and other
 heavy libraries inside the handlers, so that ``poet-edge --help`` and
-``poet-edge solve`` never load them.  Handlers raise :class:`CommandError` (or
-a ``schedules`` error) to fail with a message and an exit code.
+``poet-edge solve`` never load them.  Handlers raise :class:`CommandError` or
+any :class:`schedules.errors.PoetEdgeError` to fail with a message and the
+error's exit code.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import importlib
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -55,15 +42,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from schedules.budgets import BudgetSearch, SweepPoint, budget_points, smallest_feasible_budget, store_all_peak, sweep
 from schedules.device import DeviceProfile, paging_time_ms, price_graph
-from schedules.errors import (
-    FormatError,
-    PlannerError,
-    ScheduleMismatchError,
-    ScheduleViolation,
-    SignatureError,
-    SolverError,
-    UnknownNameError,
-)
+from schedules.errors import CommandError, PoetEdgeError, UnknownNameError
+from schedules.exit_codes import EXIT_CODES, ExitCode, exit_code_for
 from schedules.graph import TrainingGraph
 from schedules.plan import METHODS, MILP_METHODS, READ_AHEAD, PlanResult, plan
 from schedules.plot import plot_pareto, plot_timeline  # matplotlib itself loads only when drawing
@@ -76,22 +56,10 @@ from schedules.units import format_bytes, parse_bytes, short_bytes
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-OK, INFEASIBLE, USAGE, BAD_FILE, SOLVER_FAILED, REJECTED, NOT_EXACT, INTERRUPTED = 0, 1, 2, 3, 4, 5, 6, 130
-
-# Other packages' modules defining add_commands(subparsers), in help order after this
-# module's own; a provider that is not installed (yet) is skipped.
-COMMAND_PROVIDERS: tuple[str, ...] = ("agent.cli", "server.cli")
 ENTRY_POINT_GROUP = "poet_edge.commands"
 
 Handler = Callable[[argparse.Namespace], int]
 Planner = Callable[..., PlanResult]  # plan() with the graph and every setting but budget and method bound
-
-
-class CommandError(Exception):
-    """Fail a subcommand with ``message`` on standard error and ``exit_code``."""
-    def __init__(self, message: str, exit_code: int = USAGE) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 # -- entry point -----------------------------------------------------------------
@@ -101,32 +69,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) and usage errors (2): return, so callers in-process get a code
-        return exc.code if isinstance(exc.code, int) else USAGE
+        return exc.code if isinstance(exc.code, int) else ExitCode.USAGE
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_help(sys.stderr)
-        return USAGE
+        return ExitCode.USAGE
     try:
         return handler(args)
     except KeyboardInterrupt:
         print(f"{parser.prog} {args.command}: interrupted", file=sys.stderr)
-        return INTERRUPTED
-    except (CommandError, PlannerError, OSError) as exc:
+        return ExitCode.INTERRUPTED
+    except (PoetEdgeError, OSError) as exc:
         print(f"{parser.prog} {args.command}: error: {_message(exc)}", file=sys.stderr)
         return exit_code_for(exc)
-
-
-def exit_code_for(exc: BaseException) -> int:
-    """The documented exit code for an error that reached :func:`main`."""
-    if isinstance(exc, CommandError):
-        return exc.exit_code
-    if isinstance(exc, (SignatureError, ScheduleMismatchError, ScheduleViolation)):
-        return REJECTED
-    if isinstance(exc, SolverError):
-        return SOLVER_FAILED
-    if isinstance(exc, (FormatError, OSError)):
-        return BAD_FILE
-    return USAGE  # UnknownNameError and any other refusal of the request as given
 
 
 def _message(exc: BaseException) -> str:
@@ -135,39 +90,25 @@ def _message(exc: BaseException) -> str:
     return str(exc)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full parser: this package's subcommands plus every provider's."""
+def build_parser(providers: Sequence[Callable[[Any], None]] | None = None) -> argparse.ArgumentParser:
+    """The full parser: this package's subcommands, then those of every registered provider (or ``providers``)."""
     parser = argparse.ArgumentParser(
         prog="poet-edge",
-        description="Plan, draw, sign and verify POET schedules: training under a hard memory budget "
-                    "by recomputing and paging activations.",
-        epilog="Exit codes: 0 ok, 1 infeasible budget, 2 usage error, 3 bad file, 4 solver failure, "
-               "5 rejected (signature, graph or replay), 130 interrupted.",
+        description="Plan, draw, sign and verify POET schedules, and measure and run them on a device: training "
+                    "under a hard memory budget by recomputing and paging activations.",
+        epilog="Exit codes: " + "; ".join(f"{int(code)} {text.split(':')[0]}" for code, text in EXIT_CODES.items()),
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add_commands in _providers():
-        add_commands(subparsers)
+    add_commands(subparsers)
+    for add_more in (registered_providers() if providers is None else providers):
+        add_more(subparsers)
     return parser
 
 
-def _providers() -> list[Callable[[Any], None]]:
-    found: list[Callable[[Any], None]] = [add_commands]
-    for name in COMMAND_PROVIDERS:
-        module = _optional_module(name)
-        if module is not None and hasattr(module, "add_commands"):
-            found.append(module.add_commands)
-    for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        found.append(entry.load())
-    return found
-
-
-def _optional_module(name: str) -> Any:
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name in (name, name.rpartition(".")[0]):  # the provider is not there (yet); its bugs still raise
-            return None
-        raise
+def registered_providers() -> list[Callable[[Any], None]]:
+    """``add_commands`` of every package registered in the ``poet_edge.commands`` entry-point group, by name."""
+    entries = sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda entry: entry.name)
+    return [entry.load() for entry in entries]
 
 
 # -- argument types --------------------------------------------------------------
@@ -323,11 +264,28 @@ def load_graph(path: str) -> TrainingGraph:
     return TrainingGraph.load(path)
 
 
-def _check_writable(path: str) -> None:
-    """Fail before a long solve, not after it, when the output cannot be written."""
-    parent = Path(path).resolve().parent
+def check_writable(path: str) -> None:
+    """Fail before a long solve or sweep, not after it, when ``path`` cannot be written.
+
+    Opens the file for appending (an existing file is left as it is) or
+    creates and removes it, so an immutable file, a read-only mount or a
+    directory without write permission are found the way the write would
+    find them.
+    """
+    target = Path(path)
+    parent = target.resolve().parent
     if not parent.is_dir():
-        raise CommandError(f"cannot write {path}: directory {parent} does not exist", BAD_FILE)
+        raise CommandError(f"cannot write {path}: directory {parent} does not exist", ExitCode.BAD_FILE)
+    if target.is_dir():
+        raise CommandError(f"cannot write {path}: it is a directory; give a file name", ExitCode.BAD_FILE)
+    existed = target.exists()
+    try:
+        with open(target, "ab"):
+            pass
+    except OSError as exc:
+        raise CommandError(f"cannot write {path}: {exc.strerror or exc}", ExitCode.BAD_FILE) from exc
+    if not existed:
+        target.unlink(missing_ok=True)
 
 
 def _plan_function(args: argparse.Namespace, graph: TrainingGraph, device: DeviceProfile | None) -> Planner:
@@ -337,7 +295,7 @@ def _plan_function(args: argparse.Namespace, graph: TrainingGraph, device: Devic
             "needs paging times for --count-paging-time" if args.count_paging_time else \
             "needs read times for --read-ahead read"
         raise CommandError(f"{args.graph} {need}: pass --device NAME or --device FILE.json "
-                           "(built-in names: `poet-edge devices`)", USAGE)
+                           "(built-in names: `poet-edge devices`)", ExitCode.USAGE)
     return functools.partial(plan, graph, device=device, runtime_budget=args.runtime, solver=args.solver,
                              threads=args.threads, count_paging_time=args.count_paging_time,
                              read_ahead=args.read_ahead or False)
@@ -351,7 +309,7 @@ def run_solve(args: argparse.Namespace) -> int:
     if method not in METHODS:
         raise UnknownNameError(f"unknown baseline {method!r}; choose one of {', '.join(METHODS[1:])}")
     private_key = _load_signing_key(args.sign)
-    _check_writable(args.output)
+    check_writable(args.output)
     planner = _plan_function(args, graph, device)
     result = _solve_with_progress(planner, method, args)
     if not result.feasible:
@@ -363,7 +321,7 @@ def run_solve(args: argparse.Namespace) -> int:
     print_summary(result, schedule, graph, args.output, size)
     if result.message:  # e.g. replanned with read-ahead room because the I/O timeline missed the budget
         print(f"note: {result.message}")
-    return OK
+    return ExitCode.OK
 
 
 def _load_signing_key(path: str | None) -> Ed25519PrivateKey | None:
@@ -384,14 +342,14 @@ def _report_unsolved(result: PlanResult, graph: TrainingGraph, planner: Planner,
                      args: argparse.Namespace) -> int:
     if result.status != "infeasible":
         raise CommandError(f"no schedule found in {result.solve_seconds:.1f} s (status {result.status}): "
-                           "raise --time-limit", SOLVER_FAILED)
+                           "raise --time-limit", ExitCode.SOLVER_FAILED)
     print(f"infeasible: {result.message or 'no schedule within these budgets'} "
           f"(memory {format_bytes(args.memory)}, runtime {_runtime_text(args.runtime)}, method {method})")
     if args.runtime is not None and args.runtime < 1.0:
         print("no memory budget helps: the runtime budget is below one plain step's compute time (1.0)")
     elif args.memory is not None and args.search_time > 0:
         print_smallest_budget(graph, planner, method, args)
-    return INFEASIBLE
+    return ExitCode.INFEASIBLE
 
 
 def print_smallest_budget(graph: TrainingGraph, planner: Planner, method: str, args: argparse.Namespace,
@@ -480,16 +438,16 @@ def _peak_text(schedule: Schedule) -> str:
 # -- plot --------------------------------------------------------------------------
 def run_plot(args: argparse.Namespace) -> int:
     """``poet-edge plot``: draw the timeline and memory panels of a schedule."""
-    schedule = _load_schedule(args.schedule, args.key)
+    schedule = load_schedule(args.schedule, args.key)
     graph = load_graph(args.graph)
     schedule.check_graph(graph)
-    _check_writable(args.output)
+    check_writable(args.output)
     path = plot_timeline(graph, schedule, args.output, title=args.title)
     print(f"wrote {path}")
-    return OK
+    return ExitCode.OK
 
 
-def _load_schedule(path: str, key_path: str | None) -> Schedule:
+def load_schedule(path: str, key_path: str | None) -> Schedule:
 
     if key_path is None:
         return Schedule.load(path)
@@ -502,12 +460,12 @@ def run_pareto(args: argparse.Namespace) -> int:
     """``poet-edge pareto``: sweep budgets, print the energy table, plot the curves."""
     graph, device = load_graph(args.graph), load_device(args.device)
     methods = _pareto_methods(args.methods)
-    _check_writable(args.output)
+    check_writable(args.output)
     planner = _plan_function(args, graph, device)
     high = store_all_peak(graph)
     search = print_smallest_budget(graph, planner, "poet", args, suggest=False)
     if search.budget is None:
-        return INFEASIBLE
+        return ExitCode.INFEASIBLE
     budgets = budget_points(search.budget, high, args.points)
     table = _ParetoTable(methods)
     points = sweep(budgets, methods, lambda m: _probe(planner, m, gap=args.gap), time_limit_s=args.time_limit,
@@ -516,7 +474,7 @@ def run_pareto(args: argparse.Namespace) -> int:
              f"(runtime {_runtime_text(args.runtime)})")
     path = plot_pareto(points, args.output, title=title, store_all_peak=high)
     print(f"wrote {path}")
-    return OK
+    return ExitCode.OK
 
 
 def _pareto_methods(spec: str | None) -> list[str]:
@@ -559,18 +517,18 @@ def run_keys(args: argparse.Namespace) -> int:
     try:
         private_path, public_path = generate_keypair(args.dir, args.name)
     except FileExistsError as exc:
-        raise CommandError(str(exc), BAD_FILE) from exc
+        raise CommandError(str(exc), ExitCode.BAD_FILE) from exc
     print(f"private key  {private_path}  (keep it secret; sign with `poet-edge solve --sign {private_path}`)")
     print(f"public key   {public_path}  (give it to devices; check with `poet-edge verify --key {public_path}`)")
-    return OK
+    return ExitCode.OK
 
 
 def run_verify(args: argparse.Namespace) -> int:
     """``poet-edge verify``: signature, then (with --graph) graph fingerprint and a replay."""
-    schedule = _load_schedule(args.schedule, args.key)
+    schedule = load_schedule(args.schedule, args.key)
     print(f"signature   ok (key {schedule.signature['key_id']})")
     if args.graph is None:
-        return OK
+        return ExitCode.OK
     graph = load_graph(args.graph)
     schedule.check_graph(graph)
     print(f"graph       ok ({graph.model or Path(args.graph).stem}, {graph.size} nodes)")
@@ -578,7 +536,7 @@ def run_verify(args: argparse.Namespace) -> int:
     energy = f", energy {report.energy_j:.6g} J" if graph.has_energy or report.energy_j else ""
     print(f"replay      ok (peak {format_bytes(report.peak_memory_bytes)} within {format_bytes(schedule.memory_budget)}, "
           f"runtime {report.runtime_ms:,.1f} ms{energy})")
-    return OK
+    return ExitCode.OK
 
 
 def _builtin_or_none(name: str) -> DeviceProfile | None:
@@ -591,7 +549,7 @@ def _replay(graph: TrainingGraph, schedule: Schedule, device: DeviceProfile | No
         graph = price_graph(graph, device)  # energies the graph already carries are kept
     elif schedule.count_paging_time:
         raise CommandError(f"the schedule counts paging time on device {schedule.device!r}, which is not a "
-                           "built-in profile: pass its profile with --device to replay its runtime", USAGE)
+                           "built-in profile: pass its profile with --device to replay its runtime", ExitCode.USAGE)
     paging = paging_time_ms(graph, device) if device is not None else None
     if schedule.count_paging_time:
         return simulate(graph, schedule, paging_time_ms=paging)
@@ -603,7 +561,7 @@ def run_devices(args: argparse.Namespace) -> int:
     for name in DeviceProfile.builtin_names():
         profile = DeviceProfile.builtin(name)
         print(f"{name:<18} {profile.description}")
-    return OK
+    return ExitCode.OK
 
 
 if __name__ == "__main__":

@@ -140,7 +140,7 @@ def _run(cli_main, title: str, command: list[str]) -> int:
 def _train_on_this_machine(model: str, shape: str | None, out: Path, keys: tuple[Path, Path], cli_main) -> int:
     """Step 5: profile ``model`` here, plan it at half of plain backpropagation's memory, and run it."""
     from schedules.budgets import memory_lower_bound, store_all_peak
-    from schedules.cli import INFEASIBLE
+    from schedules.exit_codes import ExitCode
 
     graph, device, schedule = out / f"{model}_graph.json", out / "this_machine.json", out / f"{model}_schedule.json"
     shape = shape or ("16x3x64x64" if model == "resnet18" else None)  # half the zoo's 32: a quicker demo
@@ -155,7 +155,7 @@ def _train_on_this_machine(model: str, shape: str | None, out: Path, keys: tuple
     solve = ["solve", str(graph), "--device", str(device), "--memory", str(budget), "--time-limit", "60",
              "--sign", str(keys[0]), "-o", str(schedule)]
     code = _run(cli_main, "solve", [*solve, "--runtime", "1.3"])
-    if code == INFEASIBLE:  # a slow swap path here: no 1.3x plan fits; the least-energy one at any time still does
+    if code == ExitCode.INFEASIBLE:  # a slow swap path here: no 1.3x plan fits; the least-energy one at any time still does
         print("no plan within 1.3x at this budget on this machine's swap path; planning without a runtime budget")
         code = _run(cli_main, "solve", solve)
     if code != 0:

@@ -1,29 +1,45 @@
-"""Exceptions raised by the planner.
+"""Exceptions of POET Edge: one root for every package, each class with its exit code.
 
-The tree::
+The tree (``agent`` and ``server`` hang their branches under the same root)::
 
-    PlannerError                     anything the planner refuses to do
-    ├── FormatError                  a file is not a valid graph / profile / schedule
-    │   └── UnsupportedVersionError  the file's ``version`` is not one we read
-    ├── SignatureError               a schedule's signature is missing, wrong or tampered
-    ├── ScheduleMismatchError        a schedule was planned for another graph
-    ├── ScheduleViolation            a schedule breaks the rules when replayed
-    ├── SolverError                  the MILP solver failed (not: the budget is infeasible)
-    └── UnknownNameError             no such built-in device profile / baseline
+    PoetEdgeError                        anything POET Edge refuses or fails to do          2 usage
+    ├── PlannerError                     anything the planner refuses to do                 2 usage
+    │   ├── FormatError                  a file is not a valid graph / profile / schedule   3 bad file
+    │   │   └── UnsupportedVersionError  the file's ``version`` is not one we read          3 bad file
+    │   ├── SignatureError               a signature is missing, wrong or tampered          5 rejected
+    │   ├── ScheduleMismatchError        a schedule was planned for another graph           5 rejected
+    │   ├── ScheduleViolation            a schedule breaks the rules when replayed          5 rejected
+    │   ├── SolverError                  the solver failed (not: the budget is infeasible)  4 solver
+    │   └── UnknownNameError             no such device profile / baseline / method         2 usage
+    └── CommandError                     a subcommand refuses its arguments                 its own
 
 An infeasible budget is *not* an error: :func:`schedules.plan` returns a
-``PlanResult`` with ``feasible=False``.
+``PlanResult`` with ``feasible=False``.  Exit codes are
+:class:`schedules.exit_codes.ExitCode`; a command turns any of these into its
+code with :func:`schedules.exit_codes.exit_code_for`.
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
 
-class PlannerError(Exception):
+from schedules.exit_codes import ExitCode
+
+
+class PoetEdgeError(Exception):
+    """Root of every error POET Edge raises; ``exit_code`` is the status a command exits with."""
+
+    exit_code: ClassVar[ExitCode] = ExitCode.USAGE
+
+
+class PlannerError(PoetEdgeError):
     """Base class of every error raised by ``schedules``."""
 
 
 class FormatError(PlannerError):
     """A graph, device profile or schedule file is malformed."""
+
+    exit_code = ExitCode.BAD_FILE
 
 
 class UnsupportedVersionError(FormatError):
@@ -33,9 +49,13 @@ class UnsupportedVersionError(FormatError):
 class SignatureError(PlannerError):
     """A schedule's signature does not verify against the given public key."""
 
+    exit_code = ExitCode.REJECTED
+
 
 class ScheduleMismatchError(PlannerError):
     """A schedule was solved for a different training graph than the one given."""
+
+    exit_code = ExitCode.REJECTED
 
 
 class ScheduleViolation(PlannerError):
@@ -47,6 +67,8 @@ class ScheduleViolation(PlannerError):
         Index of the offending instruction, or ``None`` for a whole-schedule problem.
     """
 
+    exit_code = ExitCode.REJECTED
+
     def __init__(self, message: str, position: int | None = None) -> None:
         super().__init__(message)
         self.position = position
@@ -55,6 +77,16 @@ class ScheduleViolation(PlannerError):
 class SolverError(PlannerError):
     """The MILP solver itself failed (missing binary, crash), not the budget."""
 
+    exit_code = ExitCode.SOLVER_FAILED
+
 
 class UnknownNameError(PlannerError):
     """A built-in name (device profile, baseline, method) does not exist."""
+
+
+class CommandError(PoetEdgeError):
+    """Fail a ``poet-edge`` subcommand with ``message`` on standard error and ``exit_code``."""
+
+    def __init__(self, message: str, exit_code: ExitCode = ExitCode.USAGE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code  # type: ignore[misc]  # per instance: the command says which

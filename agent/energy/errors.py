@@ -15,10 +15,13 @@ exc``) and every message says what to do next.
 from __future__ import annotations
 
 from agent.errors import AgentError
+from schedules.exit_codes import ExitCode
 
 
 class EnergyMeterError(AgentError):
-    """Base class of every error raised by ``agent.energy``."""
+    """Base class of every error raised by ``agent.energy``; commands exit 8 (meter) on any of them."""
+
+    exit_code = ExitCode.METER
 
 
 class MeterUnavailableError(EnergyMeterError):

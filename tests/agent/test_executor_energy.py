@@ -17,8 +17,9 @@ import pytest
 from agent.energy import EstimatedMeter, NominalPowers, RaplMeter
 from agent.executor import Executor
 from agent.zoo import load_workload
-from schedules.cli import OK, main
-from schedules.extract import extract
+from schedules.cli import main
+from schedules.exit_codes import ExitCode
+from agent.extract import extract
 from schedules.plan import plan
 from tests.agent.energy.fakes import make_rapl_zone
 from tests.agent.models import page_everything, schedule_for
@@ -126,7 +127,7 @@ def test_validate_prints_energy_per_class_with_its_source(extracted, tmp_path, c
                  "--graph", str(graph_path), "--device", "rpi4", "--swap-dir", str(tmp_path / "swap"),
                  "--steps", "1", "--warmup", "0", "--meter", "estimate"])
     out = capsys.readouterr().out
-    assert code == OK, out
+    assert code == ExitCode.OK, out
     rows = {line.split("  ")[0].strip(): line for line in out.splitlines()}
     for name in ("energy", "energy compute", "energy page-in", "energy page-out"):
         predicted, measured, error = rows[name][len(name):].split()[:6:2]

@@ -12,7 +12,7 @@ import torchvision
 from agent.errors import InputMismatchError
 from agent.executor import Executor
 from agent.parity import bits_equal
-from schedules.extract import extract
+from agent.extract import extract
 from schedules.plan import plan
 from tests.agent.models import (
     FanIn, FrozenBackbone, MixedPrecision, TinyUNet, bert_classifier, bert_example, cross_entropy, fan_in_example, image_example,

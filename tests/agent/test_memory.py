@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = r"""
 import json, sys, torch
 from agent.executor import Executor
-from schedules.extract import extract
+from agent.extract import extract
 from schedules.plan import plan
 from tests.agent.models import TinyUNet, cross_entropy, page_everything, schedule_for
 

@@ -11,8 +11,9 @@ import torch.nn as nn
 from agent.executor import Executor
 from agent.parity import bits_equal, check_parity
 from agent.zoo import Workload, cross_entropy, load_workload
-from schedules.cli import NOT_EXACT, OK, main
-from schedules.extract import extract
+from schedules.cli import main
+from schedules.exit_codes import ExitCode
+from agent.extract import extract
 from tests.agent.models import page_everything, recompute_everything, schedule_for
 
 
@@ -71,8 +72,8 @@ def test_a_step_that_is_not_reproducible_is_reported_with_what_differs(tmp_path)
 def _profile_and_plan(tmp_path, model_options: list[str]) -> tuple[str, str]:
     graph, schedule = str(tmp_path / "g.json"), str(tmp_path / "s.json")
     assert main(["profile", *model_options, "--swap-dir", str(tmp_path / "swap"), "-o", graph,
-                 "--device-out", str(tmp_path / "d.json"), "--repeats", "1"]) == OK
-    assert main(["solve", graph, "--baseline", "checkpoint-all", "-o", schedule]) == OK
+                 "--device-out", str(tmp_path / "d.json"), "--repeats", "1"]) == ExitCode.OK
+    assert main(["solve", graph, "--baseline", "checkpoint-all", "-o", schedule]) == ExitCode.OK
     return graph, schedule
 
 
@@ -81,7 +82,7 @@ def test_validate_check_exact_passes_on_a_zoo_model(tmp_path, capsys):
     graph, schedule = _profile_and_plan(tmp_path, options)
     capsys.readouterr()
     assert main(["validate", *options, "--schedule", schedule, "--graph", graph, "--steps", "1",
-                 "--check-exact"]) == OK
+                 "--check-exact"]) == ExitCode.OK
     assert "bit-identical to plain autograd" in capsys.readouterr().out
 
 
@@ -90,6 +91,6 @@ def test_validate_check_exact_fails_with_its_own_exit_code(tmp_path, capsys):
     graph, schedule = _profile_and_plan(tmp_path, options)
     capsys.readouterr()
     code = main(["validate", *options, "--schedule", schedule, "--graph", graph, "--steps", "1", "--check-exact"])
-    assert code == NOT_EXACT
+    assert code == ExitCode.NOT_EXACT
     captured = capsys.readouterr()
     assert "DIFFERENT from plain autograd" in captured.out and "not exact" in captured.err

@@ -14,8 +14,9 @@ from agent.validate import Figure, gradient_bytes_per_node, plot_memory, predict
 from schedules.timeline import timeline_step_ms
 from agent.zoo import Workload, cross_entropy
 from schedules import DeviceProfile
-from schedules.cli import OK, REJECTED, main
-from schedules.extract import extract
+from schedules.cli import main
+from schedules.exit_codes import ExitCode
+from agent.extract import extract
 from schedules.plan import plan
 from tests.agent.models import page_everything, schedule_for
 from tests.schedules.graphs import linear_graph
@@ -164,12 +165,12 @@ def test_plot_draws_predicted_and_measured_memory(extracted, tmp_path):
 def test_validate_refuses_a_graph_of_another_input_shape(tmp_path, capsys):
     graph_path, schedule_path = tmp_path / "g.json", tmp_path / "s.json"
     assert main(["profile", "--model", "unet", "--input", "1x3x8x8", "--swap-dir", str(tmp_path / "swap"),
-                 "-o", str(graph_path), "--device-out", str(tmp_path / "d.json"), "--repeats", "1"]) == OK
-    assert main(["solve", str(graph_path), "--baseline", "store-all", "-o", str(schedule_path)]) == OK
+                 "-o", str(graph_path), "--device-out", str(tmp_path / "d.json"), "--repeats", "1"]) == ExitCode.OK
+    assert main(["solve", str(graph_path), "--baseline", "store-all", "-o", str(schedule_path)]) == ExitCode.OK
     capsys.readouterr()
     code = main(["validate", "--model", "unet", "--input", "1x3x16x16", "--schedule", str(schedule_path),
                  "--graph", str(graph_path), "--steps", "1"])
-    assert code == REJECTED
+    assert code == ExitCode.REJECTED
     assert "was not extracted from this model and input" in capsys.readouterr().err
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from agent.zoo import ZooError, load_workload
 from schedules.budgets import memory_lower_bound, store_all_peak
-from schedules.extract import extract
+from agent.extract import extract
 
 
 def test_bert_is_cut_inside_each_layer_which_lowers_the_smallest_feasible_budget():

@@ -9,7 +9,8 @@ import pytest
 
 from schedules import DeviceProfile, Schedule, TrainingGraph, plan, simulate
 from schedules.budgets import memory_lower_bound, store_all_peak
-from schedules.cli import BAD_FILE, INFEASIBLE, OK, REJECTED, USAGE, main
+from schedules.cli import build_parser, main
+from schedules.exit_codes import ExitCode
 from schedules.signing import load_public_key
 from tests.schedules.graphs import linear_graph, unet_graph
 
@@ -23,7 +24,7 @@ def graph_file(tmp_path):
 
 @pytest.fixture
 def keys(tmp_path):
-    assert main(["keys", "--dir", str(tmp_path / "keys"), "--name", "ops"]) == OK
+    assert main(["keys", "--dir", str(tmp_path / "keys"), "--name", "ops"]) == ExitCode.OK
     return tmp_path / "keys" / "ops.key", tmp_path / "keys" / "ops.pub"
 
 
@@ -53,7 +54,7 @@ def test_solve_writes_a_loadable_schedule_within_the_budget(graph_file, tmp_path
     budget = tight_budget(graph_file)
     out = tmp_path / "schedule.json"
     code, stdout, _ = run(["solve", graph_file, "--memory", budget, "--runtime", "1.5", "-o", out], capsys)
-    assert code == OK
+    assert code == ExitCode.OK
     schedule = Schedule.load(out)
     graph = TrainingGraph.load(graph_file)
     report = simulate(graph, schedule)
@@ -68,23 +69,23 @@ def test_solve_writes_a_loadable_schedule_within_the_budget(graph_file, tmp_path
 
 def test_solve_reads_sizes_with_units(graph_file, tmp_path, capsys):
     out = tmp_path / "s.json"
-    assert run(["solve", graph_file, "--memory", "0.0025MB", "-o", out], capsys)[0] == OK
+    assert run(["solve", graph_file, "--memory", "0.0025MB", "-o", out], capsys)[0] == ExitCode.OK
     assert Schedule.load(out).memory_budget == 2500
 
 
 def test_solve_with_a_baseline(graph_file, tmp_path, capsys):
     out = tmp_path / "s.json"
     code, stdout, _ = run(["solve", graph_file, "--baseline", "store-all", "-o", out], capsys)
-    assert code == OK
+    assert code == ExitCode.OK
     assert Schedule.load(out).solver.method == "store-all"
 
 
 def test_signed_schedule_verifies_and_replays(graph_file, tmp_path, keys, capsys):
     out = tmp_path / "s.json"
-    assert run(["solve", graph_file, "--memory", tight_budget(graph_file), "--sign", keys[0], "-o", out], capsys)[0] == OK
+    assert run(["solve", graph_file, "--memory", tight_budget(graph_file), "--sign", keys[0], "-o", out], capsys)[0] == ExitCode.OK
     Schedule.load(out, public_key=load_public_key(keys[1]))
     code, stdout, _ = run(["verify", out, "--key", keys[1], "--graph", graph_file], capsys)
-    assert code == OK
+    assert code == ExitCode.OK
     assert "signature   ok" in stdout and "graph       ok" in stdout and "replay      ok" in stdout
 
 
@@ -93,7 +94,7 @@ def test_infeasible_budget_exits_1_and_prints_a_feasible_budget(graph_file, tmp_
     too_small = memory_lower_bound(graph) - 1
     out = tmp_path / "s.json"
     code, stdout, _ = run(["solve", graph_file, "--memory", too_small, "--runtime", "1.2", "-o", out], capsys)
-    assert code == INFEASIBLE
+    assert code == ExitCode.INFEASIBLE
     assert not out.exists()
     assert "infeasible" in stdout
     suggested = int(stdout.split("try: --memory ")[1].split()[0])
@@ -105,7 +106,7 @@ def test_smallest_budget_is_searched_for_the_method_asked(graph_file, tmp_path, 
     graph = TrainingGraph.load(graph_file)
     code, stdout, _ = run(["solve", graph_file, "--baseline", "store-all", "--memory", tight_budget(graph_file),
                            "-o", tmp_path / "s.json"], capsys)
-    assert code == INFEASIBLE
+    assert code == ExitCode.INFEASIBLE
     assert "smallest feasible memory budget" in stdout
     assert f"try: --memory {store_all_peak(graph)}" in stdout  # store-all fits nothing below its own peak
 
@@ -113,7 +114,7 @@ def test_smallest_budget_is_searched_for_the_method_asked(graph_file, tmp_path, 
 def test_runtime_below_one_plain_step_is_infeasible_at_any_memory(graph_file, tmp_path, capsys):
     code, stdout, _ = run(["solve", graph_file, "--memory", "1MB", "--runtime", "0.5", "-o", tmp_path / "s.json"],
                           capsys)
-    assert code == INFEASIBLE
+    assert code == ExitCode.INFEASIBLE
     assert "no memory budget helps" in stdout
 
 
@@ -123,7 +124,7 @@ def test_device_by_name_and_by_file(graph_file, tmp_path, capsys):
     for device in ("rpi4", str(profile)):
         out = tmp_path / "s.json"
         assert run(["solve", graph_file, "--device", device, "--count-paging-time", "--runtime", "3",
-                    "--memory", tight_budget(graph_file), "-o", out], capsys)[0] == OK
+                    "--memory", tight_budget(graph_file), "-o", out], capsys)[0] == ExitCode.OK
         assert Schedule.load(out).device == "rpi4"
 
 
@@ -139,7 +140,7 @@ def test_solve_says_when_slow_flash_made_it_replan_with_read_ahead_room(tmp_path
     slow.save(tmp_path / "slow.json")
     code, stdout, _ = run(["solve", tmp_path / "g.json", "--device", tmp_path / "slow.json", "--runtime", "1.5",
                            "--memory", str(required_bytes(graph)), "-o", tmp_path / "s.json"], capsys)
-    assert code == OK and "note: planned with room to read each page ahead" in stdout
+    assert code == ExitCode.OK and "note: planned with room to read each page ahead" in stdout
     assert not Schedule.load(tmp_path / "s.json").count_paging_time
 
 
@@ -157,23 +158,23 @@ def test_read_ahead_room_can_be_asked_for_up_front(tmp_path, capsys):
     argv = ["solve", tmp_path / "g.json", "--device", tmp_path / "slow.json", "--runtime", "1.5",
             "--memory", str(required_bytes(graph)), "-o", tmp_path / "s.json"]
     code, stdout, _ = run([*argv, "--read-ahead", "read"], capsys)
-    assert code == OK and "note: planned" not in stdout  # no retries: the room asked for meets the timeline
+    assert code == ExitCode.OK and "note: planned" not in stdout  # no retries: the room asked for meets the timeline
     schedule = Schedule.load(tmp_path / "s.json")
     assert timeline_step_ms(graph, schedule, slow) <= 1.5 * graph.total_compute_ms * (1 + 1e-9)
     code, stdout, _ = run([*argv, "--read-ahead", "node"], capsys)  # too little room: replanned with more
-    assert code == OK and "for as long as its read takes" in stdout
+    assert code == ExitCode.OK and "for as long as its read takes" in stdout
 
 
 def test_read_ahead_by_read_time_needs_a_device(graph_file, tmp_path, capsys):
     code, _, err = run(["solve", graph_file, "--read-ahead", "read", "-o", tmp_path / "s.json"], capsys)
-    assert code == USAGE
+    assert code == ExitCode.USAGE
     assert_one_line_error(err, "--read-ahead read", "--device")
 
 
 # -- user errors: exit codes and one clear line --------------------------------------------
 def test_unknown_device_is_a_usage_error(graph_file, tmp_path, capsys):
     code, _, err = run(["solve", graph_file, "--device", "pdp11", "-o", tmp_path / "s.json"], capsys)
-    assert code == USAGE
+    assert code == ExitCode.USAGE
     assert_one_line_error(err, "pdp11", "rpi4")
 
 
@@ -182,20 +183,20 @@ def test_graph_without_energies_needs_a_device(tmp_path, capsys):
     unpriced = graph.with_nodes(n.__class__(**{**n.__dict__, "compute_j": None}) for n in graph.nodes)
     unpriced.save(tmp_path / "g.json")
     code, _, err = run(["solve", tmp_path / "g.json", "-o", tmp_path / "s.json"], capsys)
-    assert code == USAGE
+    assert code == ExitCode.USAGE
     assert_one_line_error(err, "no energy costs", "--device")
-    assert run(["solve", tmp_path / "g.json", "--device", "rpi4", "-o", tmp_path / "s.json"], capsys)[0] == OK
+    assert run(["solve", tmp_path / "g.json", "--device", "rpi4", "-o", tmp_path / "s.json"], capsys)[0] == ExitCode.OK
 
 
 def test_unknown_baseline_is_a_usage_error(graph_file, tmp_path, capsys):
     code, _, err = run(["solve", graph_file, "--baseline", "magic", "-o", tmp_path / "s.json"], capsys)
-    assert code == USAGE
+    assert code == ExitCode.USAGE
     assert_one_line_error(err, "magic", "store-all")
 
 
 def test_bad_size_is_a_usage_error(graph_file, capsys):
     code, _, err = run(["solve", graph_file, "--memory", "3XB"], capsys)
-    assert code == USAGE
+    assert code == ExitCode.USAGE
     assert "is not a size" in err and "Traceback" not in err
 
 
@@ -209,57 +210,57 @@ def test_bad_graph_file_exits_3_with_one_line(tmp_path, content, fragment, capsy
     bad = tmp_path / "bad.json"
     bad.write_text(content)
     code, _, err = run(["solve", bad, "-o", tmp_path / "s.json"], capsys)
-    assert code == BAD_FILE
+    assert code == ExitCode.BAD_FILE
     assert_one_line_error(err, "bad.json", fragment)
 
 
 def test_missing_graph_file_exits_3(tmp_path, capsys):
     code, _, err = run(["solve", tmp_path / "nope.json"], capsys)
-    assert code == BAD_FILE
+    assert code == ExitCode.BAD_FILE
     assert_one_line_error(err, "nope.json")
 
 
 def test_unwritable_output_fails_before_solving(graph_file, tmp_path, capsys):
     code, _, err = run(["solve", graph_file, "-o", tmp_path / "no" / "such" / "dir" / "s.json"], capsys)
-    assert code == BAD_FILE
+    assert code == ExitCode.BAD_FILE
     assert_one_line_error(err, "does not exist")
 
 
 def test_tampered_schedule_is_rejected(graph_file, tmp_path, keys, capsys):
     out = tmp_path / "s.json"
-    assert run(["solve", graph_file, "--sign", keys[0], "-o", out], capsys)[0] == OK
+    assert run(["solve", graph_file, "--sign", keys[0], "-o", out], capsys)[0] == ExitCode.OK
     data = json.loads(out.read_text())
     data["memory_budget"] = 10**9  # a tampered budget
     out.write_text(json.dumps(data))
     code, _, err = run(["verify", out, "--key", keys[1]], capsys)
-    assert code == REJECTED
+    assert code == ExitCode.REJECTED
     assert_one_line_error(err, "modified after signing")
 
 
 def test_schedule_signed_by_another_key_is_rejected(graph_file, tmp_path, keys, capsys):
     out = tmp_path / "s.json"
-    assert run(["solve", graph_file, "--sign", keys[0], "-o", out], capsys)[0] == OK
-    assert run(["keys", "--dir", tmp_path / "other"], capsys)[0] == OK
+    assert run(["solve", graph_file, "--sign", keys[0], "-o", out], capsys)[0] == ExitCode.OK
+    assert run(["keys", "--dir", tmp_path / "other"], capsys)[0] == ExitCode.OK
     code, _, err = run(["verify", out, "--key", tmp_path / "other" / "schedule-signing.pub"], capsys)
-    assert code == REJECTED
+    assert code == ExitCode.REJECTED
     assert_one_line_error(err, "not by the trusted key")
 
 
 def test_schedule_for_another_graph_is_rejected(graph_file, tmp_path, keys, capsys):
     out = tmp_path / "s.json"
-    assert run(["solve", graph_file, "--sign", keys[0], "-o", out], capsys)[0] == OK
+    assert run(["solve", graph_file, "--sign", keys[0], "-o", out], capsys)[0] == ExitCode.OK
     other = tmp_path / "other.json"
     unet_graph(2).save(other)
     code, _, err = run(["verify", out, "--key", keys[1], "--graph", other], capsys)
-    assert code == REJECTED
+    assert code == ExitCode.REJECTED
     assert_one_line_error(err, "planned for graph")
-    assert run(["plot", out, "--graph", other, "-o", tmp_path / "t.png"], capsys)[0] == REJECTED
+    assert run(["plot", out, "--graph", other, "-o", tmp_path / "t.png"], capsys)[0] == ExitCode.REJECTED
 
 
 def test_keys_never_overwrite(tmp_path, keys, capsys):
     before = keys[0].read_bytes()
     code, _, err = run(["keys", "--dir", keys[0].parent, "--name", "ops"], capsys)
-    assert code == BAD_FILE
+    assert code == ExitCode.BAD_FILE
     assert_one_line_error(err, "already exists")
     assert keys[0].read_bytes() == before
 
@@ -267,26 +268,26 @@ def test_keys_never_overwrite(tmp_path, keys, capsys):
 @pytest.mark.parametrize("command", ["solve", "plot", "pareto", "keys", "verify", "devices"])
 def test_every_subcommand_has_help(command, capsys):
     code, out, _ = run([command, "--help"], capsys)
-    assert code == OK and "usage: poet-edge " + command in out
+    assert code == ExitCode.OK and "usage: poet-edge " + command in out
 
 
 def test_no_subcommand_prints_help_and_exits_2(capsys):
     code, _, err = run([], capsys)
-    assert code == USAGE and "solve" in err
+    assert code == ExitCode.USAGE and "solve" in err
 
 
 def test_devices_lists_the_builtin_profiles(capsys):
     code, out, _ = run(["devices"], capsys)
-    assert code == OK
+    assert code == ExitCode.OK
     assert {line.split()[0] for line in out.splitlines()} == set(DeviceProfile.builtin_names())
 
 
 # -- plot and pareto -----------------------------------------------------------------------
 def test_plot_writes_a_png(graph_file, tmp_path, keys, capsys):
     out = tmp_path / "s.json"
-    assert run(["solve", graph_file, "--memory", tight_budget(graph_file), "--sign", keys[0], "-o", out], capsys)[0] == OK
+    assert run(["solve", graph_file, "--memory", tight_budget(graph_file), "--sign", keys[0], "-o", out], capsys)[0] == ExitCode.OK
     png = tmp_path / "t.png"
-    assert run(["plot", out, "--graph", graph_file, "--key", keys[1], "-o", png], capsys)[0] == OK
+    assert run(["plot", out, "--graph", graph_file, "--key", keys[1], "-o", png], capsys)[0] == ExitCode.OK
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
@@ -294,7 +295,7 @@ def test_pareto_prints_a_table_and_writes_a_png(graph_file, tmp_path, capsys):
     png = tmp_path / "p.png"
     code, out, _ = run(["pareto", graph_file, "--runtime", "1.5", "--points", "3",
                         "--methods", "poet,store-all,checkpoint-all", "-o", png], capsys)
-    assert code == OK
+    assert code == ExitCode.OK
     assert png.read_bytes()[:4] == b"\x89PNG"
     rows = [line for line in out.splitlines() if line.strip().endswith("J") or line.strip().endswith("-")]
     assert len(rows) == 3  # one per budget
@@ -303,14 +304,14 @@ def test_pareto_prints_a_table_and_writes_a_png(graph_file, tmp_path, capsys):
 
 def test_pareto_unknown_method_is_a_usage_error(graph_file, tmp_path, capsys):
     code, _, err = run(["pareto", graph_file, "--methods", "poet,nope", "-o", tmp_path / "p.png"], capsys)
-    assert code == USAGE
+    assert code == ExitCode.USAGE
     assert_one_line_error(err, "nope")
 
 
 # -- extensibility and process boundary ------------------------------------------------------
-def test_other_packages_register_subcommands(tmp_path, monkeypatch, capsys):
+def test_other_packages_register_subcommands_through_entry_points(tmp_path, monkeypatch, capsys):
     (tmp_path / "extra_commands.py").write_text(textwrap.dedent("""
-        from schedules.cli import CommandError
+        from schedules.errors import CommandError
 
         def add_commands(subparsers):
             p = subparsers.add_parser("hello", help="say hello")
@@ -323,24 +324,29 @@ def test_other_packages_register_subcommands(tmp_path, monkeypatch, capsys):
             print("hello")
             return 0
     """))
+    # an installed distribution, as pip leaves it: its entry point names the module
+    dist = tmp_path / "extra_commands-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: extra-commands\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[poet_edge.commands]\nextra = extra_commands:add_commands\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr("schedules.cli.COMMAND_PROVIDERS", ("extra_commands", "not_installed_package.cli"))
-    assert run(["hello"], capsys) == (OK, "hello\n", "")
+    assert run(["hello"], capsys) == (ExitCode.OK, "hello\n", "")
     code, _, err = run(["hello", "--fail"], capsys)
     assert code == 7 and err.strip() == "poet-edge hello: error: no hello today"
+    assert "profile" in build_parser().format_help()  # the agent's commands, registered the same way
 
 
 def test_console_command_in_a_subprocess(graph_file, tmp_path):
     out = tmp_path / "s.json"
     done = subprocess.run([sys.executable, "-m", "schedules.cli", "solve", str(graph_file), "--memory",
                            str(tight_budget(graph_file)), "-o", str(out)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == OK, done.stderr
+    assert done.returncode == ExitCode.OK, done.stderr
     assert "status" in done.stdout and Schedule.load(out).memory_budget == tight_budget(graph_file)
     # Not a TTY: progress comes as plain lines on stderr, never terminal control codes.
     assert "\x1b[" not in done.stderr
     bad = subprocess.run([sys.executable, "-m", "schedules.cli", "solve", str(tmp_path / "missing.json")],
                          capture_output=True, text=True, timeout=120)
-    assert bad.returncode == BAD_FILE and "Traceback" not in bad.stderr
+    assert bad.returncode == ExitCode.BAD_FILE and "Traceback" not in bad.stderr
 
 
 def test_cli_starts_without_heavy_imports():

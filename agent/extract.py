@@ -48,8 +48,9 @@ forward node consumes its producers; the backward node of ``f`` consumes
 ``f`` itself, the producers whose values ``f``'s saved tensors reference, and
 the backward nodes of the consumers that hand ``f`` a gradient.
 
-This module and :mod:`schedules.profile` are the only planner modules that
-import torch; ``import schedules`` does not (it exports :func:`extract` lazily).
+Extraction runs where the model is (a device, or a workstation with the
+model): the planner itself (:mod:`schedules`) never imports torch and reads
+only the graph this writes.
 """
 
 from __future__ import annotations
@@ -66,16 +67,13 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 from agent import rss
+from agent.errors import ExtractionError
 from agent.runtime import ModelState, Runtime
 from agent.segments import Port, Segments, TensorMeta, Unit, mark_modes, pytree_leaf, run_unit, same_path
-from schedules.errors import PlannerError
 from schedules.graph import Node, TrainingGraph
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
-
-class ExtractionError(PlannerError):
-    """The model cannot be cut or traced as asked; the message names the module and what to do."""
 
 
 def extract(
@@ -576,7 +574,7 @@ def _build_graph(model: nn.Module, segs: Segments, m: _Measured) -> TrainingGrap
     return TrainingGraph(
         nodes=tuple(nodes), edges=tuple(sorted(_edges(segs, m))),
         fixed_bytes=2 * param_bytes + buffer_bytes,  # parameters, their gradients, buffers
-        model=type(model).__name__, source=f"schedules.extract (torch {torch.__version__})",
+        model=type(model).__name__, source=f"agent.extract (torch {torch.__version__})",
     )
 
 

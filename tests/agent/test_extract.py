@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 import torchvision
 
-from schedules.extract import ExtractionError, default_segments, extract
+from agent.extract import ExtractionError, default_segments, extract
 from schedules.graph import TrainingGraph
 from tests.agent.models import TinyUNet, cross_entropy, image_example, mlp, mlp_example, unet_example
 

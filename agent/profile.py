@@ -3,7 +3,7 @@
 ``poet-edge profile`` runs :func:`profile_workload`, which measures on the
 machine it runs on:
 
-* **the graph** -- :func:`schedules.extract.extract` already times every node
+* **the graph** -- :func:`agent.extract.extract` already times every node
   (one warm-up run, then the median of ``repeats`` runs through the executor's
   own runtime) and measures its bytes; those figures are used as they are,
   not measured a second time;
@@ -32,8 +32,6 @@ Every figure carries its source (:attr:`Profile.sources`); the device
 profile's ``source`` field holds them too, so a profile file says where each
 number came from.  The graph comes back priced with the measured profile, so
 ``poet-edge solve graph.json`` takes it directly.
-
-This module and :mod:`schedules.extract` are the only planner modules that import torch.
 """
 
 from __future__ import annotations
@@ -55,16 +53,13 @@ import torch
 
 from agent import pagefile
 from agent.energy import Activity, EnergyMeter, MeterConfig, NominalPowers, detect_meter
+from agent.errors import ProfileError
 from schedules.device import DeviceProfile, price_graph
-from schedules.errors import PlannerError
 from schedules.graph import TrainingGraph
 
 Progress = Callable[[str, int, int], None]
 """``progress(stage, done, total)``: called as each part of the profile advances."""
 
-
-class ProfileError(PlannerError):
-    """The machine cannot be profiled as asked (e.g. the swap directory is unusable)."""
 
 
 def _quiet(stage: str, done: int, total: int) -> None:
@@ -625,7 +620,7 @@ def profile_workload(
     Parameters
     ----------
     model, example, loss_fn:
-        As :func:`schedules.extract.extract` takes them.
+        As :func:`agent.extract.extract` takes them.
     swap_dir:
         Directory on the storage the executor will page to.
     name:
@@ -649,7 +644,7 @@ def profile_workload(
     progress:
         ``progress(stage, done, total)`` as the profile advances.
     """
-    from schedules.extract import extract
+    from agent.extract import extract
 
     estimate = estimate or generic_host_estimate()
     progress("extract", 0, 1)
@@ -749,9 +744,9 @@ def _sources(swap: SwapPath, overlap: Overlap, power: PowerFigures, repeats: int
         path += (f"; bandwidth capped at the sustained rate of a step's volume back to back (lone transfers ran "
                  f"{swap.burst_bps[0] / 1e6:,.0f} / {swap.burst_bps[1] / 1e6:,.0f} MB/s out / in)")
     return {
-        "compute_ms": f"measured: schedules.extract, median of {repeats} runs after a warm-up "
+        "compute_ms": f"measured: agent.extract, median of {repeats} runs after a warm-up "
                       f"({extract_s:.1f} s)",
-        "bytes": "measured: schedules.extract, storages each node owns",
+        "bytes": "measured: agent.extract, storages each node owns",
         "pageout_bandwidth_bps": path, "pageout_latency_s": path,
         "pagein_bandwidth_bps": path, "pagein_latency_s": path,
         "paging_overlaps_compute": f"measured: {overlap.page_bytes / 1e6:.3g} MB pages on a background thread "

@@ -15,10 +15,11 @@ from agent.executor import Executor
 from agent.zoo import Workload, cross_entropy, load_workload
 from schedules import DeviceProfile, Schedule, TrainingGraph
 from schedules.budgets import memory_lower_bound, store_all_peak
-from schedules.cli import OK, main
-from schedules.extract import extract
+from schedules.cli import main
+from schedules.exit_codes import ExitCode
+from agent.extract import extract
 from schedules.graph import Node
-from schedules.profile import (
+from agent.profile import (
     ComputeLoop,
     TransferSample,
     fit_transfer,
@@ -167,17 +168,17 @@ def test_node_energy_measured_with_a_meter(tmp_path, one_thread):
 def test_profile_output_loads_in_the_planner_and_its_plan_runs_in_the_executor(tmp_path, capsys):
     graph_path, device_path, schedule_path = tmp_path / "g.json", tmp_path / "d.json", tmp_path / "s.json"
     swap = tmp_path / "swap"
-    code = main(["profile", "--module", "tests.schedules.test_profile:tiny_mlp", "--swap-dir", str(swap),
+    code = main(["profile", "--module", "tests.agent.test_profile:tiny_mlp", "--swap-dir", str(swap),
                  "-o", str(graph_path), "--device-out", str(device_path), "--repeats", "2"])
     out, _ = capsys.readouterr()
-    assert code == OK, out
+    assert code == ExitCode.OK, out
     assert "estimate: generic host" in out and "measured: agent.pagefile" in out  # each figure's source
     graph, device = TrainingGraph.load(graph_path), DeviceProfile.load(device_path)
     assert graph.has_energy and device.pageout_bandwidth_bps > 0 and device.source.startswith("measured on")
     assert all(n.compute_ms > 0 for n in graph.nodes[1:])
 
     budget = memory_lower_bound(graph) + (store_all_peak(graph) - memory_lower_bound(graph)) // 4
-    assert main(["solve", str(graph_path), "--memory", str(budget), "-o", str(schedule_path)]) == OK
+    assert main(["solve", str(graph_path), "--memory", str(budget), "-o", str(schedule_path)]) == ExitCode.OK
     schedule = Schedule.load(schedule_path)
 
     workload = tiny_mlp()
@@ -189,11 +190,11 @@ def test_profile_output_loads_in_the_planner_and_its_plan_runs_in_the_executor(t
     assert stats.ledger_peak_bytes <= budget < store_all_peak(graph)
     assert stats.ledger == stats.predicted
 
-    code = main(["validate", "--module", "tests.schedules.test_profile:tiny_mlp", "--schedule", str(schedule_path),
+    code = main(["validate", "--module", "tests.agent.test_profile:tiny_mlp", "--schedule", str(schedule_path),
                  "--graph", str(graph_path), "--device", str(device_path), "--swap-dir", str(swap), "--steps", "1",
                  "--warmup", "0"])
     out, _ = capsys.readouterr()
-    assert code == OK and "ledger peak" in out and "+0.0%" in out
+    assert code == ExitCode.OK and "ledger peak" in out and "+0.0%" in out
 
 
 def test_zoo_model_by_name_and_unusable_names_are_usage_errors(tmp_path, capsys):
