@@ -16,12 +16,14 @@ step's energy is what the schedule adds to a board that is on anyway;
 ``idle_power_w`` is kept separately for whole-board estimates
 (``idle_power_w * step seconds`` plus the priced energies).
 
-Built-in profiles (:meth:`DeviceProfile.builtin`): the POET paper's platforms
-``mkr1000``, ``nrf52840``, ``rpi4`` and ``jetson-tx2`` with the reference
-implementation's figures, and ``rpi5``, ``rpi5-nvme``, ``jetson-orin-nano``
-from public specifications and measurements.  Every figure carries its source
-in a comment; estimates say so.  A profile measured on the device
-(``poet-edge profile``) beats any of them.
+Built-in profiles (:meth:`DeviceProfile.builtin`) are data files in
+``schedules/devices/``: the POET paper's platforms ``mkr1000``, ``nrf52840``,
+``rpi4`` and ``jetson-tx2`` with the reference implementation's figures
+(``poet/chipsets.py`` of github.com/ShishirPatil/poet), and ``rpi5``,
+``rpi5-nvme``, ``jetson-orin-nano`` from public specifications and
+measurements.  Each file's ``sources`` says where every figure came from;
+estimates say so.  A profile measured on the device (``poet-edge profile``)
+beats any of them.
 
 How the POET reference graphs (``../shared/bench/poet_graphs``) relate to these
 profiles (``tests/schedules/test_device.py`` checks it): the reference prices a
@@ -41,20 +43,20 @@ energies, and :func:`price_graph` keeps them unless told to overwrite.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from schedules.canonical import load_validated
+from schedules.canonical import load_validated, parse_json_object
 from schedules.errors import FormatError, PlannerError, UnknownNameError, UnsupportedVersionError
 from schedules.graph import Node, TrainingGraph
 
 DEVICE_FORMAT = "poet-edge/device-profile"
 DEVICE_VERSION = 1
-_KIB = 1024
-_GIB = 1024**3
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,7 +91,10 @@ class DeviceProfile:
         Effective compute speed, FLOP/s, to turn FLOP counts into time and to
         scale timings between devices; ``None`` when unknown.
     source:
-        Where the figures came from (``builtin: ...``, ``measured on HOST at DATE``).
+        Where the figures came from, in a line (``builtin: ...``, ``measured on HOST at DATE``).
+    sources:
+        Where each figure came from, by field name (a data sheet, a measurement, an estimate and its
+        reasoning); may be empty.
     version:
         Format version of the profile file.
     """
@@ -108,6 +113,7 @@ class DeviceProfile:
     flops_per_s: float | None = None
     paging_hidden_fraction: float | None = None
     source: str
+    sources: dict[str, str] = field(default_factory=dict)
     version: int = DEVICE_VERSION
 
     def __post_init__(self) -> None:
@@ -170,18 +176,18 @@ class DeviceProfile:
         UnknownNameError
             No built-in profile has that name; the message lists the valid ones.
         """
-        profile = _BUILTINS.get(name.strip().lower()) if isinstance(name, str) else None
+        profile = _builtins().get(name.strip().lower()) if isinstance(name, str) else None
         if profile is None:
             raise UnknownNameError(
-                f"unknown device profile {name!r}; built-in profiles: {', '.join(_BUILTINS)} "
-                "(or load a profile file with DeviceProfile.load(path))"
+                f"unknown device profile {name!r}; built-in profiles: {', '.join(_builtins())}, "
+                "or a profile file (device.json from `poet-edge profile`)"
             )
         return profile
 
     @staticmethod
     def builtin_names() -> tuple[str, ...]:
-        """Names of the built-in profiles, POET paper's platforms first."""
-        return tuple(_BUILTINS)
+        """Names of the built-in profiles, in alphabetical order."""
+        return tuple(_builtins())
 
     # -- files -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -230,7 +236,7 @@ _LATENCIES = ("pagein_latency_s", "pageout_latency_s")
 _FIELDS = tuple(f.name for f in fields(DeviceProfile) if f.name != "version")
 _REQUIRED = tuple(
     f.name for f in fields(DeviceProfile)
-    if f.name not in ("description", "flops_per_s", "paging_hidden_fraction", "version")
+    if f.name not in ("description", "flops_per_s", "paging_hidden_fraction", "sources", "version")
 )
 
 
@@ -259,6 +265,11 @@ def _problems(p: DeviceProfile) -> list[str]:
         problems.append(f"paging_hidden_fraction must be a number from 0 to 1 or null, got {hidden!r}")
     if p.flops_per_s is not None and not (_is_number(p.flops_per_s) and p.flops_per_s > 0):
         problems.append(f"flops_per_s must be a finite number > 0 or null, got {p.flops_per_s!r}")
+    if not (isinstance(p.sources, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                                 for k, v in p.sources.items())):
+        problems.append(f"sources must map field names to text, got {p.sources!r}")
+    elif set(p.sources) - set(_FIELDS):
+        problems.append(f"sources names unknown field(s) {', '.join(sorted(set(p.sources) - set(_FIELDS)))}")
     return problems
 
 
@@ -326,176 +337,17 @@ def paging_time_ms(graph: TrainingGraph, device: DeviceProfile) -> tuple[list[fl
 
 
 # -- built-in profiles ---------------------------------------------------------
-# "chipsets.py" below is poet/chipsets.py of the POET reference implementation
-# (github.com/ShishirPatil/poet); its figures are the paper's.  Supply voltages
-# are the reference's: 3.3 V for the microcontrollers, 5 V for the Pi.
-
-def _mkr1000() -> DeviceProfile:
-    return DeviceProfile(
-        name="mkr1000",
-        description="Arduino MKR1000: Cortex-M0+ (SAM D21, 48 MHz, no FPU), 32 KB SRAM, SD card over SPI",
-        compute_power_w=0.020 * 3.3,  # chipsets.py MKR1000 POWER: 20 mA @ 3.3 V
-        # SAM D21 datasheet (DS40001882, "Power Consumption"): ACTIVE is ~3.4 mA at 48 MHz and
-        # IDLE sleep with the clocks kept running roughly half of it.  Approximate; measure the board.
-        idle_power_w=0.0015 * 3.3,
-        memory_power_w=0.100 * 3.3,  # chipsets.py MEMORY_POWER: SD card 100 mA @ 3.3 V
-        pagein_bandwidth_bps=4616.51e3,  # chipsets.py PAGEIN_THROUGHPUT, measured on the SD card
-        pageout_bandwidth_bps=4440e3,  # chipsets.py PAGEOUT_THROUGHPUT
-        pagein_latency_s=0.109e-3,  # chipsets.py PAGEIN_LATENCY
-        pageout_latency_s=0.113e-3,  # chipsets.py PAGEOUT_LATENCY
-        paging_overlaps_compute=False,  # single core; the CPU itself drives the SPI transfers
-        ram_bytes=32 * _KIB,  # Arduino MKR1000 tech specs / SAM D21G18A: 32 KB SRAM
-        flops_per_s=2000 / 0.012,  # chipsets.py FLOPS: 2000 software-float FLOPs in 12 ms (0.17 MFLOPS)
-        source="builtin: POET reference chipsets.py (MKR1000); RAM and idle from the SAM D21 datasheet",
-    )
+BUILTIN_DIR = "devices"
+"""Folder of ``schedules`` holding one profile file per built-in device (``rpi4.json``, ...)."""
 
 
-def _nrf52840() -> DeviceProfile:
-    return DeviceProfile(
-        name="nrf52840",
-        description="Nordic nRF52840: Cortex-M4F (64 MHz), 256 KB RAM, SD card over SPI",
-        # chipsets.py M4F POWER: 3.328 mA @ 3.3 V (the nRF52840 running code from flash at 64 MHz).
-        # It is also the m4 reference graph's compute_j / cost_cpu_ms, to the last digit.
-        compute_power_w=3.328e-3 * 3.3,
-        # nRF52840 Product Specification, "Current consumption: sleep": System ON, full RAM
-        # retention, woken by the RTC: 3.16 uA at 3 V.
-        idle_power_w=3.16e-6 * 3.0,
-        memory_power_w=0.100 * 3.3,  # chipsets.py: "The SD card costs are same as MKR1000"
-        pagein_bandwidth_bps=4616.51e3,
-        pageout_bandwidth_bps=4440e3,
-        pagein_latency_s=0.109e-3,
-        pageout_latency_s=0.113e-3,
-        paging_overlaps_compute=False,  # one core driving the SD card's SPI bus
-        ram_bytes=256 * _KIB,  # nRF52840 Product Specification: 256 KB RAM
-        flops_per_s=(16283 * 100 * 1000) / 255.6237,  # chipsets.py FLOPS: 1.63 GFLOP in 255.6 s (6.37 MFLOPS)
-        source="builtin: POET reference chipsets.py (M4F); RAM and idle from the nRF52840 Product Specification",
-    )
-
-
-def _rpi4() -> DeviceProfile:
-    return DeviceProfile(
-        name="rpi4",
-        description="Raspberry Pi 4 Model B: 4x Cortex-A72 (1.5 GHz), 4 GB, microSD (DDR50)",
-        # chipsets.py RPi POWER: 600 mA @ 5 V, which the reference treats as peak minus idle
-        # (pidramble.com power benchmarks: 6.4 W with stress on 4 cores - 2.7 W idle = 3.7 W).
-        # The a72 reference graphs charge 49.86 W per second of compute instead; see the module docstring.
-        compute_power_w=0.6 * 5,
-        idle_power_w=2.7,  # pidramble.com power benchmarks: Pi 4 B idle 540 mA @ 5 V
-        memory_power_w=0.030 * 5,  # chipsets.py MEMORY_POWER: SD card 30 mA @ 5 V
-        # chipsets.py RPi, "config: with caching"; these reproduce the a72 graphs' paging energies
-        # exactly.  The reference's RPiNoCache page-out is 17.1 MB/s with 4.23532 ms latency.
-        pagein_bandwidth_bps=45.5e6,
-        pageout_bandwidth_bps=24.5e6,
-        pagein_latency_s=0.00509561e-3,
-        pageout_latency_s=0.0185314e-3,
-        paging_overlaps_compute=True,  # the executor pages on an I/O thread; four cores
-        ram_bytes=4 * _GIB,  # the 4 GB model; 1, 2 and 8 GB exist: use with_ram()
-        flops_per_s=2e9,  # chipsets.py RPi FLOPS, the speed behind the a72 graphs' times
-        source="builtin: POET reference chipsets.py (RPi, with caching); idle from pidramble.com",
-    )
-
-
-def _jetson_tx2() -> DeviceProfile:
-    return DeviceProfile(
-        name="jetson-tx2",
-        description="NVIDIA Jetson TX2: 2x Denver 2 + 4x Cortex-A57, 256-core Pascal GPU, 8 GB LPDDR4",
-        compute_power_w=(995 - 229) * 1e-3,  # chipsets.py JetsonTX2 POWER: 1-CPU stress 995 mW - 229 mW idle
-        idle_power_w=229e-3,  # the idle figure chipsets.py subtracts
-        memory_power_w=309e-3,  # chipsets.py MEMORY_POWER: the read power, used for writes too
-        pagein_bandwidth_bps=108.5e6,  # chipsets.py PAGEIN_THROUGHPUT
-        pageout_bandwidth_bps=94.37e6,  # chipsets.py PAGEOUT_THROUGHPUT
-        pagein_latency_s=0.00054,  # chipsets.py PAGEIN_LATENCY
-        pageout_latency_s=0.002396,  # chipsets.py PAGEOUT_LATENCY
-        paging_overlaps_compute=True,
-        ram_bytes=8 * _GIB,  # Jetson TX2 module data sheet: 8 GB 128-bit LPDDR4
-        flops_per_s=None,  # chipsets.py gives no FLOPS for the TX2
-        source="builtin: POET reference chipsets.py (JetsonTX2); RAM from the Jetson TX2 data sheet",
-    )
-
-
-# Raspberry Pi 5 (BCM2712, 4x Cortex-A76 at 2.4 GHz, LPDDR4X, microSD with SDR104,
-# one PCIe 2.0 lane): Raspberry Pi 5 product brief.  Raspberry Pi publishes no power
-# figures beyond the 5 V / 5 A supply, so the powers are third-party measurements.
-_RPI5_IDLE_W = 3.0  # u-labs.de (Raspberry Pi OS 12): about 3 W idle at the USB-C input
-# Third-party reviews measure roughly 6-7 W under a four-core stress test; 6.5 W - idle.  Estimate.
-_RPI5_COMPUTE_W = 6.5 - _RPI5_IDLE_W
-# Raspberry Pi's launch post: 2-3x the CPU performance of a Pi 4; 2.5x the reference's 2 GFLOPS.
-_RPI5_FLOPS = 2.5 * 2e9
-
-
-def _rpi5() -> DeviceProfile:
-    sd_read_bps, sd_write_bps = 85e6, 45e6
-    return DeviceProfile(
-        name="rpi5",
-        description="Raspberry Pi 5: 4x Cortex-A76 (2.4 GHz), 8 GB LPDDR4X, microSD (SDR104)",
-        compute_power_w=_RPI5_COMPUTE_W,
-        idle_power_w=_RPI5_IDLE_W,
-        # Estimate: the card power of the reference's Pi 4 (30 mA @ 5 V).  SDR104 can draw more
-        # (the SD spec's default UHS-I limit is 0.72 W); measure.
-        memory_power_w=0.030 * 5,
-        # SDR104 bus limit 104 MB/s; good A2 cards reach about 85 MB/s sequential reads on a Pi 5.
-        pagein_bandwidth_bps=sd_read_bps,
-        # Estimate: about twice the reference's Pi 4 write (24.5 MB/s), SDR104 doubling DDR50's clock.
-        pageout_bandwidth_bps=sd_write_bps,
-        # Raspberry Pi's microSD card spec on a Pi 5 (SDR104): 5,000 random 4 KB reads and 2,000
-        # writes per second; latency is one operation's time less its transfer time.
-        pagein_latency_s=1 / 5000 - 4096 / sd_read_bps,
-        pageout_latency_s=1 / 2000 - 4096 / sd_write_bps,
-        paging_overlaps_compute=True,
-        ram_bytes=8 * _GIB,  # the 8 GB model; 2, 4 and 16 GB exist: use with_ram()
-        flops_per_s=_RPI5_FLOPS,
-        source="builtin: Raspberry Pi 5 product brief, Raspberry Pi microSD card spec, third-party power "
-        "measurements; partly estimated",
-    )
-
-
-def _rpi5_nvme() -> DeviceProfile:
-    return replace(
-        _rpi5(),
-        name="rpi5-nvme",
-        description="Raspberry Pi 5 with an M.2 HAT+ NVMe SSD (PCIe 2.0 x1) as the swap path",
-        # Estimate: a 2230/2242 NVMe SSD's active power; drive data sheets give 2-3.5 W at full
-        # speed, less on one PCIe 2.0 lane.
-        memory_power_w=2.0,
-        # PCIe 2.0 x1: 5 GT/s with 8b/10b coding = 500 MB/s (M.2 HAT+ product brief); about 85%
-        # of it for reads and 75% for writes is what such links sustain.  Estimate.
-        pagein_bandwidth_bps=0.85 * 500e6,
-        pageout_bandwidth_bps=0.75 * 500e6,
-        # Typical queue-depth-1 4 KiB latencies of consumer NVMe SSDs (writes land in the drive's cache).
-        pagein_latency_s=100e-6,
-        pageout_latency_s=50e-6,
-        source="builtin: Raspberry Pi 5 and M.2 HAT+ product briefs, typical NVMe SSD figures; partly estimated",
-    )
-
-
-def _jetson_orin_nano() -> DeviceProfile:
-    idle_w = 3.0
-    return DeviceProfile(
-        name="jetson-orin-nano",
-        description="NVIDIA Jetson Orin Nano 8GB dev kit, 15 W mode: 6x Cortex-A78AE, 1024-core Ampere GPU, NVMe",
-        # Jetson Orin Nano Series data sheet: 7 W and 15 W module power modes.  Training keeps the
-        # GPU busy, so the module runs near the 15 W budget; minus idle.  Estimate.
-        compute_power_w=15.0 - idle_w,
-        # About 3 W for the idle module (NVIDIA developer forum: 2.2 W VDD_IN with displays, PCIe
-        # and most engines switched off).  Estimate; tegrastats' VDD_IN on the device is better.
-        idle_power_w=idle_w,
-        memory_power_w=2.5,  # estimate: an M.2 2280 NVMe SSD's active power (data sheets: 2-4 W)
-        # Dev kit's M.2 Key M slot: PCIe Gen3 x4 (3.9 GB/s link).  Conservative sustained figures for
-        # a mainstream NVMe SSD; estimates.
-        pagein_bandwidth_bps=2.0e9,
-        pageout_bandwidth_bps=1.0e9,
-        pagein_latency_s=100e-6,  # typical queue-depth-1 4 KiB NVMe read latency
-        pageout_latency_s=50e-6,  # writes land in the drive's cache
-        paging_overlaps_compute=True,  # GPU compute, DMA transfers on another engine
-        ram_bytes=8 * _GIB,  # data sheet: 8 GB 128-bit LPDDR5 (68 GB/s), shared by CPU and GPU
-        # Data sheet: 1024 CUDA cores at up to 625 MHz; 2 FP32 FLOPs per core per cycle (FMA).
-        # A peak; training reaches a fraction of it.
-        flops_per_s=1024 * 2 * 625e6,
-        source="builtin: Jetson Orin Nano Series data sheet (power modes, GPU, memory), dev kit PCIe Gen3 x4 "
-        "M.2 slot, typical NVMe SSD figures; partly estimated",
-    )
-
-
-_BUILTINS: dict[str, DeviceProfile] = {
-    p.name: p for p in (_mkr1000(), _nrf52840(), _rpi4(), _jetson_tx2(), _rpi5(), _rpi5_nvme(), _jetson_orin_nano())
-}
+@functools.cache
+def _builtins() -> dict[str, DeviceProfile]:
+    """Every built-in profile by name, read once from the package's data files."""
+    folder = resources.files("schedules") / BUILTIN_DIR
+    found = {}
+    for entry in folder.iterdir():
+        if entry.name.endswith(".json"):
+            profile = DeviceProfile.from_dict(parse_json_object(entry.read_bytes(), f"built-in profile {entry.name}"))
+            found[profile.name] = profile
+    return dict(sorted(found.items()))

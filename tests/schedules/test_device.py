@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -71,7 +72,23 @@ def relative_error(a: float, b: float) -> float:
 def test_builtin_names_cover_the_paper_platforms_and_current_boards() -> None:
     names = DeviceProfile.builtin_names()
     assert set(PAPER_PLATFORMS + CURRENT_BOARDS) <= set(names)
-    assert names[:4] == PAPER_PLATFORMS
+    assert list(names) == sorted(names)
+
+
+@pytest.mark.parametrize("name", DeviceProfile.builtin_names())
+def test_every_builtin_is_a_data_file_that_says_where_each_figure_came_from(name: str) -> None:
+    profile = DeviceProfile.load(resources.files("schedules") / "devices" / f"{name}.json")
+    assert profile == DeviceProfile.builtin(name)
+    figures = {"compute_power_w", "idle_power_w", "memory_power_w", "pagein_bandwidth_bps", "pageout_bandwidth_bps",
+               "pagein_latency_s", "pageout_latency_s", "paging_overlaps_compute", "ram_bytes", "flops_per_s"}
+    assert figures <= set(profile.sources)
+
+
+def test_sources_name_only_real_fields() -> None:
+    data = DeviceProfile.builtin("rpi4").to_dict()
+    data["sources"] = {"compute_pwoer_w": "a typo"}
+    with pytest.raises(FormatError, match="compute_pwoer_w"):
+        DeviceProfile.from_dict(data)
 
 
 @pytest.mark.parametrize("name", DeviceProfile.builtin_names())
