@@ -47,7 +47,8 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
                                                    "(default: the zoo model's)")
     p.add_argument("--seed", type=int, default=0, help="seed for weights and batch (default 0)")
     p.add_argument("--max-nodes", type=positive_int, metavar="N",
-                   help="merge cheap segments until the graph has at most N nodes (give validate the same)")
+                   help="merge cheap segments until the graph has at most N nodes; the model, --input, --seed and "
+                        "--max-nodes of profile and validate must be the same for the graph to match")
     p.add_argument("--threads", type=positive_int, metavar="N", help="torch compute threads (default torch's)")
 
 

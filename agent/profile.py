@@ -592,10 +592,12 @@ class Profile:
             ("compute power", f"{d.compute_power_w:.2f} W above idle", self.sources["compute_power_w"]),
             ("paging power", f"{d.memory_power_w:.2f} W above idle", self.sources["memory_power_w"]),
             ("compute speed", f"{(d.flops_per_s or 0) / 1e9:,.1f} GFLOP/s", self.sources["flops_per_s"]),
-            ("node energy", "measured per node" if self.power.measured else "priced: compute_ms x compute power",
+            ("node energy", "measured per node" if self.power.measured else "priced from the powers above",
              self.sources["compute_j"]),
         ]
-        return rows
+        # a source repeated on the next row is said once
+        return [(figure, value, "as above" if k and source == rows[k - 1][2] else source)
+                for k, (figure, value, source) in enumerate(rows)]
 
 
 def profile_workload(
@@ -758,5 +760,5 @@ def _sources(swap: SwapPath, overlap: Overlap, power: PowerFigures, repeats: int
         "ram_bytes": "measured: physical memory (sysconf)",
         "flops_per_s": "measured: 512x512 matrix-multiply loop",
         "compute_j": (f"measured: {power.meter}, per node above idle" if power.measured
-                      else f"priced: compute_ms x compute_power_w ({power.sources['compute_power_w']})"),
+                      else "compute_ms x compute_power_w, paging bytes x the swap path's time x memory_power_w"),
     }

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import re
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -67,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``poet-edge`` with ``argv`` (default: the process's arguments); return the exit code."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(attach_negative_values(sys.argv[1:] if argv is None else argv))
     except SystemExit as exc:  # --help (0) and usage errors (2): return, so callers in-process get a code
         return exc.code if isinstance(exc.code, int) else ExitCode.USAGE
     handler: Handler | None = getattr(args, "handler", None)
@@ -82,6 +83,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (PoetEdgeError, OSError) as exc:
         print(f"{parser.prog} {args.command}: error: {_message(exc)}", file=sys.stderr)
         return exit_code_for(exc)
+
+
+def attach_negative_values(argv: Sequence[str]) -> list[str]:
+    """``--memory -1MB`` -> ``--memory=-1MB``, so the option's own check says what is wrong with the value.
+
+    argparse takes a word starting with ``-`` for an option unless it is a
+    plain number, and then reports "expected one argument"; no option here
+    starts with a digit, so such a word is always a value.
+    """
+    out: list[str] = []
+    for word in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and NEGATIVE_VALUE.match(word):
+            out[-1] = f"{out[-1]}={word}"
+        else:
+            out.append(word)
+    return out
+
+
+NEGATIVE_VALUE = re.compile(r"^-\.?\d")
 
 
 def _message(exc: BaseException) -> str:

@@ -110,12 +110,12 @@ class Schedule:
     @classmethod
     def from_json(cls, text: str | bytes, *, public_key: Any = None, what: str = "schedule") -> "Schedule":
         """Parse and validate; with ``public_key`` (see :mod:`schedules.signing`) also verify the signature."""
-        schedule = _from_dict(parse_json_object(text, what))
-        if public_key is not None:
-            from schedules.signing import verify
+        document = parse_json_object(text, what)
+        if public_key is not None:  # before parsing: what an unverified file says is not believed
+            from schedules.signing import verify_document
 
-            verify(schedule, public_key)
-        return schedule
+            verify_document(document, public_key)
+        return _from_dict(document)
 
     @classmethod
     def load(cls, path: str | Path, *, public_key: Any = None) -> "Schedule":

@@ -12,6 +12,7 @@ import base64
 import hashlib
 import os
 from pathlib import Path
+from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -77,7 +78,25 @@ def sign(schedule: Schedule, private_key: Ed25519PrivateKey) -> Schedule:
 
 def verify(schedule: Schedule, public_key: Ed25519PublicKey) -> None:
     """Raise :class:`SignatureError` unless ``schedule`` is signed by ``public_key`` and unchanged."""
-    sig = schedule.signature
+    _verify(schedule.payload(), schedule.signature, public_key)
+
+
+def verify_document(document: dict[str, Any], public_key: Ed25519PublicKey) -> None:
+    """Verify a schedule file's JSON object as read, before anything in it is parsed or believed.
+
+    A byte changed anywhere, inside the instructions included, fails here as
+    a signature error rather than later as a malformed field.
+    """
+    payload = {key: value for key, value in document.items() if key != "signature"}
+    signature = document.get("signature")
+    if signature is not None and not (isinstance(signature, dict)
+                                      and all(isinstance(signature.get(k), str) for k in ("algorithm", "key_id", "value"))):
+        raise SignatureError("schedule signature is malformed (expected algorithm, key_id and value): the file was "
+                             "modified after signing")
+    _verify(payload, signature, public_key)
+
+
+def _verify(payload: dict[str, Any], sig: dict[str, str] | None, public_key: Ed25519PublicKey) -> None:
     if sig is None:
         raise SignatureError("schedule is not signed; sign it with `poet-edge solve --sign KEY` or get it from the server")
     if sig["algorithm"] != ALGORITHM:
@@ -88,7 +107,7 @@ def verify(schedule: Schedule, public_key: Ed25519PublicKey) -> None:
             "it comes from another server, or the device has the wrong public key"
         )
     try:
-        public_key.verify(base64.b64decode(sig["value"], validate=True), canonical_json(schedule.payload()))
+        public_key.verify(base64.b64decode(sig["value"], validate=True), canonical_json(payload))
     except (InvalidSignature, ValueError) as exc:
         raise SignatureError("schedule signature does not verify: the file was modified after signing") from exc
 

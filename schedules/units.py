@@ -40,6 +40,8 @@ def parse_bytes(text: str | int | float) -> int:
         raise ValueError(f"{text!r} is not a size")
     if isinstance(text, (int, float)):
         return _whole_bytes(float(text), str(text))
+    if text.strip().startswith("-"):
+        raise ValueError(f"{text!r} is negative: a size is a number of bytes >= 0 (3000000, 3MB, 1.5MiB)")
     match = _SIZE.match(text)
     unit = match.group(3).lower() if match else None
     if match is None or unit not in _UNITS:

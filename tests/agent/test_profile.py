@@ -173,6 +173,7 @@ def test_profile_output_loads_in_the_planner_and_its_plan_runs_in_the_executor(t
     out, _ = capsys.readouterr()
     assert code == ExitCode.OK, out
     assert "estimate: generic host" in out and "measured: agent.pagefile" in out  # each figure's source
+    assert out.count("estimate: generic host") == 1 and out.count("measured: agent.pagefile") == 1  # said once
     graph, device = TrainingGraph.load(graph_path), DeviceProfile.load(device_path)
     assert graph.has_energy and device.pageout_bandwidth_bps > 0 and device.source.startswith("measured on")
     assert all(n.compute_ms > 0 for n in graph.nodes[1:])

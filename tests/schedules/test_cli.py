@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -354,3 +355,54 @@ def test_cli_starts_without_heavy_imports():
             "print(sorted(m for m in ('torch', 'matplotlib', 'rich') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "[]", done.stderr
+
+
+# -- what a new user tripped on ------------------------------------------------------------------
+@pytest.fixture
+def immutable_file(tmp_path):
+    """An existing file the kernel refuses to change (``chattr +i``), as on a read-only mount."""
+    path = tmp_path / "locked.json"
+    path.write_text("{}")
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available on this filesystem")
+    yield path
+    subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+
+
+@pytest.mark.parametrize("command", ["solve", "pareto"])
+def test_an_output_that_cannot_be_written_fails_before_the_work(command, graph_file, immutable_file, capsys):
+    started = time.monotonic()
+    code, _, err = run([command, graph_file, "--device", "rpi4", "-o", immutable_file], capsys)
+    assert code == ExitCode.BAD_FILE
+    assert_one_line_error(err, str(immutable_file), "not permitted")
+    assert time.monotonic() - started < 5  # no solve, no sweep first
+    assert immutable_file.read_text() == "{}"
+
+
+def test_a_new_output_path_is_probed_and_left_absent_on_failure(graph_file, tmp_path, capsys):
+    out = tmp_path / "fresh.json"
+    code, _, err = run(["solve", graph_file, "--device", "rpi4", "--memory", "1", "--search-time", "0", "-o", out],
+                       capsys)
+    assert code == ExitCode.INFEASIBLE
+    assert not out.exists()  # the writability probe leaves nothing behind
+
+
+def test_a_negative_size_says_it_is_negative(graph_file, capsys):
+    code, _, err = run(["solve", graph_file, "--memory", "-1MB"], capsys)
+    assert code == ExitCode.USAGE
+    assert "'-1MB' is negative" in err and "expected one argument" not in err
+
+
+def test_top_level_help_lists_every_exit_code(capsys):
+    code, out, _ = run(["--help"], capsys)
+    assert code == ExitCode.OK
+    epilog = " ".join(out[out.index("Exit codes"):].split())
+    for exit_code in ExitCode:
+        assert f"{int(exit_code)} " in epilog
+
+
+def test_an_unknown_device_names_the_built_in_profiles_and_the_file_option(graph_file, capsys):
+    code, _, err = run(["solve", graph_file, "--device", "rpi9"], capsys)
+    assert code == ExitCode.USAGE
+    assert_one_line_error(err, "rpi9", "rpi4", "profile file")
+    assert "DeviceProfile" not in err

@@ -90,6 +90,21 @@ def test_tampered_schedule_is_refused(keys):
         Schedule.load(tmp / "s.json", public_key=public)
 
 
+@pytest.mark.parametrize("position", range(0, 40, 3))
+def test_a_byte_changed_inside_the_instructions_fails_the_signature_not_the_parser(keys, position):
+    private, public, tmp = keys
+    raw = sign(make_schedule(), private).to_json()
+    start = raw.index(b'"instructions":"') + len(b'"instructions":"')
+    tokens = raw[start:raw.index(b'"', start)]
+    at = start + position % len(tokens)
+    flipped = raw[:at] + (b"#" if raw[at:at + 1] != b"#" else b"c") + raw[at + 1:]  # not an instruction token
+    (tmp / "s.json").write_bytes(flipped)
+    with pytest.raises(FormatError):
+        Schedule.load(tmp / "s.json")  # unsigned reading: the parser finds the bad token
+    with pytest.raises(SignatureError, match="modified after signing"):
+        Schedule.load(tmp / "s.json", public_key=public)
+
+
 def test_foreign_and_missing_signatures_are_refused(keys, tmp_path):
     private, public, _ = keys
     other_private, _ = generate_keypair(tmp_path / "other")
