@@ -41,8 +41,8 @@ draws beside a computation land in compute.  The page-in and page-out classes
 are therefore the paging the step *waited for*, not all paging work; the I/O
 thread's busy time per direction is ``io_in_seconds`` / ``io_out_seconds``.
 The nominal-power estimate charges overlapped I/O at compute power for the
-same reason.  Tracking costs two meter reads per instruction (about 9 µs with
-the estimate on the 2-core development VM).  The caller owns the meter (starts
+same reason.  Tracking costs two meter reads per instruction (microseconds with
+the estimate).  The caller owns the meter (starts
 it, or lets the account start it, and closes it).
 """
 
@@ -125,9 +125,8 @@ class Executor:
         self._layouts: dict[int, tuple[int, ...]] = {}  # node -> its storage sizes, as last freed
         self._plan_io()
         # A freed activation must leave the process, or the budget binds the ledger but not the device's RAM:
-        # glibc otherwise keeps freed tensors for reuse (validate measured RSS growth up to 2.4x its prediction so).
-        # The price: a page fault per fresh page (a resnet18 step 55% slower on the development VM); extraction times
-        # nodes in the same mode, so plans and predictions include it.
+        # glibc otherwise keeps freed tensors for reuse, and RSS grows well past the ledger.  The price is a page
+        # fault per fresh page; extraction times nodes in the same mode, so plans and predictions include it.
         rss.return_freed_memory()
         # ... and what still landed in the heap goes back once TRIM_SHARE of the budget is free there
         self._heap = rss.HeapTrimmer(max(1, int(TRIM_SHARE * limit)))

@@ -40,8 +40,8 @@ def return_freed_memory(threshold: int = FREED_MEMORY_THRESHOLD) -> bool:
     Same as ``MALLOC_MMAP_THRESHOLD_=65536`` in the environment; affects
     allocations made from now on, so call it early: a request can still be
     served from free heap chunks left by earlier large frees.  It has a price:
-    every large allocation faults its pages in afresh (a resnet18 step ran 55%
-    slower on the development VM).  Returns False where there is no glibc.
+    every large allocation faults its pages in afresh, which slows a
+    convolutional network's step markedly.  Returns False where there is no glibc.
     """
     if _LIBC is None or not hasattr(_LIBC, "mallopt"):
         return False
@@ -69,8 +69,8 @@ class HeapTrimmer:
 
     With the mmap threshold lowered most freed tensors leave the process at once, but a tensor
     that found a free chunk in the heap was served from it, and freeing it leaves free heap pages
-    that stay in RSS (0.2 of the budget above the ledger on resnet18 at 50% on the development VM).
-    Trimming after every free costs 2% of that step; watching the heap's free bytes
+    that stay in RSS (a fifth of the budget above the ledger on resnet18 at half its memory).
+    Trimming after every free costs a few percent of a step; watching the heap's free bytes
     (``mallinfo2``, about 1 µs) trims only when freed tensors did land in the heap.  Trimmed pages
     still count as free heap bytes, so the mark moves to the level after each trim (and down with
     reuse).  Does nothing without glibc 2.33+.

@@ -283,9 +283,9 @@ class ModelState:
 def _all_zero(t: torch.Tensor) -> bool:
     """Whether every element of ``t`` is +0 (bit-wise: -0.0 and NaN count as values, which is safe).
 
-    Counts the nonzero 64-bit words of a CPU tensor's bytes: on BERT's 45 MB of gradients on the
-    development VM ``Tensor.any()`` takes 13 ms, NumPy's ``any`` over the words 4 ms (6 inside a
-    training step, where it ran once a step for every ``zero_grad(set_to_none=False)``), this 1 ms.
+    Counts the nonzero 64-bit words of a CPU tensor's bytes, several times faster than
+    ``Tensor.any()`` on a model's gradients; it runs once a step for every
+    ``zero_grad(set_to_none=False)``.
     """
     if t.device.type != "cpu" or not t.is_contiguous():
         return not bool(t.any())

@@ -1,8 +1,8 @@
 """The solver path on the installed HiGHS and PuLP: every quick case of ``benchmarks.solver`` solves.
 
-A new HiGHS release has refused models it used to load (coefficients it now
-calls too large) and printed a banner on standard output; these tests fail
-on such a release before a user does.
+A HiGHS release can refuse a model over coefficients it calls too large, or
+print on standard output; these tests fail on such a release before a user
+does.
 """
 
 from __future__ import annotations
