@@ -405,39 +405,89 @@ _CLASS_NOTES = {
 # -- memory honesty ---------------------------------------------------------------------
 # -- plot ---------------------------------------------------------------------------------
 def plot_memory(report: ValidationReport, path: str | Path, title: str = "") -> Path:
-    """Draw predicted and measured resident activation bytes over the step (matplotlib, Agg).
-
-    The measured line is the ledger of the last measured step; the budget and
-    the predicted and measured peak RSS growth (which also holds the parameter
-    gradients the step allocates) are horizontal lines.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    stats = report.stats[-1]
-    predicted = [b / 1e6 for b in report.prediction.resident]
-    measured = [b / 1e6 for b in stats.ledger]
-    fig, ax = plt.subplots(figsize=(10, 4.5))
-    ax.step(range(len(predicted)), predicted, where="post", label="predicted (simulator)", linewidth=2.2)
-    ax.step(range(len(measured)), measured, where="post", label="measured (executor ledger)", linestyle="--")
-    if report.budget is not None:
-        ax.axhline(report.budget / 1e6, color="black", linewidth=1, label="budget")
-    # RSS also holds the parameter gradients the step allocates (outside the activation budget): drawn with
-    # its prediction, so that neither is read against the budget line
-    rss = report.figure("RSS growth")
-    if rss.measured is not None and math.isfinite(rss.measured):
-        ax.axhline(rss.predicted / 1e6, color="tab:gray", linestyle=":",
-                   label="predicted peak RSS growth (activations + parameter gradients)")
-        ax.axhline(rss.measured / 1e6, color="tab:red", linestyle=":", label="measured peak RSS growth")
-    ax.set_xlabel("instruction")
-    ax.set_ylabel("MB")
-    ax.set_title(title or "resident memory over one step: predicted vs measured")
-    ax.legend(loc="best", fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
+    """Draw predicted and measured memory over one step (see :func:`memory_figure`); write a PNG to ``path``."""
+    fig = memory_figure(report, title)
     out = Path(path)
     fig.savefig(out, dpi=120)
-    plt.close(fig)
     return out
+
+
+RSS_GROWTH_NOTE = "RSS growth: the process's resident memory\nabove its size at the step's start"
+
+
+def memory_labels(report: ValidationReport) -> dict[str, str]:
+    """The texts of :func:`memory_figure`, by role: ``budget``, ``rss_predicted``, ``rss_measured``, ``gap``.
+
+    Each says what its line holds, so the figure reads without the README: the
+    budget with its value; the RSS lines as whole-process growth that also
+    holds the parameter gradients allocated during backward (and, measured,
+    the backward pass's working memory and allocator slack), none of which the
+    activation budget bounds; ``gap`` the distance from the predicted
+    activation peak to the predicted RSS peak.  Roles without a line are left out.
+    """
+    labels: dict[str, str] = {}
+    if report.budget is not None:
+        labels["budget"] = f"activation budget {report.budget / 1e6:,.2f} MB"
+    rss = report.figure("RSS growth")
+    if rss is not None and rss.predicted:
+        labels["rss_predicted"] = (f"predicted peak RSS growth {rss.predicted / 1e6:,.2f} MB:\n"
+                                   "activations + parameter gradients allocated\nso far in backward")
+        gap = rss.predicted - report.prediction.peak_bytes
+        if gap > 0:
+            labels["gap"] = (f"+{gap / 1e6:,.2f} MB above the activation peak: parameter gradients\n"
+                             "allocated during backward, outside the activation budget")
+    if rss is not None and rss.measured is not None and math.isfinite(rss.measured):
+        labels["rss_measured"] = (f"measured peak RSS growth {rss.measured / 1e6:,.2f} MB:\n"
+                                  "as predicted, plus the backward pass's\nworking memory and allocator slack")
+    return labels
+
+
+def memory_figure(report: ValidationReport, title: str = ""):
+    """A matplotlib ``Figure`` (Agg canvas, no pyplot) of memory over the last measured step.
+
+    Step lines: resident activation bytes after each instruction, predicted
+    by the simulator and measured by the executor's ledger; the activation
+    budget is a horizontal line labelled with its value.  The predicted and
+    measured peak RSS growth are horizontal lines too: they sit above the
+    budget because they also hold memory outside it (:func:`memory_labels`),
+    which an arrow from the activation peak to the predicted RSS peak spells out.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure as MplFigure
+
+    labels = memory_labels(report)
+    predicted = [b / 1e6 for b in report.prediction.resident]
+    measured = [b / 1e6 for b in report.stats[-1].ledger]
+    fig = MplFigure(figsize=(12, 5.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    ax.step(range(len(predicted)), predicted, where="post", label="predicted activations (simulator)", linewidth=2.2)
+    ax.step(range(len(measured)), measured, where="post", label="measured activations (executor ledger)",
+            linestyle="--")
+    if "budget" in labels:
+        budget = report.budget / 1e6
+        ax.axhline(budget, color="black", linewidth=1, label=labels["budget"])
+        ax.annotate(labels["budget"], xy=(0.0, budget), xycoords=("axes fraction", "data"), xytext=(4, 3),
+                    textcoords="offset points", fontsize=9, va="bottom")
+    rss = report.figure("RSS growth")
+    if "rss_predicted" in labels:
+        ax.axhline(rss.predicted / 1e6, color="tab:gray", linestyle=":", linewidth=1.5, label=labels["rss_predicted"])
+    if "rss_measured" in labels:
+        ax.axhline(rss.measured / 1e6, color="tab:red", linestyle=":", linewidth=1.5, label=labels["rss_measured"])
+    if "rss_predicted" in labels or "rss_measured" in labels:
+        ax.plot([], [], linestyle="none", label=RSS_GROWTH_NOTE)
+    if "gap" in labels:
+        low, high = report.prediction.peak_bytes / 1e6, rss.predicted / 1e6
+        ax.axhline(low, xmin=0.93, xmax=1.0, color="tab:gray", linewidth=1)
+        ax.annotate("", xy=(0.97, high), xytext=(0.97, low), xycoords=("axes fraction", "data"),
+                    arrowprops={"arrowstyle": "<->", "color": "tab:gray"})
+        ax.annotate(labels["gap"], xy=(0.96, (low + high) / 2), xycoords=("axes fraction", "data"), ha="right",
+                    va="center", fontsize=9, color="0.25",
+                    bbox={"boxstyle": "round", "facecolor": "white", "edgecolor": "0.8", "alpha": 0.9})
+    ax.set_xlabel("instruction of the schedule (one training step)")
+    ax.set_ylabel("memory (MB)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title or "resident memory over one step: predicted vs measured")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)
+    ax.grid(alpha=0.3)
+    return fig

@@ -10,7 +10,19 @@ import torch
 import torch.nn as nn
 
 from agent.energy import EstimatedMeter, NominalPowers
-from agent.validate import Figure, gradient_bytes_per_node, plot_memory, predict, validate
+from agent.ledger import StepStats
+from agent.validate import (
+    RSS_GROWTH_NOTE,
+    Figure,
+    Prediction,
+    ValidationReport,
+    gradient_bytes_per_node,
+    memory_figure,
+    memory_labels,
+    plot_memory,
+    predict,
+    validate,
+)
 from schedules.timeline import timeline_step_ms
 from agent.zoo import Workload, cross_entropy
 from schedules import DeviceProfile
@@ -160,6 +172,41 @@ def test_plot_draws_predicted_and_measured_memory(extracted, tmp_path):
     report = validate(workload, graph, segments, schedule, swap_dir=tmp_path / "swap", steps=1, warmup=0)
     path = plot_memory(report, tmp_path / "memory.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+def _memory_report(rss_measured: float | None = 68.0e6) -> ValidationReport:
+    """A report as :func:`validate` writes it: activations peak at 9 MB under a 12.3 MB budget, RSS far above."""
+    resident = (1_000_000, 5_000_000, 9_000_000, 4_000_000, 0)
+    prediction = Prediction(step_ms=1.0, planner_step_ms=1.0, compute_ms=1.0, paging_ms=0.0, peak_bytes=9_000_000,
+                            bytes_paged=0, energy_j=None, resident=resident, node_compute_ms=(),
+                            rss_peak_bytes=60_000_000)
+    stats = StepStats(ledger=resident, predicted=resident, budget=12_300_000, peak_with_inflight_bytes=9_000_000,
+                      step_seconds=0.01, node_seconds=())
+    rss = Figure("RSS growth", "B", 60_000_000, rss_measured)
+    return ValidationReport((rss,), prediction, (stats,), (), 12_300_000)
+
+
+def test_memory_plot_names_the_budget_and_says_why_rss_sits_above_it():
+    labels = memory_labels(_memory_report())
+    assert labels["budget"] == "activation budget 12.30 MB"
+    assert "parameter gradients" in labels["rss_predicted"] and "60.00 MB" in labels["rss_predicted"]
+    assert "68.00 MB" in labels["rss_measured"] and "working memory" in labels["rss_measured"]
+    assert labels["gap"].startswith("+51.00 MB above the activation peak")  # 60 MB RSS - 9 MB activations
+    assert "parameter gradients" in labels["gap"] and "outside the activation budget" in labels["gap"]
+    fig = memory_figure(_memory_report(), "t")
+    ax = fig.axes[0]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels["budget"] in legend and labels["rss_predicted"] in legend and RSS_GROWTH_NOTE in legend
+    on_axes = [t.get_text() for t in ax.texts]
+    assert labels["budget"] in on_axes and labels["gap"] in on_axes  # on the figure itself, not only in the legend
+    assert ax.get_xlabel() and "(MB)" in ax.get_ylabel() and ax.get_title() == "t"
+
+
+def test_memory_plot_without_an_rss_measurement_leaves_that_line_out(tmp_path):
+    labels = memory_labels(_memory_report(rss_measured=None))
+    assert "rss_measured" not in labels and "rss_predicted" in labels
+    path = plot_memory(_memory_report(rss_measured=None), tmp_path / "m.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_validate_refuses_a_graph_of_another_input_shape(tmp_path, capsys):
