@@ -2,9 +2,10 @@
 
 Nodes are numbered ``0..T-1`` in a topological order that is also POET's stage
 order: stage ``t`` computes node ``t`` (and may recompute earlier ones).  Every
-node carries the cost figures the planner needs; the fixed bytes (parameters,
-gradients, optimizer state) are kept apart because they are resident for the
-whole step and do not count against the activation budget.
+node carries the cost figures the planner needs; the fixed bytes (what stays
+resident for the whole step: parameters and their gradients as extraction
+counts them, parameters alone in the reference graphs) are kept apart because
+they do not count against the activation budget.
 
 Two on-disk shapes are read:
 
@@ -15,7 +16,7 @@ Two on-disk shapes are read:
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable, Literal
@@ -129,7 +130,8 @@ class TrainingGraph:
 
     @cached_property
     def fingerprint(self) -> str:
-        """SHA-256 over what a schedule's validity depends on: names, kinds, bytes, edges.
+        """SHA-256 over what a schedule's validity depends on: each node's name, kind, segment and bytes, and
+        the edges (as a set: their order in the file does not matter).
 
         Timings, energies and workspaces are left out on purpose: they are
         measurements of the machine (workspaces depend on the kernels PyTorch
@@ -139,7 +141,7 @@ class TrainingGraph:
         """
         shape = {
             "nodes": [[n.name, n.kind, n.segment, n.bytes] for n in self.nodes],
-            "edges": [list(e) for e in self.edges],
+            "edges": sorted(list(e) for e in self.edges),
         }
         return "sha256:" + hashlib.sha256(canonical_json(shape)).hexdigest()
 
@@ -177,6 +179,10 @@ class TrainingGraph:
                 f"training graph version {data.get('version')!r} is not supported (this release reads "
                 f"version {GRAPH_VERSION}); re-extract the graph with this release"
             )
+        unknown = sorted(set(data) - _GRAPH_KEYS)
+        if unknown:
+            raise FormatError(f"training graph has unknown field(s) {', '.join(unknown)}; it has "
+                              f"{', '.join(sorted(_GRAPH_KEYS))}")
         nodes = data.get("nodes")
         if not isinstance(nodes, list) or not nodes:
             raise FormatError("training graph needs a non-empty 'nodes' list")
@@ -206,9 +212,16 @@ def _node_to_dict(n: Node) -> dict[str, Any]:
     }
 
 
+_NODE_KEYS = frozenset(f.name for f in fields(Node))
+_GRAPH_KEYS = frozenset({"format", "version", "model", "source", "fixed_bytes", "nodes", "edges"})
+
+
 def _node_from_dict(d: Any, i: int) -> Node:
     if not isinstance(d, dict):
         raise FormatError(f"node {i} must be an object")
+    unknown = sorted(set(d) - _NODE_KEYS)
+    if unknown:  # a misspelt field would otherwise read as its default
+        raise FormatError(f"node {i} has unknown field(s) {', '.join(unknown)}; a node has {', '.join(sorted(_NODE_KEYS))}")
     kind = d.get("kind")
     if kind not in NODE_KINDS:
         raise FormatError(f"node {i}: kind must be one of {NODE_KINDS}, got {kind!r}")
@@ -299,6 +312,11 @@ def _validate(g: TrainingGraph) -> None:
         raise FormatError("every forward and loss node must come before the first backward node")
     if kinds.count("loss") > 1:
         raise FormatError(f"a training graph has at most one loss node, found {kinds.count('loss')}")
+    names: dict[str, int] = {}
     for i, n in enumerate(g.nodes):
         if n.bytes < 0 or n.compute_ms < 0 or n.workspace_bytes < 0:
             raise FormatError(f"node {i} ({n.name}): bytes, workspace_bytes and compute_ms must be non-negative")
+        if any(e is not None and e < 0 for e in (n.compute_j, n.pagein_j, n.pageout_j)):
+            raise FormatError(f"node {i} ({n.name}): energies must be non-negative")
+        if names.setdefault(n.name, i) != i:
+            raise FormatError(f"nodes {names[n.name]} and {i} are both named {n.name!r}; node names are unique")

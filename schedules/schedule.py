@@ -10,7 +10,8 @@ free 2 and 4, page out 3.
 
 A signed schedule carries an Ed25519 signature over the canonical JSON of
 every other field (see :mod:`schedules.signing`); loading with a public key
-refuses a missing, foreign or broken signature and any edited byte.
+refuses a missing, foreign or broken signature and any changed value, before
+it parses a field (the signature covers the values, not the file's layout).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ SCHEDULE_FORMAT = "poet-edge/schedule"
 SCHEDULE_VERSION = 1
 _LETTER = {"compute": "c", "page_out": "o", "page_in": "i", "free": "f"}
 _OP = {v: k for k, v in _LETTER.items()}
-_TOKEN = re.compile(r"^([coif])(\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*)$")
+_TOKEN = re.compile(r"^([coif])([0-9]+(?:-[0-9]+)?(?:,[0-9]+(?:-[0-9]+)?)*)$")
 
 
 @dataclass(frozen=True)
@@ -150,8 +151,12 @@ def encode_instructions(instructions: tuple[Instruction, ...] | list[Instruction
     return " ".join(tokens)
 
 
-def decode_instructions(text: str) -> tuple[Instruction, ...]:
-    """Inverse of :func:`encode_instructions`; raises :class:`FormatError` on any malformed token."""
+def decode_instructions(text: str, graph_size: int | None = None) -> tuple[Instruction, ...]:
+    """Inverse of :func:`encode_instructions`; raises :class:`FormatError` on any malformed token.
+
+    With ``graph_size``, a node outside ``0..graph_size-1`` is refused before its range is expanded, so a
+    token such as ``c0-999999999`` costs nothing.
+    """
     if not isinstance(text, str):
         raise FormatError("'instructions' must be a string of tokens like 'c0-5 f2,4 o3'")
     out: list[Instruction] = []
@@ -165,6 +170,8 @@ def decode_instructions(text: str) -> tuple[Instruction, ...]:
             first, last = int(lo), int(hi or lo)
             if last < first:
                 raise FormatError(f"malformed range {part!r} in token {token!r}")
+            if graph_size is not None and last >= graph_size:
+                raise FormatError(f"instruction token {token!r}: node {last} outside the graph's 0..{graph_size - 1}")
             out.extend((op, n) for n in range(first, last + 1))
     return tuple(out)
 
@@ -195,16 +202,18 @@ def _from_dict(d: dict[str, Any]) -> Schedule:
     if unknown:
         raise FormatError(f"schedule has unknown fields {sorted(unknown)}")
     try:
+        graph_size = int(finite_number(d["graph_size"], "graph_size", minimum=1))
         solver = SolverInfo(
-            method=str(d["solver"]["method"]), solver=str(d["solver"]["solver"]), status=str(d["solver"]["status"]),
+            method=_string(d["solver"]["method"], "solver.method"), solver=_string(d["solver"]["solver"], "solver.solver"),
+            status=_string(d["solver"]["status"], "solver.status"),
             objective_j=_optional_number(d["solver"].get("objective_j"), "solver.objective_j"),
             gap=_optional_number(d["solver"].get("gap"), "solver.gap"),
             seconds=finite_number(d["solver"]["seconds"], "solver.seconds"),
         )
         return Schedule(
-            instructions=decode_instructions(d["instructions"]),
+            instructions=decode_instructions(d["instructions"], graph_size),
             graph_fingerprint=_string(d["graph_fingerprint"], "graph_fingerprint"),
-            graph_size=int(finite_number(d["graph_size"], "graph_size", minimum=1)),
+            graph_size=graph_size,
             model=_string(d["model"], "model"),
             device=_string(d["device"], "device"),
             memory_budget=None if d["memory_budget"] is None else int(finite_number(d["memory_budget"], "memory_budget")),
@@ -213,7 +222,7 @@ def _from_dict(d: dict[str, Any]) -> Schedule:
             predicted_runtime_ms=finite_number(d["predicted_runtime_ms"], "predicted_runtime_ms"),
             predicted_energy_j=finite_number(d["predicted_energy_j"], "predicted_energy_j"),
             solver=solver,
-            count_paging_time=bool(d.get("count_paging_time", False)),
+            count_paging_time=_flag(d.get("count_paging_time", False), "count_paging_time"),
             signature=_signature(d.get("signature")),
         )
     except (KeyError, TypeError) as exc:
@@ -222,6 +231,12 @@ def _from_dict(d: dict[str, Any]) -> Schedule:
 
 def _optional_number(value: Any, field_name: str) -> float | None:
     return None if value is None else finite_number(value, field_name)
+
+
+def _flag(value: Any, field_name: str) -> bool:
+    if not isinstance(value, bool):
+        raise FormatError(f"{field_name} must be true or false, got {value!r}")
+    return value
 
 
 def _string(value: Any, field_name: str) -> str:

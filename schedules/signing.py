@@ -89,8 +89,8 @@ def verify_document(document: dict[str, Any], public_key: Ed25519PublicKey) -> N
     """
     payload = {key: value for key, value in document.items() if key != "signature"}
     signature = document.get("signature")
-    if signature is not None and not (isinstance(signature, dict)
-                                      and all(isinstance(signature.get(k), str) for k in ("algorithm", "key_id", "value"))):
+    if signature is not None and not (isinstance(signature, dict) and set(signature) == {"algorithm", "key_id", "value"}
+                                      and all(isinstance(v, str) for v in signature.values())):
         raise SignatureError("schedule signature is malformed (expected algorithm, key_id and value): the file was "
                              "modified after signing")
     _verify(payload, signature, public_key)

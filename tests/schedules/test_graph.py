@@ -104,3 +104,27 @@ def test_workspace_round_trips_and_stays_out_of_the_fingerprint(tmp_path):
     assert TrainingGraph.from_dict(old_file) == g
     with pytest.raises(FormatError, match="workspace_bytes"):
         g.with_nodes([replace(n, workspace_bytes=-1) for n in g.nodes])
+
+
+def test_a_misspelt_field_is_refused_not_read_as_its_default():
+    data = tiny_graph().to_dict()
+    data["nodes"][1]["workspace_byte"] = 4096
+    with pytest.raises(FormatError, match="unknown field.*workspace_byte"):
+        TrainingGraph.from_dict(data)
+    data = tiny_graph().to_dict()
+    data["fixed_byte"] = 1
+    with pytest.raises(FormatError, match="unknown field.*fixed_byte"):
+        TrainingGraph.from_dict(data)
+
+
+def test_node_names_are_unique_and_energies_non_negative():
+    g = tiny_graph()
+    with pytest.raises(FormatError, match="both named"):
+        g.with_nodes([g.nodes[0], replace(g.nodes[1], name=g.nodes[0].name), *g.nodes[2:]])
+    with pytest.raises(FormatError, match="energies must be non-negative"):
+        g.with_nodes([replace(g.nodes[0], pagein_j=-1.0), *g.nodes[1:]])
+
+
+def test_the_fingerprint_does_not_depend_on_the_order_edges_are_listed():
+    g = tiny_graph()
+    assert replace(g, edges=tuple(reversed(g.edges))).fingerprint == g.fingerprint

@@ -120,3 +120,31 @@ def test_keypair_is_private_and_never_overwritten(tmp_path):
     assert private.stat().st_mode & 0o777 == 0o600
     with pytest.raises(FileExistsError):
         generate_keypair(tmp_path)
+
+
+def test_flags_and_solver_names_must_have_their_json_types():
+    data = json.loads(make_schedule().to_json())
+    data["count_paging_time"] = "false"  # a string is not false
+    with pytest.raises(FormatError, match="count_paging_time must be true or false"):
+        Schedule.from_json(json.dumps(data))
+    data = json.loads(make_schedule().to_json())
+    data["solver"]["method"] = 7
+    with pytest.raises(FormatError, match="solver.method"):
+        Schedule.from_json(json.dumps(data))
+
+
+def test_a_huge_range_outside_the_graph_is_refused_before_it_is_expanded():
+    data = json.loads(make_schedule().to_json())
+    data["instructions"] = "c0-999999999999"
+    with pytest.raises(FormatError, match="outside the graph"):
+        Schedule.from_json(json.dumps(data))  # at once: a trillion tuples would never finish
+    with pytest.raises(FormatError, match="malformed"):
+        decode_instructions("c\u0661")  # an Arabic-Indic digit is not a node id
+
+
+def test_a_signature_block_with_an_extra_key_fails_as_a_signature(keys):
+    private, public, tmp = keys
+    data = json.loads(sign(make_schedule(), private).to_json())
+    data["signature"]["note"] = "trust me"
+    with pytest.raises(SignatureError, match="malformed"):
+        Schedule.from_json(json.dumps(data), public_key=public)
