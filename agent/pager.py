@@ -21,14 +21,16 @@
   the step's I/O and, unless told to keep them, removes the files; the executor
   keeps them between successful steps (the next step overwrites them in place:
   removing written files costs the filesystem an extent free and, on a disk
-  mounted with ``discard``, a TRIM each -- 10 ms a step for BERT's six pages on
-  the development VM -- and the space stays reserved against other writers) and
+  mounted with ``discard``, a TRIM each, which adds up to milliseconds a step --
+  and the space stays reserved against other writers) and
   removes them after a failed step and at ``close``.  A new pager removes files
   left by dead processes, and a pager that is garbage collected or outlives the
   interpreter removes its own.
 
 Nothing here knows torch beyond storages; page format, O_DIRECT and the copy/I-O pipeline (two disk
-threads and a 4 MiB bounce buffer per I/O thread) in :mod:`agent.pagefile`.
+threads and a 4 MiB bounce buffer per I/O thread) in :mod:`agent.pagefile`.  Every page goes through
+the pager's :class:`~agent.pagefile.SystemCalls` (the real system unless another is handed in), so a
+test can give it a failing disk or a filesystem that refuses O_DIRECT.
 """
 
 from __future__ import annotations
@@ -64,12 +66,24 @@ def disk_free(path: Path) -> int:
 
 
 class Pager:
-    """Page files of one executor in ``swap_dir``; see the module docstring."""
+    """Page files of one executor in ``swap_dir``; see the module docstring.
 
-    def __init__(self, swap_dir: str | Path, free_space: FreeSpace = disk_free) -> None:
+    Parameters
+    ----------
+    swap_dir:
+        Directory on the flash the device pages to (created if missing).
+    free_space:
+        How many bytes the swap directory's filesystem has free (:func:`disk_free` by default).
+    system:
+        The system calls every page file goes through (:data:`agent.pagefile.SYSTEM` by default).
+    """
+
+    def __init__(self, swap_dir: str | Path, free_space: FreeSpace = disk_free,
+                 system: pagefile.SystemCalls = pagefile.SYSTEM) -> None:
         self.dir = Path(swap_dir)
         self._make_dir()
         self.free_space = free_space
+        self.system = system
         self.token = uuid.uuid4().hex[:8]
         self.removed_stale = remove_stale(self.dir)
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="poet-pager")
@@ -106,7 +120,7 @@ class Pager:
                 "larger filesystem, or plan with a larger memory budget", needed, available)
         try:
             for node, size in sizes.items():
-                pagefile.reserve(self.path(node), size)
+                pagefile.reserve(self.path(node), size, system=self.system)
         except OSError as exc:
             self.end_step()
             raise SwapSpaceError(f"could not reserve {needed:,} bytes in {self.dir}: {exc.strerror or exc}",
@@ -151,7 +165,7 @@ class Pager:
 
     def write(self, node: int, storages: list[torch.UntypedStorage]) -> None:
         """Queue the page-out of ``node`` (the storages stay referenced until it is written)."""
-        self._writes[node] = self._io.submit(self._timed, node, "out", pagefile.write, self.path(node), node, storages)
+        self._writes[node] = self._io.submit(self._timed, node, "out", self._write_page, node, storages)
 
     def is_written(self, node: int) -> bool:
         """True once ``node``'s queued write has finished (or failed: :meth:`wait_written` raises it)."""
@@ -188,12 +202,15 @@ class Pager:
             with self._lock:
                 self.inflight_bytes -= sum(slot_bytes)
 
+    def _write_page(self, node: int, storages: list[torch.UntypedStorage]) -> int:
+        return pagefile.write(self.path(node), node, storages, system=self.system)
+
     def _read_page(self, node: int, slot_bytes: list[int], memory: Memory | None,
                    keep: Hashable | None) -> list[torch.UntypedStorage]:
         reused = memory is not None and memory.fits(slot_bytes)
         if not reused:
             memory = pagefile.PageMemory(slot_bytes)
-        storages = pagefile.read(self.path(node), node, slot_bytes, memory)
+        storages = pagefile.read(self.path(node), node, slot_bytes, memory, system=self.system)
         with self._lock:
             self.reads_into_kept += reused
             if reused:

@@ -29,7 +29,7 @@ machine it runs on:
   (:func:`measure_node_energy`).
 
 Every figure carries its source (:attr:`Profile.sources`); the device
-profile's ``source`` field holds them too, so a profile file says where each
+profile's ``sources`` map holds them too, so a profile file says where each
 number came from.  The graph comes back priced with the measured profile, so
 ``poet-edge solve graph.json`` takes it directly.
 """
@@ -52,6 +52,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from agent import pagefile
+from agent.pagefile import SYSTEM, SystemCalls
 from agent.energy import Activity, EnergyMeter, MeterConfig, NominalPowers, detect_meter
 from agent.errors import ProfileError
 from schedules.device import DeviceProfile, price_graph
@@ -113,15 +114,18 @@ def measure_swap_path(
     repeats: int = 5,
     progress: Progress = _quiet,
     sustained_bytes: int = 0,
+    system: SystemCalls = SYSTEM,
 ) -> SwapPath:
     """Time page-outs and page-ins of each size through :mod:`agent.pagefile` in ``swap_dir``.
 
     Each page is reserved (``posix_fallocate``, as the executor's pager does
-    before a step), written (``fdatasync`` then ``DONTNEED``), dropped from the
-    page cache once more, and read back with its checksum verified.  With
+    before a step), written as the pager writes (O_DIRECT where the
+    filesystem allows it), dropped from the page cache outside the timed part,
+    and read back with its checksum verified.  With
     ``sustained_bytes`` (a step's paging volume), pages of the largest size
     adding up to it are then written back to back and read back the same way;
     where that rate is below the fitted bandwidth, it is the bandwidth.
+    ``system`` makes the calls (:mod:`agent.pagefile.system`; the real ones by default).
 
     Raises
     ------
@@ -140,10 +144,10 @@ def measure_swap_path(
             progress("swap path", done, len(sizes))
             data = _random_storage(size)
             for _ in range(repeats):
-                samples.extend(_one_round_trip(path, data))
+                samples.extend(_one_round_trip(path, data, system))
         progress("swap path", len(sizes), len(sizes))
         if sustained_bytes > 0:
-            sustained = _stream(directory, max(sizes), sustained_bytes)
+            sustained = _stream(directory, max(sizes), sustained_bytes, system)
     except OSError as exc:
         raise ProfileError(f"cannot page in {directory}: {exc.strerror or exc}") from exc
     finally:
@@ -162,22 +166,22 @@ def measure_swap_path(
 MAX_STREAM_PAGES = 64  # bounds the sustained measurement's files and time on a graph of tiny pages
 
 
-def _stream(directory: Path, page_bytes: int, total_bytes: int) -> tuple[float, float]:
+def _stream(directory: Path, page_bytes: int, total_bytes: int, system: SystemCalls) -> tuple[float, float]:
     """Bytes per second writing, then reading, pages of ``page_bytes`` back to back up to ``total_bytes``."""
     count = max(1, min(MAX_STREAM_PAGES, math.ceil(total_bytes / page_bytes)))
     data = _random_storage(page_bytes)
     paths = [_page_path(directory) for _ in range(count)]
     try:
         for path in paths:
-            pagefile.reserve(path, pagefile.page_size([page_bytes]))
+            pagefile.reserve(path, pagefile.page_size([page_bytes]), system=system)
         started = time.perf_counter()
-        written = sum(pagefile.write(path, 0, [data]) for path in paths)
+        written = sum(pagefile.write(path, 0, [data], system=system) for path in paths)
         wrote = time.perf_counter() - started
         for path in paths:
             drop_page_cache(path)
         started = time.perf_counter()
         for path in paths:
-            pagefile.read(path, 0, [page_bytes])
+            pagefile.read(path, 0, [page_bytes], system=system)
         read = time.perf_counter() - started
     finally:
         for path in paths:
@@ -207,15 +211,15 @@ def _random_storage(size: int) -> torch.UntypedStorage:
     return torch.randint(0, 256, (size,), dtype=torch.uint8).untyped_storage()
 
 
-def _one_round_trip(path: Path, data: torch.UntypedStorage) -> list[TransferSample]:
+def _one_round_trip(path: Path, data: torch.UntypedStorage, system: SystemCalls = SYSTEM) -> list[TransferSample]:
     size = data.nbytes()
-    pagefile.reserve(path, pagefile.page_size([size]))
+    pagefile.reserve(path, pagefile.page_size([size]), system=system)
     started = time.perf_counter()
-    written = pagefile.write(path, 0, [data])
+    written = pagefile.write(path, 0, [data], system=system)
     wrote = time.perf_counter() - started
     drop_page_cache(path)
     started = time.perf_counter()
-    pagefile.read(path, 0, [size])
+    pagefile.read(path, 0, [size], system=system)
     read = time.perf_counter() - started
     path.unlink()
     return [TransferSample("out", written, wrote), TransferSample("in", size, read)]
@@ -677,8 +681,7 @@ def profile_workload(
         graph = graph.with_nodes(replace(n, compute_j=j) for n, j in zip(graph.nodes, node_j))
     graph = price_graph(graph, device)  # measured node energies stay; the rest priced from this profile
     sources = _sources(swap, overlap, power, repeats, extract_s)
-    device = replace(device, source=device.source + "; " + "; ".join(f"{k}: {v}" for k, v in sources.items()
-                                                                      if k in _DEVICE_FIELDS))
+    device = replace(device, sources={k: v for k, v in sources.items() if k in _DEVICE_FIELDS})
     stats = {"extract_s": extract_s, "flops_per_s": flops_per_s}
     return Profile(graph, device, swap, overlap, power, stats, sources), segments
 
@@ -697,7 +700,8 @@ def _chosen_meter(meter: EnergyMeter | None, config: MeterConfig | None,
 
 _DEVICE_FIELDS = ("compute_power_w", "idle_power_w", "memory_power_w", "pagein_bandwidth_bps",
                   "pageout_bandwidth_bps", "pagein_latency_s", "pageout_latency_s", "paging_overlaps_compute",
-                  "ram_bytes", "flops_per_s")
+                  "paging_hidden_fraction", "ram_bytes", "flops_per_s")
+"""The device profile's figures whose sources go into its ``sources`` map."""
 
 
 def _named(graph: TrainingGraph, name: str) -> TrainingGraph:

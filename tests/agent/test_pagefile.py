@@ -1,4 +1,8 @@
-"""Page files: odd sizes across the chunk pipeline, corruption anywhere, the buffered fallback, a clean page cache."""
+"""Page files: odd sizes across the chunk pipeline, corruption anywhere, the buffered fallback, a clean page cache.
+
+The filesystems, disks and kernels that misbehave are fakes of :class:`agent.pagefile.SystemCalls` handed to
+``write`` and ``read``: each is the real system with one call changed.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +18,9 @@ import torch
 
 from agent import pagefile
 from agent.errors import PageCorruptError
-
-CHUNK = pagefile._CHUNK
+from agent.pagefile.memory import populate
+from agent.pagefile.pipeline import CHUNK
+from agent.pagefile.system import LIBC_MADVISE, MADV_POPULATE_WRITE, O_DIRECT, OperatingSystem
 
 
 def _storages(*sizes: int) -> list[torch.UntypedStorage]:
@@ -25,6 +30,86 @@ def _storages(*sizes: int) -> list[torch.UntypedStorage]:
 def _same(a: list[torch.UntypedStorage], b: list[torch.UntypedStorage]) -> bool:
     as_tensor = lambda s: torch.empty(0, dtype=torch.uint8).set_(s)  # noqa: E731
     return len(a) == len(b) and all(torch.equal(as_tensor(x), as_tensor(y)) for x, y in zip(a, b))
+
+
+class _RecordingDisk(OperatingSystem):
+    """The real disk, noting each read: (where in memory it lands, bytes, file position)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[tuple[int, int, int]] = []
+
+    def pread(self, fd, into, position):
+        self.reads.append((ctypes.addressof(ctypes.c_char.from_buffer(into)), len(into), position))
+        return super().pread(fd, into, position)
+
+
+class _SlowDisk(OperatingSystem):
+    """The real disk, slow to answer reads from ``slow_from`` on, noting when each read ends and the file closes."""
+
+    def __init__(self, slow_from: int) -> None:
+        super().__init__()
+        self.slow_from = slow_from
+        self.events: list[tuple[str, int]] = []
+
+    def pread(self, fd, into, position):
+        try:
+            if position >= self.slow_from:
+                time.sleep(0.05)
+            return super().pread(fd, into, position)
+        finally:
+            self.events.append(("read", position))
+
+    def close(self, fd):
+        self.events.append(("close", fd))
+        super().close(fd)
+
+
+class _NoDirectIO(OperatingSystem):
+    """A filesystem that refuses O_DIRECT when a file is opened (tmpfs on older kernels, some FUSE filesystems)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused = 0
+
+    def open(self, path, flags, direct):
+        if direct:
+            self.refused += 1
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return super().open(path, flags, direct)
+
+
+class _FailingWrites(OperatingSystem):
+    """A disk whose writes fail with ``error``: the first one only, or every one."""
+
+    def __init__(self, error: int, first_only: bool) -> None:
+        super().__init__()
+        self.error, self.first_only = error, first_only
+        self.writes: list[int] = []
+
+    def pwrite(self, fd, data, position):
+        self.writes.append(position)
+        if len(self.writes) == 1 or not self.first_only:
+            raise OSError(self.error, os.strerror(self.error))
+        return super().pwrite(fd, data, position)
+
+
+def _lands_in(address: int, storages: list[torch.UntypedStorage]) -> bool:
+    return any(s.data_ptr() <= address < s.data_ptr() + s.nbytes() for s in storages)
+
+
+def _runs_into(reads: list[tuple[int, int, int]], storages: list[torch.UntypedStorage]) -> list[int]:
+    """Bytes read straight into the storages' memory, as runs of reads that lie back to back in it."""
+    runs: list[int] = []
+    end = None
+    for address, length, _ in sorted(reads):
+        if _lands_in(address, storages):
+            if address == end:
+                runs[-1] += length
+            else:
+                runs.append(length)
+            end = address + length
+    return runs
 
 
 def _cached_pages(path) -> int:
@@ -85,26 +170,25 @@ def test_an_old_format_page_is_refused_with_its_version(tmp_path):
 
 def _direct_io_works(directory) -> bool:
     try:
-        os.close(os.open(directory / "probe", os.O_WRONLY | os.O_CREAT | pagefile._O_DIRECT))
-        return bool(pagefile._O_DIRECT)
+        os.close(os.open(directory / "probe", os.O_WRONLY | os.O_CREAT | O_DIRECT))
+        return bool(O_DIRECT)
     except OSError:
         return False
 
 
-def test_slots_of_whole_blocks_are_read_in_place_wherever_they_sit_and_round_trip(tmp_path, monkeypatch):
+def test_slots_of_whole_blocks_are_read_in_place_wherever_they_sit_and_round_trip(tmp_path):
     if not _direct_io_works(tmp_path):
         pytest.skip("this filesystem refuses O_DIRECT: pages go through the buffered path")
     sizes = (512, 5 * CHUNK, 3 * 4096 + 10, 4096)  # a BatchNorm's statistics before the activation
     slots = _storages(*sizes)
     path = tmp_path / "p.page"
     pagefile.write(path, 4, slots)
-    in_place: list[int] = []
-    real = pagefile._read_in_place
-    monkeypatch.setattr(pagefile, "_read_in_place", lambda fd, t, p, into, *a: in_place.append(len(into))
-                        or real(fd, t, p, into, *a))
-    got = pagefile.read(path, 4, list(sizes))
+    disk = _RecordingDisk()
+    got = pagefile.read(path, 4, list(sizes), system=disk)
     assert _same(got, slots)
-    assert in_place == [5 * CHUNK + 4096]  # straight into memory; only 522 bytes went through the bounce buffer
+    assert _runs_into(disk.reads, got) == [5 * CHUNK + 4096]  # the whole-block slots, straight into memory
+    bounced = [length for address, length, at in disk.reads if at > 0 and not _lands_in(address, got)]
+    assert sum(bounced) == 4 * 4096  # besides the header, only the other slots' 12,810 bytes, in whole blocks
     assert [s.data_ptr() % pagefile.BLOCK for s in got] == [0, 0, 0, 0]
     os.truncate(path, pagefile.data_offset(4) + 2 * CHUNK)
     with pytest.raises(PageCorruptError, match="truncated"):
@@ -119,80 +203,41 @@ def test_a_truncated_last_chunk_is_refused(tmp_path):
         pagefile.read(path, 1, [CHUNK + 5000])
 
 
-def test_a_failed_read_closes_the_page_only_after_its_queued_reads(tmp_path, monkeypatch):
+def test_a_failed_read_closes_the_page_only_after_its_queued_reads(tmp_path):
     """Reads run several chunks ahead on the disk threads; one failing must not close the file under the others
     (a reused descriptor number would read another file into the storages)."""
     path = tmp_path / "p.page"
     pagefile.write(path, 1, _storages(6 * CHUNK))
     offset = pagefile.data_offset(1)
     os.truncate(path, offset + 2 * CHUNK)
-    events: list[tuple] = []
-    real_read, real_close = pagefile._pread_all, os.close
-
-    def slow_read(fd, view, position, page):
-        try:
-            if position >= offset + 3 * CHUNK:
-                time.sleep(0.05)  # still running when the chunk at 2 * CHUNK fails
-            return real_read(fd, view, position, page)
-        finally:
-            events.append(("read", position))
-
-    def close(fd):
-        events.append(("close", fd))
-        real_close(fd)
-
-    monkeypatch.setattr(pagefile, "_pread_all", slow_read)
-    monkeypatch.setattr(os, "close", close)
+    disk = _SlowDisk(slow_from=offset + 3 * CHUNK)  # still reading those when the chunk at 2 * CHUNK fails
     with pytest.raises(PageCorruptError, match="truncated"):
-        pagefile.read(path, 1, [6 * CHUNK])
-    monkeypatch.undo()
+        pagefile.read(path, 1, [6 * CHUNK], system=disk)
+    events = disk.events
     late = [i for i, event in enumerate(events) if event[0] == "read" and event[1] >= offset + 3 * CHUNK]
     assert late, "no chunk was queued behind the failing one"
     assert events[-1][0] == "close" and max(late) < len(events) - 1
 
 
-def _refuse_direct_open(monkeypatch) -> list[int]:
-    refused: list[int] = []
-    real_open = os.open
-
-    def fake_open(path, flags, *args):
-        if flags & pagefile._O_DIRECT:
-            refused.append(flags)
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return real_open(path, flags, *args)
-
-    monkeypatch.setattr(pagefile.os, "open", fake_open)
-    return refused
-
-
-@pytest.mark.skipif(not pagefile._O_DIRECT, reason="no O_DIRECT on this platform: the buffered path is the only one")
-def test_a_filesystem_refusing_o_direct_gets_the_buffered_path(tmp_path, monkeypatch):
-    refused = _refuse_direct_open(monkeypatch)
+@pytest.mark.skipif(not O_DIRECT, reason="no O_DIRECT on this platform: the buffered path is the only one")
+def test_a_filesystem_refusing_o_direct_gets_the_buffered_path(tmp_path):
+    filesystem = _NoDirectIO()
     slots = _storages(CHUNK + 4097, 3)
     path = tmp_path / "p.page"
-    pagefile.write(path, 9, slots)
-    assert _same(pagefile.read(path, 9, [CHUNK + 4097, 3]), slots)
-    assert len(refused) == 2  # the write and the read each tried O_DIRECT first
+    pagefile.write(path, 9, slots, system=filesystem)
+    assert _same(pagefile.read(path, 9, [CHUNK + 4097, 3], system=filesystem), slots)
+    assert filesystem.refused == 2  # the write and the read each tried O_DIRECT first
     assert _cached_pages(path) == 0  # fdatasync + DONTNEED kept the page out of RAM
 
 
-@pytest.mark.skipif(not pagefile._O_DIRECT, reason="no O_DIRECT on this platform")
-def test_o_direct_refused_at_the_first_write_is_retried_buffered(tmp_path, monkeypatch):
-    calls: list[int] = []
-    real = pagefile._pwrite_all
-
-    def refuse_once(fd, view, position):
-        calls.append(position)
-        if len(calls) == 1:
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return real(fd, view, position)
-
-    monkeypatch.setattr(pagefile, "_pwrite_all", refuse_once)
+@pytest.mark.skipif(not O_DIRECT, reason="no O_DIRECT on this platform")
+def test_o_direct_refused_at_the_first_write_is_retried_buffered(tmp_path):
+    disk = _FailingWrites(errno.EINVAL, first_only=True)
     slots = _storages(2 * CHUNK + 1)
     path = tmp_path / "p.page"
-    pagefile.write(path, 4, slots)
+    pagefile.write(path, 4, slots, system=disk)
     assert _same(pagefile.read(path, 4, [2 * CHUNK + 1]), slots)
-    assert len(calls) > 4  # the whole page was written again
+    assert len(disk.writes) > 4  # the whole page was written again
 
 
 def test_pages_leave_nothing_in_the_page_cache(tmp_path):
@@ -205,13 +250,11 @@ def test_pages_leave_nothing_in_the_page_cache(tmp_path):
     assert _cached_pages(path) == 0
 
 
-def test_other_io_errors_are_not_mistaken_for_a_refusal(tmp_path, monkeypatch):
-    def broken(fd, view, position):
-        raise OSError(errno.EIO, "Input/output error")
-
-    monkeypatch.setattr(pagefile, "_pwrite_all", broken)
+def test_other_io_errors_are_not_mistaken_for_a_refusal(tmp_path):
+    disk = _FailingWrites(errno.EIO, first_only=False)
     with pytest.raises(pagefile.PageError, match="Input/output error"):
-        pagefile.write(tmp_path / "p.page", 1, _storages(10))
+        pagefile.write(tmp_path / "p.page", 1, _storages(10), system=disk)
+    assert len(disk.writes) == 1  # not retried buffered
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="RSS needs Linux /proc")
@@ -236,18 +279,33 @@ def test_read_back_memory_is_resident_while_held_and_returned_when_dropped(tmp_p
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="RSS needs Linux /proc")
 @pytest.mark.parametrize("kernel_refuses", [False, True])
-def test_fresh_memory_is_mapped_in_before_a_read_fills_it(monkeypatch, kernel_refuses):
+def test_fresh_memory_is_mapped_in_before_a_read_fills_it(kernel_refuses):
     """MADV_POPULATE_WRITE where the kernel has it; where it refuses (before Linux 5.14), a write into each page."""
     from agent import rss
 
-    if kernel_refuses:
-        monkeypatch.setattr(pagefile, "_MADVISE", lambda start, length, advice: -1)
+    if LIBC_MADVISE is None and not kernel_refuses:
+        pytest.skip("no libc madvise here")
+    asked: list[int] = []
+
+    def madvise(start: int, length: int, advice: int) -> int:
+        asked.append(advice)
+        return -1 if kernel_refuses else LIBC_MADVISE(start, length, advice)
+
+    kernel = OperatingSystem(madvise=madvise)
     size = 16 << 20
     memory = pagefile.PageMemory([size])
     before = rss.current()
-    pagefile._populate(memory.head(size)[4096:])
+    populate(memory.head(size)[4096:], kernel)
     assert rss.current() - before >= 0.9 * size
-    assert (pagefile._MADVISE is None) == kernel_refuses  # one refusal: pages are touched from then on
+    populate(memory.head(size)[:4096], kernel)
+    assert asked == [MADV_POPULATE_WRITE] * (1 if kernel_refuses else 2)  # one refusal: pages are touched from then on
+
+
+def test_a_page_reads_back_on_a_kernel_without_populate_write(tmp_path):
+    slots = _storages(3 * CHUNK, 4096 + 7)
+    pagefile.write(tmp_path / "p.page", 1, slots)
+    kernel = OperatingSystem(madvise=lambda start, length, advice: -1)
+    assert _same(pagefile.read(tmp_path / "p.page", 1, [3 * CHUNK, 4096 + 7], system=kernel), slots)
 
 
 @pytest.mark.parametrize("sizes", [(5 * 4096, 3 * 4096 + 10), (CHUNK + 10, 7)])  # in place, and through the bounce

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import gc
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,7 +15,22 @@ import torch
 
 from agent import pagefile
 from agent.errors import PageCorruptError, PageError, SwapSpaceError
+from agent.pagefile import OperatingSystem
 from agent.pager import HEADER_ALLOWANCE, Pager, remove_stale
+
+
+class _FullDisk(OperatingSystem):
+    """A filesystem that says it has room but cannot allocate it (another writer filled it meanwhile)."""
+
+    def fallocate(self, fd, size):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+class _BrokenDisk(OperatingSystem):
+    """A disk whose writes fail with EIO."""
+
+    def pwrite(self, fd, data, position):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
 
 
 def _storages(*sizes: int) -> list[torch.UntypedStorage]:
@@ -177,3 +194,20 @@ def test_a_file_where_the_swap_directory_should_be_is_named(tmp_path):
     (tmp_path / "swap").write_text("not a directory")
     with pytest.raises(PageError, match="is a file, not a directory"):
         Pager(tmp_path / "swap")
+
+
+def test_a_disk_that_fills_up_during_the_reservation_is_reported_and_leaves_no_files(tmp_path):
+    pager = Pager(tmp_path, system=_FullDisk())
+    with pytest.raises(SwapSpaceError, match="could not reserve .*No space left on device"):
+        pager.reserve({1: 100_000, 2: 5000})
+    assert not list(tmp_path.iterdir())
+    pager.close()
+
+
+def test_a_failing_disk_fails_the_page_out_with_the_file_named(tmp_path):
+    pager = Pager(tmp_path, system=_BrokenDisk())
+    pager.reserve({4: 5000})
+    pager.write(4, _storages(5000))
+    with pytest.raises(PageError, match=re.escape(f"cannot write page {pager.path(4)}: Input/output error")):
+        pager.wait_written(4)
+    pager.close()

@@ -13,6 +13,7 @@ import torch.nn as nn
 from agent.energy import Activity, EstimatedMeter, NominalPowers
 from agent.executor import Executor
 from agent.zoo import Workload, cross_entropy, load_workload
+from agent.pagefile import OperatingSystem
 from schedules import DeviceProfile, Schedule, TrainingGraph
 from schedules.budgets import memory_lower_bound, store_all_peak
 from schedules.cli import main
@@ -77,20 +78,23 @@ def test_swap_path_measured_on_a_real_directory(tmp_path):
     assert list(tmp_path.iterdir()) == []  # no page file left behind
 
 
-def test_sustained_rate_caps_the_bandwidth_where_lone_transfers_ran_faster(tmp_path, monkeypatch):
-    from agent import pagefile
+class FlashWithAOnePageCache(OperatingSystem):
+    """A device whose write cache holds one page: a write while other pages sit on it runs at 50 MB/s."""
 
-    real_write = pagefile.write
+    def __init__(self, directory) -> None:
+        super().__init__()
+        self.directory = directory
 
-    def flash_with_a_one_page_cache(path, offset, storages):
-        # A device whose write cache holds one page: a write while other pages sit on it goes at 50 MB/s.
-        written = real_write(path, offset, storages)
-        if len(list(tmp_path.glob("*.page"))) > 1:
+    def pwrite(self, fd, data, position):
+        written = super().pwrite(fd, data, position)
+        if len(list(self.directory.glob("*.page"))) > 1:
             time.sleep(written / 50e6)
         return written
 
-    monkeypatch.setattr(pagefile, "write", flash_with_a_one_page_cache)
-    swap = measure_swap_path(tmp_path, [256 * KIB, MIB], repeats=2, sustained_bytes=8 * MIB)
+
+def test_sustained_rate_caps_the_bandwidth_where_lone_transfers_ran_faster(tmp_path):
+    swap = measure_swap_path(tmp_path, [256 * KIB, MIB], repeats=2, sustained_bytes=8 * MIB,
+                             system=FlashWithAOnePageCache(tmp_path))
     assert swap.sustained_out_bps <= 50e6
     assert swap.pageout_bandwidth_bps == swap.sustained_out_bps  # the step's stream, not the lone bursts
     assert swap.burst_bps is not None and swap.burst_bps[0] > 2 * swap.sustained_out_bps
@@ -176,6 +180,8 @@ def test_profile_output_loads_in_the_planner_and_its_plan_runs_in_the_executor(t
     assert out.count("estimate: generic host") == 1 and out.count("measured: agent.pagefile") == 1  # said once
     graph, device = TrainingGraph.load(graph_path), DeviceProfile.load(device_path)
     assert graph.has_energy and device.pageout_bandwidth_bps > 0 and device.source.startswith("measured on")
+    assert device.sources["pageout_bandwidth_bps"].startswith("measured: agent.pagefile")  # each figure's own
+    assert device.sources["idle_power_w"].startswith("estimate") and "paging_hidden_fraction" in device.sources
     assert all(n.compute_ms > 0 for n in graph.nodes[1:])
 
     budget = memory_lower_bound(graph) + (store_all_peak(graph) - memory_lower_bound(graph)) // 4
