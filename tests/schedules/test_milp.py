@@ -410,6 +410,24 @@ def test_read_ahead_room_spans_as_many_stages_as_a_slow_read_takes(n: int, seed:
     simulate(graph, to_instructions(graph, timed.matrices), memory_budget=budget)
 
 
+def test_every_outcome_says_why_the_search_ended() -> None:
+    from schedules.milp import STOP_REASONS
+
+    graph = chain_graph(6, seed=8)
+    budgets = dict(memory_budget=0.7 * store_all_peak(graph), runtime_budget_ms=1.5 * graph.total_compute_ms)
+    assert solve_poet_milp(graph, memory_budget=None, runtime_budget_ms=None).stop_reason == "optimal"  # store-all
+    assert solve_poet_milp(graph, gap=EXACT, **budgets).stop_reason in ("optimal", "gap reached")
+    assert solve_poet_milp(graph, memory_budget=10, runtime_budget_ms=None).stop_reason == "infeasible"
+    hard = chain_graph(20, seed=4)  # gap 0 on 40 nodes: not proven in a second
+    stopped = solve_poet_milp(hard, memory_budget=0.5 * store_all_peak(hard), runtime_budget_ms=None, gap=0.0,
+                              time_limit=1.0)
+    assert (stopped.status, stopped.stop_reason) == ("feasible", "time limit") and stopped.gap > 0
+    rounded = solve_poet_milp(hard, memory_budget=0.5 * store_all_peak(hard), runtime_budget_ms=None, gap=0.0,
+                              relax_and_round=True, time_limit=20)
+    assert rounded.stop_reason == ("relax and round" if rounded.status == "feasible" else "optimal")
+    assert {"optimal", "gap reached", "time limit", "infeasible", "relax and round"} <= set(STOP_REASONS)
+
+
 def test_io_time_columns_must_cover_the_graph() -> None:
     graph = chain_graph(4)
     with pytest.raises(SolverError, match="io_time_ms needs"):
