@@ -63,7 +63,8 @@ from benchmarks.paging import compute_load, raw_bandwidth, throttled
 from schedules.device import DeviceProfile, price_graph
 from schedules.errors import PlannerError
 from agent.extract import extract
-from schedules.plan import plan
+from schedules.graph import TrainingGraph
+from schedules.plan import PlanResult, plan
 from agent.profile import drop_page_cache, profile_workload
 from schedules.simulate import simulate
 
@@ -246,8 +247,20 @@ class BudgetRow:
     offload: dict[str, Any] = field(default_factory=dict)
 
 
-def bench_model(name: str, shape: tuple[int, ...], fractions: list[float], repeats: int, swap: Path,
-                time_limit: float, default_cut: bool) -> dict[str, Any]:
+@dataclass
+class ProfiledModel:
+    """A zoo model profiled on this machine: what every budget of the benchmark plans and runs."""
+
+    work: Workload
+    graph: TrainingGraph  # priced with ``device``
+    cut: Any  # the segments extraction cut at, as the executor takes them
+    device: DeviceProfile
+    M: int  # the store-all peak, values plus the computing node's workspace: budgets are fractions of it
+    values_peak: int
+
+
+def profile_model(name: str, shape: tuple[int, ...], swap: Path, default_cut: bool) -> ProfiledModel:
+    """Build zoo model ``name`` at ``shape``, profile this machine with it, extract and price its graph."""
     work = load_workload(name, shape)
     segments = None if default_cut else work.segments
     print(f"\n== {name} {'x'.join(map(str, shape))}: profiling this machine and extracting ...", flush=True)
@@ -256,9 +269,15 @@ def bench_model(name: str, shape: tuple[int, ...], fractions: list[float], repea
     device: DeviceProfile = profile.device
     graph, cut = extract(work.model, work.example, work.loss_fn, segments=segments, repeats=5)
     graph = price_graph(graph, device)
-    store_all = plan(graph, device, method="store-all").schedule
-    replay = simulate(graph, store_all)
-    M, values_peak = replay.peak_memory_bytes, replay.peak_bytes
+    replay = simulate(graph, plan(graph, device, method="store-all").schedule)
+    return ProfiledModel(work, graph, cut, device, replay.peak_memory_bytes, replay.peak_bytes)
+
+
+def bench_model(name: str, shape: tuple[int, ...], fractions: list[float], repeats: int, swap: Path,
+                time_limit: float, default_cut: bool) -> dict[str, Any]:
+    profiled = profile_model(name, shape, swap, default_cut)
+    work, graph, cut, device = profiled.work, profiled.graph, profiled.cut, profiled.device
+    M, values_peak = profiled.M, profiled.values_peak
     print(f"   {graph.size} nodes, M = {M / MB:.1f} MB (values alone {values_peak / MB:.1f} MB), "
           f"plain compute {graph.total_compute_ms:.0f} ms, "
           f"page-out {device.pageout_bandwidth_bps / MB:.0f} MB/s, page-in {device.pagein_bandwidth_bps / MB:.0f} MB/s, "
@@ -362,9 +381,11 @@ def bench_budget(fraction: float, M: int, graph, cut, work: Workload, device: De
 RUNTIME_BUDGETS = (1.03, 1.05, 1.1, 1.3, 1.5, None)
 
 
-def plan_within_time(graph, device: DeviceProfile, budget: int, time_limit: float):
+def plan_within_time(graph, device: DeviceProfile, budget: int, time_limit: float,
+                     planner: Callable[..., PlanResult] = plan):
     """POET at ``budget`` with the tightest runtime budget it can meet (paging time counted where it
-    does not overlap compute here); returns the result and the runtime budget used.
+    does not overlap compute here); returns the result and the runtime budget used.  ``planner`` is
+    :func:`schedules.plan.plan` (``benchmarks.plan_time`` times each call through it).
 
     ``plan`` itself replans with paging time counted where an overlapped plan misses its runtime budget
     in the executor's I/O timeline (slow flash), and keeps the overlapped plan where that finds nothing.
@@ -374,8 +395,8 @@ def plan_within_time(graph, device: DeviceProfile, budget: int, time_limit: floa
     missed: list[tuple[float, Any, float | None]] = []
     result = None
     for runtime_budget in RUNTIME_BUDGETS:
-        result = plan(graph, device, memory_budget=budget, runtime_budget=runtime_budget, time_limit=time_limit,
-                      count_paging_time=not device.paging_overlaps_compute)
+        result = planner(graph, device, memory_budget=budget, runtime_budget=runtime_budget,
+                         time_limit=time_limit, count_paging_time=not device.paging_overlaps_compute)
         if not result.feasible:
             continue
         limit = runtime_budget * graph.total_compute_ms if runtime_budget else float("inf")
@@ -433,14 +454,32 @@ def _ratio(a: float | None, b: float | None) -> str:
     return "-" if a is None or not b else f"{a / b:.2f}"
 
 
+MODELS = "resnet18:32x3x64x64,bert:8x128"  # the benchmark's cases: these models at these fractions of M
+BUDGETS = "1.0,0.75,0.6,0.5,0.3,0.2"
+
+
+def parse_models(text: str) -> list[tuple[str, tuple[int, ...]]]:
+    """``name:shape`` pairs, comma separated (``resnet18:32x3x64x64``), as ``(name, shape)``."""
+    pairs = []
+    for spec in text.split(","):
+        name, _, shape_text = spec.partition(":")
+        pairs.append((name, tuple(int(x) for x in shape_text.split("x"))))
+    return pairs
+
+
+def parse_budgets(text: str) -> list[float]:
+    """Fractions of M, comma separated."""
+    return [float(f) for f in text.split(",")]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="resnet18:32x3x64x64,bert:8x128",
-                        help="name:shape pairs from agent.zoo, comma separated")
-    parser.add_argument("--budgets", default="1.0,0.75,0.6,0.5,0.3,0.2", help="fractions of M")
+    parser.add_argument("--models", default=MODELS, help="name:shape pairs from agent.zoo, comma separated")
+    parser.add_argument("--budgets", default=BUDGETS, help="fractions of M")
     parser.add_argument("--repeats", type=int, default=5, help="measured steps per method and budget")
     parser.add_argument("--swap-dir", type=Path, default=None, help="default: a temporary directory in /var/tmp")
-    parser.add_argument("--time-limit", type=float, default=120.0, help="MILP seconds per budget")
+    parser.add_argument("--time-limit", type=float, default=120.0,
+                        help="seconds for each plan() call (replanning included), one per runtime budget tried")
     parser.add_argument("--default-cut", action="store_true",
                         help="cut by extraction's default rule, not the zoo's segments (BERT's zoo entry cuts each "
                              "layer into self-attention / attention output / intermediate / output)")
@@ -459,10 +498,8 @@ def main(argv: list[str] | None = None) -> int:
         swap = Path(swap)
         swap.mkdir(parents=True, exist_ok=True)
         with throttled(swap, args.throttle):
-            for spec in args.models.split(","):
-                name, _, shape_text = spec.partition(":")
-                shape = tuple(int(x) for x in shape_text.split("x"))
-                results.append(bench_model(name, shape, [float(f) for f in args.budgets.split(",")], args.repeats,
+            for name, shape in parse_models(args.models):
+                results.append(bench_model(name, shape, parse_budgets(args.budgets), args.repeats,
                                            swap, args.time_limit, args.default_cut))
                 print_report(results[-1])
     if args.json:

@@ -7,6 +7,7 @@ its budgets, so a feasible result is a checked result.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -17,6 +18,7 @@ from schedules.errors import PlannerError, ScheduleViolation, SolverError, Unkno
 from schedules.graph import TrainingGraph
 from schedules.matrices import Instruction, Matrices, to_instructions
 from schedules.milp import MilpOutcome, SolveProgress, solve_poet_milp
+from schedules.milp.outcome import TIME_LIMIT
 from schedules.schedule import Schedule, SolverInfo
 from schedules.simulate import SimulationReport, simulate
 from schedules.timeline import timeline_step_ms
@@ -50,6 +52,68 @@ class PlanResult:
     timeline_ms: float | None = None
     """The step time the executor's I/O timeline gives the schedule (:func:`schedules.timeline.timeline_step_ms`),
     where :func:`plan` checked it: an overlapped plan that pages, under a runtime budget."""
+    stop_reason: str = ""
+    """Why the search ended: for the MILP methods one of :data:`schedules.milp.STOP_REASONS` (``optimal``,
+    ``gap reached``, ``time limit``, ``no time for branch and bound``, ``relax and round``, ``solver stopped
+    early``, ``infeasible``); ``time limit`` too where the time limit ended :func:`plan`'s replanning; for
+    the heuristic baselines :data:`HEURISTIC`."""
+    replans: int = 0
+    """How many more solves :func:`plan` ran after its first plan missed the runtime budget in the I/O timeline."""
+
+
+HEURISTIC = "heuristic"
+"""``PlanResult.stop_reason`` of a heuristic baseline: one construction, no search."""
+
+# plan() replans only while this much of its time limit is left: a shorter solve would rarely find a plan
+RETRY_MIN_SECONDS = 1.0  # seconds
+RETRY_MIN_SHARE = 0.05  # share of the time limit
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """How :func:`plan` searches: the solver settings, the same for its first solve and every replanning.
+
+    ``time_limit`` is the whole call's: heuristics, every solve and every
+    timeline check come out of it.  The other fields are as :func:`plan`
+    documents its keywords of the same names.
+    """
+
+    solver: str = "highs"
+    time_limit: float | None = None
+    gap: float = 1e-4
+    threads: int = 1
+    warm_start: bool = True
+    relax_and_round: bool = False
+    count_paging_time: bool = False
+    read_ahead: bool | str = False
+    check_timeline: bool = True
+    progress: Callable[[SolveProgress], None] | None = None
+
+
+class _Deadline:
+    """What is left of one :func:`plan` call's time limit, on the monotonic clock."""
+
+    def __init__(self, limit: float | None) -> None:
+        self.limit = limit
+        self.started = time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def remaining(self) -> float | None:
+        return None if self.limit is None else max(self.limit - self.elapsed(), 0.0)
+
+    def solve_limit(self) -> float | None:
+        """Seconds the next MILP solve may take: what is left, less a little for replaying its plan."""
+        left = self.remaining()
+        if left is None:
+            return None
+        return max(left - min(0.01 * self.limit, 0.5), 0.01)
+
+    def allows_replanning(self) -> bool:
+        """True while enough is left for another solve to be worth starting."""
+        left = self.remaining()
+        return left is None or left >= max(RETRY_MIN_SECONDS, RETRY_MIN_SHARE * self.limit)
 
 
 def plan(
@@ -68,6 +132,7 @@ def plan(
     read_ahead: bool | str = False,
     check_timeline: bool = True,
     progress: Callable[[SolveProgress], None] | None = None,
+    options: PlanOptions | None = None,
 ) -> PlanResult:
     """Plan one training step of ``graph`` within the budgets.
 
@@ -88,9 +153,10 @@ def plan(
     method:
         ``"poet"`` or a baseline name from :data:`METHODS`.
     solver, time_limit, gap, threads, warm_start, relax_and_round:
-        MILP controls: ``highs`` or ``cbc``; seconds; relative MIP gap; solver
-        threads; start from the best feasible heuristic; LP relaxation plus
-        rounding for graphs beyond exact reach.
+        MILP controls: ``highs`` or ``cbc``; seconds for the whole call (the
+        warm start's heuristics, every solve and every replanning below share
+        them); relative MIP gap; solver threads; start from the best feasible
+        heuristic; LP relaxation plus rounding for graphs beyond exact reach.
     count_paging_time:
         Count paging time in the runtime budget (devices whose paging does not
         overlap compute); off by default, as in the published formulation.
@@ -112,72 +178,113 @@ def plan(
         frees wait for their writes, page-ins for their reads).  A plan that
         misses the runtime budget there (a page-in with no room to be read
         ahead, slow flash) is planned again with ``read_ahead="node"``, then
-        ``"read"``, then with paging time counted (each with the same
-        ``time_limit``: up to four times the solve time); the first that meets
-        the budget in the timeline is kept, else the fastest there, with a
-        message.
-        The timeline's step time is in ``timeline_ms``.
+        ``"read"``, then with paging time counted, each solve with what is
+        left of ``time_limit``; the first that meets the budget in the
+        timeline is kept, else the fastest there, with a message.  When too
+        little of the time limit is left for another solve, replanning stops
+        and the message says so.  The timeline's step time is in ``timeline_ms``.
     progress:
         Called with :class:`SolveProgress` while the MILP runs.
+    options:
+        All of the settings above from ``solver`` on, as one :class:`PlanOptions`
+        (then leave those keywords at their defaults).
     """
+    given = PlanOptions(solver, time_limit, gap, threads, warm_start, relax_and_round, count_paging_time,
+                        read_ahead, check_timeline, progress)
+    if options is not None and given != PlanOptions():
+        raise PlannerError("pass the solver settings either as options= or as keywords, not both")
+    options = options or given
+    return _plan(graph, device, memory_budget, runtime_budget, method, options, _Deadline(options.time_limit))
+
+
+def _plan(graph: TrainingGraph, device: DeviceProfile | str | None, memory_budget: float | None,
+          runtime_budget: float | None, method: str, options: PlanOptions, deadline: _Deadline) -> PlanResult:
+    """:func:`plan` with its settings bundled and its deadline running (shared by every replanning)."""
     if method not in METHODS:
         raise UnknownNameError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     profile = DeviceProfile.builtin(device) if isinstance(device, str) else device
     graph = _priced(graph, profile)
     paging_ms = paging_time_ms(graph, profile) if profile is not None else None
+    count_paging_time = options.count_paging_time
     if count_paging_time and paging_ms is None:
         raise PlannerError("count_paging_time needs a device profile to know paging times; pass device=")
-    read_ahead = _read_ahead_mode(read_ahead)
+    read_ahead = _read_ahead_mode(options.read_ahead)
     if read_ahead == "read" and paging_ms is None:
         raise PlannerError('read_ahead="read" needs a device profile to know read times; pass device=')
     runtime_ms = None if runtime_budget is None else runtime_budget * graph.total_compute_ms
     problem = BaselineProblem(graph, memory_budget, runtime_ms, _counted_paging_ms(profile, paging_ms, count_paging_time),
                               paging_ms)
-    context = _Context(graph, profile, problem, count_paging_time, method, solver)
+    context = _Context(graph, profile, problem, count_paging_time, method, options.solver)
     if method in HEURISTIC_BASELINES:
         return _plan_heuristic(context, method)
+    if options.time_limit is not None and not options.time_limit > 0:
+        raise SolverError(f"the time limit must be positive seconds, got {options.time_limit}")
     paging, remat = MILP_METHODS[method]
-    start = _best_heuristic(context) if warm_start else None
+    start = _best_heuristic(context) if options.warm_start else None
     outcome = solve_poet_milp(
         graph, memory_budget=memory_budget, runtime_budget_ms=runtime_ms, paging=paging, remat=remat,
-        solver=solver, time_limit=time_limit, gap=gap, threads=threads, warm_start=start,
-        relax_and_round=relax_and_round, paging_time_ms=problem.counted_paging_ms,
+        solver=options.solver, time_limit=deadline.solve_limit(), gap=options.gap, threads=options.threads,
+        warm_start=start, relax_and_round=options.relax_and_round, paging_time_ms=problem.counted_paging_ms,
         io_time_ms=problem.paging_ms, read_ahead=read_ahead is not None,
-        read_ahead_ms=paging_ms[0] if read_ahead == "read" else None, progress=progress,
+        read_ahead_ms=paging_ms[0] if read_ahead == "read" else None, progress=options.progress,
     )
     result = _from_milp(context, outcome)
-    if not (check_timeline and paging and result.feasible and runtime_ms is not None and profile is not None
+    if not (options.check_timeline and paging and result.feasible and runtime_ms is not None and profile is not None
             and profile.paging_overlaps_compute and not count_paging_time):
         return result
     step_ms = timeline_step_ms(graph, result.schedule, profile)
     if step_ms <= runtime_ms * (1 + 1e-9):
         return replace(result, timeline_ms=step_ms)
+    replan = functools.partial(_plan, graph, profile, memory_budget, runtime_budget, method, deadline=deadline)
+    return _replanned(result, step_ms, runtime_ms, replan, lambda s: timeline_step_ms(graph, s, profile), options,
+                      read_ahead, deadline)
+
+
+def _replanned(result: PlanResult, step_ms: float, runtime_ms: float, replan: Callable[..., PlanResult],
+               timeline: Callable[[Schedule], float], options: PlanOptions, read_ahead: str | None,
+               deadline: _Deadline) -> PlanResult:
+    """Plan again with more read-ahead room, then with paging time counted, while the time limit leaves
+    room; keep the first plan ``timeline`` puts within the runtime budget, else the fastest there."""
     seconds, candidates = result.solve_seconds, [(step_ms, result, "")]
     modes = list(READ_AHEAD)
     roomier = modes[modes.index(read_ahead) + 1:] if read_ahead else modes  # the rooms not tried yet
     retries = [({"read_ahead": mode}, READ_AHEAD[mode]) for mode in roomier]
     retries.append(({"count_paging_time": True, "read_ahead": read_ahead or False}, "with paging time counted"))
-    for options, how in retries:
-        again = plan(graph, profile, memory_budget=memory_budget, runtime_budget=runtime_budget, method=method,
-                     solver=solver, time_limit=time_limit, gap=gap, threads=threads, warm_start=warm_start,
-                     relax_and_round=relax_and_round, check_timeline=False, progress=progress, **options)
+    tried = 0
+    for changes, how in retries:
+        if not deadline.allows_replanning():
+            break
+        again = replan(options=replace(options, check_timeline=False, **changes))
+        tried += 1
         seconds += again.solve_seconds
         if not again.feasible:
             continue
-        again_ms = timeline_step_ms(graph, again.schedule, profile)
+        again_ms = timeline(again.schedule)
         candidates.append((again_ms, again, how))
         if again_ms <= runtime_ms * (1 + 1e-9):
             break
     best_ms, best, how = min(candidates, key=lambda c: c[0])
-    if best is result:
-        message = (f"the executor's I/O timeline puts this plan at {step_ms:.0f} ms, over the runtime budget of "
-                   f"{runtime_ms:.0f} ms, and no plan with read-ahead room or paging time counted does better; "
-                   "expect the step to run that long")
-    else:
-        over = "" if best_ms <= runtime_ms * (1 + 1e-9) else "; still over it: expect the step to run that long"
-        message = (f"planned {how}: the overlapped plan takes {step_ms:.0f} ms in the executor's I/O timeline, "
-                   f"this one {best_ms:.0f} ms, against the runtime budget of {runtime_ms:.0f} ms{over}")
-    return replace(best, solve_seconds=seconds, timeline_ms=best_ms, message=message)
+    message = _replanning_message(best is result, how, step_ms, best_ms, runtime_ms, tried, len(retries))
+    if best_ms <= runtime_ms * (1 + 1e-9) or tried == len(retries):
+        return replace(best, solve_seconds=seconds, timeline_ms=best_ms, message=message, replans=tried)
+    message += (f"; the time limit ({options.time_limit:g} s) ended the replanning after {tried} of {len(retries)} "
+                "tries: raise it for a plan that may meet the budget")
+    return replace(best, solve_seconds=seconds, timeline_ms=best_ms, message=message, stop_reason=TIME_LIMIT,
+                   replans=tried)
+
+
+def _replanning_message(kept_first: bool, how: str, step_ms: float, best_ms: float, runtime_ms: float,
+                        tried: int, retries: int) -> str:
+    """What replanning found: the plan kept and the step times in the executor's I/O timeline."""
+    if kept_first:
+        found = ("no plan with read-ahead room or paging time counted does better" if tried == retries
+                 else "no time was left to plan it again" if tried == 0
+                 else "no plan tried in the time limit does better")
+        return (f"the executor's I/O timeline puts this plan at {step_ms:.0f} ms, over the runtime budget of "
+                f"{runtime_ms:.0f} ms, and {found}; expect the step to run that long")
+    over = "" if best_ms <= runtime_ms * (1 + 1e-9) else "; still over it: expect the step to run that long"
+    return (f"planned {how}: the overlapped plan takes {step_ms:.0f} ms in the executor's I/O timeline, "
+            f"this one {best_ms:.0f} ms, against the runtime budget of {runtime_ms:.0f} ms{over}")
 
 
 READ_AHEAD = {"node": "with room to read each page ahead",
@@ -236,8 +343,9 @@ def _plan_heuristic(ctx: _Context, method: str) -> PlanResult:
     seconds = time.perf_counter() - started
     if matrices is None:
         return PlanResult(False, "infeasible", None, None, seconds, None, method,
-                          message=f"{method} has no schedule within these budgets")
-    return _checked_result(ctx, matrices, status="feasible", objective=None, gap=None, bound=None, seconds=seconds)
+                          message=f"{method} has no schedule within these budgets", stop_reason=HEURISTIC)
+    return _checked_result(ctx, matrices, status="feasible", objective=None, gap=None, bound=None, seconds=seconds,
+                           stop_reason=HEURISTIC)
 
 
 def _best_heuristic(ctx: _Context) -> Matrices | None:
@@ -261,9 +369,10 @@ def _from_milp(ctx: _Context, outcome: MilpOutcome) -> PlanResult:
         message = ("the memory/runtime budgets admit no schedule" if outcome.status == "infeasible"
                    else "the solver stopped before finding any schedule; raise the time limit")
         return PlanResult(False, outcome.status, None, None, outcome.solve_seconds, None, ctx.method,
-                          bound_j=outcome.bound_j, message=message)
+                          bound_j=outcome.bound_j, message=message, stop_reason=outcome.stop_reason)
     return _checked_result(ctx, outcome.matrices, status=outcome.status, objective=outcome.objective_j,
-                           gap=outcome.gap, bound=outcome.bound_j, seconds=outcome.solve_seconds)
+                           gap=outcome.gap, bound=outcome.bound_j, seconds=outcome.solve_seconds,
+                           stop_reason=outcome.stop_reason)
 
 
 def _simulate(ctx: _Context, instructions: list[Instruction]) -> SimulationReport:
@@ -273,7 +382,7 @@ def _simulate(ctx: _Context, instructions: list[Instruction]) -> SimulationRepor
 
 
 def _checked_result(ctx: _Context, matrices: Matrices, *, status: str, objective: float | None,
-                    gap: float | None, bound: float | None, seconds: float) -> PlanResult:
+                    gap: float | None, bound: float | None, seconds: float, stop_reason: str) -> PlanResult:
     instructions = to_instructions(ctx.graph, matrices)
     try:
         report = _simulate(ctx, instructions)
@@ -283,7 +392,7 @@ def _checked_result(ctx: _Context, matrices: Matrices, *, status: str, objective
             raise SolverError(f"the {ctx.method} MILP's plan failed the simulator ({exc}); please report this "
                               "with the graph file and budgets") from exc
         return PlanResult(False, "infeasible", None, None, seconds, None, ctx.method,
-                          message=f"{ctx.method} does not fit the budgets: {exc}")
+                          message=f"{ctx.method} does not fit the budgets: {exc}", stop_reason=stop_reason)
     objective = report.energy_j if objective is None else objective
     schedule = Schedule(
         instructions=tuple(instructions),
@@ -300,4 +409,5 @@ def _checked_result(ctx: _Context, matrices: Matrices, *, status: str, objective
                           status=status, objective_j=objective, gap=gap, seconds=seconds),
         count_paging_time=ctx.count_paging_time,
     )
-    return PlanResult(True, status, objective, gap, seconds, schedule, ctx.method, bound_j=bound, simulation=report)
+    return PlanResult(True, status, objective, gap, seconds, schedule, ctx.method, bound_j=bound, simulation=report,
+                      stop_reason=stop_reason)

@@ -2,13 +2,17 @@
 
 On a terminal it is one ``rich`` status line redrawn four times a second (the
 elapsed time keeps ticking between solver callbacks); anywhere else (a pipe, a
-log file, CI) it is a plain line every few seconds, so logs stay readable.
-``rich`` is imported only when a terminal display is actually shown.
+log file, CI) it is a plain line at a fixed interval, written by a small timer
+thread whatever the solver is doing: solver callbacks come in bursts during
+branch and bound and not at all while an LP relaxation runs, so lines printed
+from them would come every few seconds in one solve and once a minute in the
+next.  ``rich`` is imported only when a terminal display is actually shown.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import Any, TextIO
 
@@ -23,7 +27,8 @@ class SolveProgressDisplay:
     stream:
         Where progress goes (standard error by default; results go to standard output).
     interval_s:
-        Seconds between plain lines when ``stream`` is not a terminal.
+        Seconds between plain lines when ``stream`` is not a terminal (from a
+        timer thread while the display is entered as a context manager).
     live:
         Force the terminal display on or off; by default on when ``stream`` is a TTY.
     """
@@ -38,6 +43,8 @@ class SolveProgressDisplay:
         self.latest: Any = None
         self._last_line = float("-inf")
         self._live: Any = None
+        self._ticker: threading.Thread | None = None
+        self._stop = threading.Event()
 
     def __enter__(self) -> "SolveProgressDisplay":
         self.started = time.monotonic()
@@ -47,20 +54,39 @@ class SolveProgressDisplay:
 
             self._live = Live(self, console=Console(file=self.stream), refresh_per_second=4, transient=True)
             self._live.__enter__()
+        else:
+            self._stop.clear()
+            self._ticker = threading.Thread(target=self._tick, name="solve-progress", daemon=True)
+            self._ticker.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._live is not None:
             self._live.__exit__(*exc)
             self._live = None
+        if self._ticker is not None:
+            self._stop.set()
+            self._ticker.join()
+            self._ticker = None
 
     def __call__(self, progress: Any) -> None:
-        """Record a ``SolveProgress`` (elapsed_s, incumbent_j, bound_j, gap) from the solver."""
+        """Record a ``SolveProgress`` (elapsed_s, incumbent_j, bound_j, gap) from the solver.
+
+        Outside a ``with`` block (no timer thread) a plain line is printed from
+        here, at most once per ``interval_s``.
+        """
         self.latest = progress
         now = time.monotonic()
-        if not self.live_mode and now - self._last_line >= self.interval_s:
+        if not self.live_mode and self._ticker is None and now - self._last_line >= self.interval_s:
             self._last_line = now
             print(self.line(), file=self.stream, flush=True)
+
+    def _tick(self) -> None:
+        """Print a plain line at every multiple of ``interval_s`` since the start, until told to stop."""
+        ticks = 1
+        while not self._stop.wait(max(self.started + ticks * self.interval_s - time.monotonic(), 0.0)):
+            print(self.line(), file=self.stream, flush=True)
+            ticks = int((time.monotonic() - self.started) // self.interval_s) + 1  # a late tick skips, not bunches
 
     def line(self) -> str:
         """The current status as one line of text."""

@@ -221,6 +221,41 @@ def test_an_overlapped_plan_is_kept_with_a_warning_when_counting_paging_finds_no
     assert "no plan with read-ahead room or paging time counted does better" in result.message
 
 
+def test_the_time_limit_is_the_whole_calls_replanning_included():
+    import time
+
+    from tests.schedules.test_milp import chain_graph
+
+    # gap 0 on 40 nodes: no solve proves its plan within the limit, so each would take all it is given; the
+    # overlapped plan misses its runtime budget in the I/O timeline on this flash, so plan() wants to replan
+    graph, slow, limit = chain_graph(20, seed=4), _slow_flash(3e5), 2.0
+    started = time.monotonic()
+    result = plan(graph, slow, memory_budget=required_bytes(graph), runtime_budget=1.5, gap=0.0, time_limit=limit)
+    wall = time.monotonic() - started
+    checked(graph, result)
+    assert result.feasible and result.timeline_ms > 1.5 * graph.total_compute_ms
+    assert wall <= 1.05 * limit + 0.3 and result.solve_seconds <= wall
+    assert result.stop_reason == "time limit" and "the time limit (2 s) ended the replanning" in result.message
+
+
+def test_settings_come_as_keywords_or_as_options_not_both():
+    from schedules.errors import PlannerError
+    from schedules.plan import PlanOptions
+
+    graph = unet_graph(2)
+    budget = budgets(graph)[2]
+    as_keywords = plan(graph, memory_budget=budget, gap=1e-6, time_limit=TIME_LIMIT)
+    as_options = plan(graph, memory_budget=budget, options=PlanOptions(gap=1e-6, time_limit=TIME_LIMIT))
+    assert as_options.objective_j == pytest.approx(as_keywords.objective_j, rel=1e-9)
+    assert as_options.stop_reason == as_keywords.stop_reason and as_options.stop_reason in ("optimal", "gap reached")
+    with pytest.raises(PlannerError, match="not both"):
+        plan(graph, memory_budget=budget, gap=1e-6, options=PlanOptions(time_limit=TIME_LIMIT))
+
+
+def test_a_heuristic_says_it_did_not_search():
+    assert plan(linear_graph(4), method="sqrt-n").stop_reason == "heuristic"
+
+
 def test_the_unhidden_share_of_overlapped_paging_is_counted_in_the_runtime_budget():
     from dataclasses import replace
 
