@@ -413,6 +413,7 @@ def print_summary(result: PlanResult, schedule: Schedule, graph: TrainingGraph, 
     sim = result.simulation
     rows = [
         ("status", f"{result.status} ({schedule.solver.method}, {schedule.solver.solver})"),
+        ("stopped", STOP_REASON_TEXT.get(result.stop_reason, result.stop_reason or "-")),
         ("objective", _objective_text(result)),
         ("solve time", f"{result.solve_seconds:.2f} s"),
         ("peak / budget", _peak_text(schedule)),
@@ -428,6 +429,20 @@ def print_summary(result: PlanResult, schedule: Schedule, graph: TrainingGraph, 
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
+
+
+STOP_REASON_TEXT = {
+    "optimal": "proven optimal",
+    "gap reached": "the gap asked for (--gap) was proven",
+    "time limit": "at the time limit, before the gap asked for was proven: raise --time-limit for a tighter plan",
+    "no time for branch and bound": "the LP relaxation left too little of --time-limit for branch and bound; the "
+                                    "plan is the rounded relaxation: raise --time-limit for a tighter one",
+    "relax and round": "LP relaxation and rounding, as asked (--relax-and-round)",
+    "solver stopped early": "the solver stopped before the time limit without proving the gap",
+    "infeasible": "no schedule within the budgets",
+    "heuristic": "a baseline heuristic: one construction, no search",
+}
+"""What ``solve`` prints for each :attr:`PlanResult.stop_reason`."""
 
 
 def _runtime_summary(schedule: Schedule, plain_ms: float) -> str:

@@ -406,3 +406,15 @@ def test_an_unknown_device_names_the_built_in_profiles_and_the_file_option(graph
     assert code == ExitCode.USAGE
     assert_one_line_error(err, "rpi9", "rpi4", "profile file")
     assert "DeviceProfile" not in err
+
+
+def test_solve_says_why_the_search_stopped(poet_graphs, tmp_path, capsys):
+    graph = poet_graphs / "resnet18_cifar_a72.json"
+    code, out, _ = run(["solve", graph, "--memory", "1.5MB", "--runtime", "1.5", "--time-limit", "3", "--gap", "1e-6",
+                        "-o", tmp_path / "s.json"], capsys)
+    assert code == ExitCode.OK
+    stopped = next(line for line in out.splitlines() if line.startswith("stopped"))
+    assert "time limit" in stopped or "branch and bound" in stopped
+    code, out, _ = run(["solve", graph, "--memory", "3MB", "--runtime", "7.6", "-o", tmp_path / "t.json"], capsys)
+    assert next(line for line in out.splitlines() if line.startswith("stopped")).endswith(
+        ("proven optimal", "the gap asked for (--gap) was proven"))
