@@ -19,12 +19,12 @@ from schedules.errors import (
     UnsupportedVersionError,
 )
 from schedules.graph import Node, TrainingGraph
-from schedules.plan import METHODS, PlanResult, plan
+from schedules.plan import METHODS, PlanOptions, PlanResult, plan
 from schedules.schedule import Schedule
 from schedules.simulate import SimulationReport, simulate
 
 __all__ = [
-    "DeviceProfile", "FormatError", "METHODS", "Node", "PlanResult", "PlannerError", "Schedule",
+    "DeviceProfile", "FormatError", "METHODS", "Node", "PlanOptions", "PlanResult", "PlannerError", "Schedule",
     "ScheduleMismatchError", "ScheduleViolation", "SignatureError", "SimulationReport", "SolverError",
     "TrainingGraph", "UnknownNameError", "UnsupportedVersionError", "plan", "simulate",
 ]
