@@ -22,9 +22,9 @@ fixed memory (parameters and gradients, which exist before the step) / budget; s
 time / plain step time (the minimum over the interleaved repetitions); the same
 for the remedies; bytes paged and the achieved page-out and page-in bandwidth /
 raw bandwidth, the raw measurement repeated right before each measured POET
-step and the median kept (``raw w/r``: the virtual disk of the development VM
-moves by a third within minutes, so a yardstick taken once per model mismeasured
-rows); page-ins are also split by the memory they filled (``in kept``: mapped in
+step and the median kept (``raw w/r``: a shared or virtual disk's bandwidth
+can move by a third within minutes, so a yardstick taken once per model would
+mismeasure rows); page-ins are also split by the memory they filled (``in kept``: mapped in
 already, from an earlier page-in or a freed value; ``in fresh``: new memory the
 kernel zeroes as it maps it in).  The model's line also gives the raw
 measurement before and after its rows, and taken while plain steps of the model
@@ -343,7 +343,7 @@ def bench_budget(fraction: float, M: int, graph, cut, work: Workload, device: De
                 stats.append(ex.last_stats)
 
             raw_now: list[tuple[float, float]] = []
-            # The yardstick right before each POET step: this VM's disk moves by a third within minutes.
+            # The yardstick right before each POET step: a shared disk's bandwidth drifts within minutes.
             probe = Method("raw", lambda: raw_now.append(raw_bandwidth(swap, repeats=1)), work.model)
             poet = Method("poet", poet_step, work.model)
             interleaved([plain, probe, poet], repeats)
