@@ -178,7 +178,7 @@ def _highs_model(model: SparseMilp):
 
 
 @functools.cache
-def _silence_highs_banner() -> None:
+def silence_highs_banner() -> None:
     """Construct the process's first ``Highs`` with standard output pointed at /dev/null.
 
     HiGHS (1.16) prints its banner to file descriptor 1 from the first
@@ -203,7 +203,7 @@ def _new_highs(gap: float, threads: int):
     """A silent HiGHS instance with the gap and threads set (the time limit is set right before it runs)."""
     import highspy
 
-    _silence_highs_banner()
+    silence_highs_banner()
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("threads", int(threads))
