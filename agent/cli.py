@@ -179,7 +179,9 @@ def run_validate(args: argparse.Namespace) -> int:
     if args.plot:
         check_writable(args.plot)
     workload = _workload(args)
-    segments = _segments_matching(workload, graph, args)
+    from agent.extract import segments_matching
+
+    segments = segments_matching(workload, graph, args.max_nodes, source=args.graph)
     from agent.validate import plot_memory, validate
 
     with _meter(args, device) as meter:
@@ -197,20 +199,6 @@ def run_validate(args: argparse.Namespace) -> int:
 
 def _mb(value: int | None) -> str:
     return "unconstrained" if value is None else f"{value / 1e6:,.2f} MB"
-
-
-def _segments_matching(workload: Any, graph: Any, args: argparse.Namespace) -> Any:
-    """Cut the model as the profile did; refuse when it does not give the graph's nodes and bytes."""
-    from agent.extract import extract
-
-    fresh, segments = extract(workload.model, workload.example, workload.loss_fn, args.max_nodes,
-                              segments=workload.segments, repeats=0)
-    if fresh.fingerprint != graph.fingerprint:
-        raise CommandError(
-            f"{args.graph} was not extracted from this model and input ({fresh.size} nodes here, "
-            f"{graph.size} in the graph, or different bytes): validate with the --model/--module, --input, "
-            "--seed and --max-nodes the profile was made with", ExitCode.REJECTED)
-    return segments
 
 
 @contextmanager

@@ -7,8 +7,13 @@ The tree, with each class's exit code (:class:`schedules.exit_codes.ExitCode`)::
         ├── ZooError                      a model name, module path or shape that cannot be built  2 usage
         ├── ExtractionError               the model cannot be cut or traced as written     9 unsupported model
         ├── ProfileError                  the swap path cannot be measured                 7 storage
+        ├── DataError                     the local data set is unreadable or too small to train on  3 bad file
+        ├── ConfigError                   the agent's config file has problems (all listed)  3 bad file
+        ├── CheckpointError               a checkpoint cannot be written, or none can be read  7 storage
+        ├── MemoryBoundError              a step's peak memory went over the agent's bound  5 rejected
         ├── EnergyMeterError              an energy meter failed (:mod:`agent.energy.errors`)  8 meter
         └── ExecutorError                 a training step cannot run as scheduled          5 rejected
+            ├── StepCancelled             a step was cancelled between instructions (rolled back)  130 interrupted
             ├── ScheduleRefusedError      the schedule is for another model/graph or breaks its budget  5 rejected
             ├── InputMismatchError        the batch differs from the one the graph was extracted with  5 rejected
             ├── LedgerError               resident bytes went over the schedule's memory budget  5 rejected
@@ -48,10 +53,26 @@ class ProfileError(AgentError):
     exit_code = ExitCode.STORAGE
 
 
+class DataError(AgentError):
+    """The local data set cannot be used as a whole; the message names the file and what to fix.
+
+    A missing path, an unknown format, no usable samples, fewer samples than one batch.  A single bad
+    sample is skipped and counted instead (:mod:`agent.data`).
+    """
+
+    exit_code = ExitCode.BAD_FILE
+
+
 class ExecutorError(AgentError):
     """A training step cannot run as scheduled."""
 
     exit_code = ExitCode.REJECTED
+
+
+class StepCancelled(ExecutorError):
+    """A training step was cancelled between instructions; the model is as it was before the step."""
+
+    exit_code = ExitCode.INTERRUPTED
 
 
 class ScheduleRefusedError(ExecutorError):
@@ -91,3 +112,21 @@ class PageError(ExecutorError):
 
 class PageCorruptError(PageError):
     """A page file is missing, truncated, or its contents fail the checksum."""
+
+
+class ConfigError(AgentError):
+    """The agent's config file is missing, not TOML, or has values the agent cannot use; lists every problem."""
+
+    exit_code = ExitCode.BAD_FILE
+
+
+class CheckpointError(AgentError):
+    """A checkpoint cannot be written (disk full, read-only) or none of the kept ones can be read."""
+
+    exit_code = ExitCode.STORAGE
+
+
+class MemoryBoundError(AgentError):
+    """A training step's peak memory went over the agent's own bound (fixed memory + budget + slack)."""
+
+    exit_code = ExitCode.REJECTED

@@ -51,14 +51,14 @@ from __future__ import annotations
 import time
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
 
 from agent import rss
 from agent.energy import Activity, EnergyMeter, StepEnergy, StepEnergyAccount
-from agent.errors import ScheduleRefusedError
+from agent.errors import ScheduleRefusedError, StepCancelled
 from agent.ledger import Ledger, StepStats
 from agent.pager import FreeSpace, Pager, disk_free
 from agent.runtime import ModelState, Runtime
@@ -136,8 +136,13 @@ class Executor:
         self._kept: dict[Donor, int] = {}               # freed value whose memory waits for a read -> bytes
         self.last_stats: StepStats | None = None
 
-    def step(self, inputs: Any, targets: Any) -> torch.Tensor:
-        """Run one training step; returns the loss, leaves parameter ``.grad`` as plain autograd would."""
+    def step(self, inputs: Any, targets: Any, cancel: Callable[[], bool] | None = None) -> torch.Tensor:
+        """Run one training step; returns the loss, leaves parameter ``.grad`` as plain autograd would.
+
+        ``cancel`` is asked before every instruction; when it answers True the
+        step stops there, the model is rolled back to where it was before the
+        step, and :class:`~agent.errors.StepCancelled` is raised.
+        """
         state = ModelState(self.runtime.model)
         ledger = Ledger(self.report.resident_bytes, self.schedule.memory_budget)
         node_seconds = [0.0] * self.graph.size
@@ -151,6 +156,8 @@ class Executor:
             with account if account is not None else nullcontext():  # its window holds the step's
                 started = time.perf_counter()
                 for position, (op, node) in enumerate(self.instructions):
+                    if cancel is not None and cancel():
+                        raise StepCancelled(f"step cancelled at instruction {position} of {len(self.instructions)}")
                     if self._behind:
                         self._settle_writes(position, account)
                     for ahead in self.prefetch.get(position, ()):

@@ -67,7 +67,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 from agent import rss
-from agent.errors import ExtractionError
+from agent.errors import ExtractionError, ScheduleRefusedError
 from agent.runtime import ModelState, Runtime
 from agent.segments import Port, Segments, TensorMeta, Unit, mark_modes, pytree_leaf, run_unit, same_path
 from schedules.graph import Node, TrainingGraph
@@ -122,6 +122,22 @@ def extract(
     finally:
         state.rollback()
     return _build_graph(model, cut, measured), cut
+
+
+def segments_matching(workload: Any, graph: TrainingGraph, max_nodes: int | None = None,
+                      source: str = "the graph") -> Segments:
+    """Cut ``workload``'s model as the profile that made ``graph`` did, without timing anything.
+
+    Raises :class:`ScheduleRefusedError` when the cut does not give ``graph``'s
+    nodes, bytes and edges (another model, input, seed or node bound).
+    """
+    fresh, segments = extract(workload.model, workload.example, workload.loss_fn, max_nodes,
+                              segments=workload.segments, repeats=0)
+    if fresh.fingerprint != graph.fingerprint:
+        raise ScheduleRefusedError(
+            f"{source} was not extracted from this model and input ({fresh.size} nodes here, {graph.size} in the "
+            "graph, or different bytes): use the model, input, seed and node bound the profile was made with")
+    return segments
 
 
 def _check_dense_gradients(model: nn.Module) -> None:

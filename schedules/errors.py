@@ -80,6 +80,12 @@ class SolverError(PlannerError):
     exit_code = ExitCode.SOLVER_FAILED
 
 
+class InfeasibleBudgetError(PlannerError):
+    """No schedule fits the memory and runtime budgets asked for (the budget, not the solver, is the problem)."""
+
+    exit_code = ExitCode.INFEASIBLE
+
+
 class UnknownNameError(PlannerError):
     """A built-in name (device profile, baseline, method) does not exist."""
 

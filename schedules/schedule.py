@@ -16,6 +16,8 @@ it parses a field (the signature covers the values, not the file's layout).
 
 from __future__ import annotations
 
+import hashlib
+
 import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -99,6 +101,12 @@ class Schedule:
             "count_paging_time": self.count_paging_time,
             "solver": asdict(self.solver),
         }
+
+    @property
+    def schedule_id(self) -> str:
+        """Short, stable name of what this schedule says: the first 16 hex digits of its payload's SHA-256
+        (the signature is left out, so the same plan signed by two keys has one id)."""
+        return hashlib.sha256(canonical_json(self.payload())).hexdigest()[:16]
 
     # -- files -------------------------------------------------------------------
     def to_json(self) -> bytes:

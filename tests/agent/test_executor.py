@@ -13,7 +13,7 @@ import torch.nn as nn
 import torchvision
 
 from agent import pagefile
-from agent.errors import InputMismatchError, PageCorruptError, ScheduleRefusedError, SwapSpaceError
+from agent.errors import InputMismatchError, PageCorruptError, ScheduleRefusedError, StepCancelled, SwapSpaceError
 from agent.executor import Executor
 from schedules.timeline import plan_prefetch
 from schedules.budgets import memory_lower_bound, store_all_peak
@@ -312,3 +312,28 @@ def test_page_ins_fill_memory_kept_from_earlier_ones_or_freed_values_and_gradien
         assert 0 < stats.io_in_kept_seconds <= stats.io_in_seconds
         assert (stats.bytes_read_into_kept < stats.bytes_paged_in) == (stats.io_in_kept_seconds < stats.io_in_seconds)
         assert ex.last_stats.peak_with_inflight_bytes <= budget  # kept memory counted while it waits
+
+
+def test_a_cancelled_step_stops_between_instructions_and_changes_nothing(tmp_path):
+    torch.manual_seed(0)
+    model, example = mlp(), mlp_example()
+    graph, segments = extract(model, example, cross_entropy, repeats=1)
+    instructions = page_everything(graph)
+    asked = []
+
+    def cancel_at_the_tenth() -> bool:
+        asked.append(True)
+        return len(asked) >= 10
+
+    with Executor(model, segments, graph, schedule_for(graph, instructions), swap_dir=tmp_path) as ex:
+        before = copy.deepcopy(model.state_dict())
+        rng = torch.get_rng_state()
+        with pytest.raises(StepCancelled, match="instruction 9 of"):
+            ex.step(*example, cancel=cancel_at_the_tenth)
+        assert len(asked) == 10  # asked before every instruction, none run after the answer
+        assert all(p.grad is None for p in model.parameters())
+        assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+        assert torch.equal(torch.get_rng_state(), rng)
+        assert not list(Path(tmp_path).glob("*.page*"))  # the step's page files are gone
+        ex.step(*example, cancel=lambda: False)  # and the next step runs
+        assert all(p.grad is not None for p in model.parameters())
