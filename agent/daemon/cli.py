@@ -1,0 +1,122 @@
+"""``poet-edge agent run`` and ``poet-edge agent status``: the device agent daemon and what it is doing.
+
+::
+
+    poet-edge agent run    --config /etc/poet-agent/agent.toml     # systemd runs this (deploy/poet-agent.service)
+    poet-edge agent status --config /etc/poet-agent/agent.toml [--json]
+
+Registered in the ``poet_edge.commands`` entry-point group (see
+:mod:`schedules.cli`).  Neither command imports torch: ``run`` trains in a
+worker process (:mod:`agent.daemon.worker`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from typing import Any
+
+from schedules.errors import CommandError
+from schedules.exit_codes import ExitCode
+
+
+def add_commands(subparsers: Any) -> None:
+    """Register ``agent`` with its ``run`` and ``status`` subcommands."""
+    p = subparsers.add_parser("agent", help="the device agent: train while idle and charging, and its status",
+                              description="The device agent daemon (see deploy/ for its systemd unit).")
+    commands = p.add_subparsers(dest="agent_command", metavar="COMMAND", required=True)
+    run = commands.add_parser("run", help="run the daemon in the foreground (systemd starts it so)",
+                              description="Wait until the device is idle, charging and cool; then train the "
+                                          "configured model on local data under a POET schedule, checkpointing. "
+                                          "Stops at a step boundary when eligibility is lost; SIGTERM "
+                                          "checkpoints and exits.")
+    run.add_argument("--config", required=True, metavar="FILE", help="agent config (deploy/agent.example.toml)")
+    run.set_defaults(handler=run_agent)
+    status = commands.add_parser("status", help="what the agent is doing and why",
+                                 description="State and reason, steps, loss and held-out accuracy, the schedule "
+                                             "and memory against budget, energy and the last error.")
+    status.add_argument("--config", required=True, metavar="FILE", help="the agent's config")
+    status.add_argument("--json", action="store_true", help="print the status as JSON (keys state, reason, "
+                                                            "steps_done are stable)")
+    status.set_defaults(handler=show_status)
+
+
+def run_agent(args: argparse.Namespace) -> int:
+    """Run the daemon until SIGTERM."""
+    from agent.daemon.config import load_config
+    from agent.daemon.supervisor import Daemon, configure_logging
+
+    config = load_config(args.config)
+    _check_writable_dirs(config)
+    configure_logging()
+    metrics = None
+    if config.metrics.prometheus:
+        from agent.daemon.metrics import AgentMetrics
+
+        metrics = AgentMetrics.serve(config.metrics.prometheus)
+    return Daemon(config, metrics=metrics).run()
+
+
+def _check_writable_dirs(config: Any) -> None:
+    import os
+
+    for label, directory in (("device.state_dir", config.device.state_dir), ("device.swap_dir", config.swap_dir)):
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CommandError(f"{label} {directory}: cannot create it: {exc.strerror or exc}",
+                               ExitCode.STORAGE) from exc
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise CommandError(f"{label} {directory} is not writable by this user", ExitCode.STORAGE)
+
+
+def show_status(args: argparse.Namespace) -> int:
+    """Print the daemon's last status."""
+    from agent.daemon.config import load_config
+    from agent.daemon.status import read_status
+
+    config = load_config(args.config)
+    status = read_status(config.status_path)
+    if status is None:
+        status = {"state": "stopped", "reason": f"the agent has not run yet (no {config.status_path})",
+                  "steps_done": 0}
+    if args.json:
+        json.dump(status, sys.stdout, indent=1)
+        print()
+    else:
+        print(format_status(status))
+    return ExitCode.OK
+
+
+def format_status(s: dict[str, Any]) -> str:
+    """The status for a person: one figure per line, unknown ones left out."""
+    rows = [("state", f"{s['state']}: {s.get('reason') or ''}")]
+    if s.get("since"):
+        rows.append(("since", datetime.datetime.fromtimestamp(s["since"]).strftime("%Y-%m-%d %H:%M:%S")))
+    rows.append(("steps", f"{s.get('steps_done', 0):,}"))
+    if s.get("loss") is not None:
+        rows.append(("last loss", f"{s['loss']:.4f}"))
+    if s.get("holdout_accuracy") is not None or s.get("holdout_loss") is not None:
+        acc = f"accuracy {100 * s['holdout_accuracy']:.1f}%, " if s.get("holdout_accuracy") is not None else ""
+        rows.append(("held out", f"{acc}loss {s['holdout_loss']:.4f}"))
+    if s.get("schedule_id"):
+        rows.append(("schedule", f"{s['schedule_id']} from {s.get('schedule_from')}, budget "
+                                 f"{_mb(s.get('memory_budget_bytes'))}"))
+    if s.get("peak_bytes"):
+        rows.append(("peak memory", f"{_mb(s['peak_bytes'])} of a bound of {_mb(s.get('bound_bytes'))} "
+                                    "(process RSS: model, optimizer and activations)"))
+    if s.get("energy_j"):
+        rows.append(("energy", f"{s['energy_j']:,.1f} J ({s.get('energy_source') or 'unknown meter'})"))
+    if s.get("data"):
+        rows.append(("data", s["data"]))
+    for verdict in s.get("eligibility") or []:
+        rows.append((f"  {verdict['name']}", f"{'ok' if verdict['eligible'] else 'no'}: {verdict['reason']}"))
+    rows.append(("last error", s.get("last_error") or "none"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _mb(value: Any) -> str:
+    return f"{value / 1e6:,.1f} MB" if isinstance(value, (int, float)) else "?"

@@ -1,0 +1,289 @@
+"""The agent's configuration: one TOML file, validated at start with every problem reported at once.
+
+``deploy/agent.example.toml`` documents every key.  :func:`load_config` reads
+the file, fills defaults and raises :class:`ConfigError` listing all problems
+(a wrong type, a missing path, an unknown key...) so an operator fixes the file
+in one pass.  This module imports neither torch nor the planner: the waiting
+daemon reads its config too.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from agent.energy.detect import MeterConfig
+from agent.errors import ConfigError
+from agent.monitors.quiet import parse_window
+from schedules.units import parse_bytes
+
+
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
+
+
+@dataclass(frozen=True)
+class DeviceSection:
+    """``[device]``: who this device is and where it keeps its files."""
+
+    name: str = ""
+    state_dir: Path = Path("/var/lib/poet-agent")
+    swap_dir: Path | None = None  # default: state_dir / "swap"
+    sysfs_root: Path = Path("/")
+
+
+@dataclass(frozen=True)
+class WorkloadSection:
+    """``[workload]``: the model trained on this device."""
+
+    model: str = ""
+    input: str = ""
+    seed: int = 0
+    max_nodes: int | None = None
+    threads: int = 1
+    profile_repeats: int = 5
+
+
+@dataclass(frozen=True)
+class DataSection:
+    """``[data]``: the device's own training data."""
+
+    path: Path | None = None
+    holdout: float = 0.1
+
+
+@dataclass(frozen=True)
+class TrainingSection:
+    """``[training]``: budget, optimizer and the rhythm of training windows."""
+
+    memory_budget: int = 0
+    runtime_budget: float | None = None
+    steps_per_window: int = 100
+    checkpoint_every: int = 25
+    optimizer: str = "sgd"
+    learning_rate: float = 0.01
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    step_cancel_seconds: float = 30.0
+    window_gap_seconds: float = 0.0
+    backoff_seconds: float = 30.0
+    nice: int = 10
+    memory_slack: float = 0.10
+
+
+@dataclass(frozen=True)
+class ScheduleSection:
+    """``[schedule]``: where the schedule comes from and whom to trust."""
+
+    file: Path | None = None
+    public_key: Path | None = None
+    solve_time_limit: float = 60.0
+
+
+@dataclass(frozen=True)
+class EligibilitySection:
+    """``[eligibility]``: when the device may train."""
+
+    require_charging: bool = True
+    min_battery_percent: float = 0.0
+    max_foreground_cpu_percent: float = 20.0
+    idle_seconds: float = 60.0
+    cpu_hysteresis_percent: float = 5.0
+    max_temperature_c: float = 70.0
+    temperature_hysteresis_c: float = 5.0
+    quiet_hours: str = ""
+    poll_seconds: float = 5.0
+    training_poll_seconds: float = 0.5
+
+
+@dataclass(frozen=True)
+class MetricsSection:
+    """``[metrics]``: an optional Prometheus endpoint."""
+
+    prometheus: str = ""  # "127.0.0.1:9101"; empty: off
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """The whole config file, validated."""
+
+    path: Path
+    device: DeviceSection = field(default_factory=DeviceSection)
+    workload: WorkloadSection = field(default_factory=WorkloadSection)
+    data: DataSection = field(default_factory=DataSection)
+    training: TrainingSection = field(default_factory=TrainingSection)
+    schedule: ScheduleSection = field(default_factory=ScheduleSection)
+    eligibility: EligibilitySection = field(default_factory=EligibilitySection)
+    energy: MeterConfig = field(default_factory=MeterConfig)
+    metrics: MetricsSection = field(default_factory=MetricsSection)
+
+    @property
+    def swap_dir(self) -> Path:
+        """Where page files go: ``[device] swap_dir``, else ``state_dir/swap``."""
+        return self.device.swap_dir or self.device.state_dir / "swap"
+
+    @property
+    def status_path(self) -> Path:
+        """The daemon's status file, read by ``poet-edge agent status``."""
+        return self.device.state_dir / "status.json"
+
+
+_SECTIONS: dict[str, type] = {
+    "device": DeviceSection, "workload": WorkloadSection, "data": DataSection, "training": TrainingSection,
+    "schedule": ScheduleSection, "eligibility": EligibilitySection, "energy": MeterConfig, "metrics": MetricsSection,
+}
+_PATHS = {"state_dir", "swap_dir", "sysfs_root", "path", "file", "public_key"}
+_SIZES = {"memory_budget"}
+
+
+def load_config(path: str | Path) -> AgentConfig:
+    """Read and validate the TOML file at ``path``; raises :class:`ConfigError` with every problem found."""
+    path = Path(path)
+    try:
+        document = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file (start from deploy/agent.example.toml)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the config: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    problems: list[str] = []
+    sections: dict[str, Any] = {}
+    for name in document:
+        if name not in _SECTIONS:
+            problems.append(f"unknown section [{name}] (sections: {', '.join(_SECTIONS)})")
+    for name, cls in _SECTIONS.items():
+        table = document.get(name, {})
+        if not isinstance(table, dict):
+            problems.append(f"[{name}] must be a table")
+            table = {}
+        sections[name] = _section(name, cls, table, path.parent, problems)
+    config = AgentConfig(path=path, **sections)
+    problems += _check(config)
+    if problems:
+        raise ConfigError(f"{path}: {len(problems)} problem{'s' if len(problems) > 1 else ''}:\n  "
+                          + "\n  ".join(problems))
+    return config
+
+
+def _section(name: str, cls: type, table: dict[str, Any], base: Path, problems: list[str]) -> Any:
+    """Build one section's dataclass from its table, converting paths and sizes; defaults where absent."""
+    known = {f.name: f for f in fields(cls)}
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        # the energy section names its meter "kind" in the dataclass and "meter" in the file
+        attr = "kind" if (name, key) == ("energy", "meter") else key
+        if attr not in known:
+            problems.append(f"{name}.{key}: unknown key (keys: {', '.join(sorted(known))})")
+            continue
+        converted = _convert(f"{name}.{key}", attr, value, known[attr].default, base, problems)
+        if converted is not _INVALID:
+            values[attr] = converted
+    return cls(**values)
+
+
+_INVALID = object()
+
+
+def _convert(label: str, attr: str, value: Any, default: Any, base: Path, problems: list[str]) -> Any:
+    if attr in _PATHS:
+        if not isinstance(value, str) or not value:
+            problems.append(f"{label} must be a path string, not {value!r}")
+            return _INVALID
+        return (base / value) if not Path(value).is_absolute() else Path(value)
+    if attr in _SIZES:
+        try:
+            return parse_bytes(value)
+        except (ValueError, TypeError) as exc:
+            problems.append(f"{label}: {exc}")
+            return _INVALID
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            problems.append(f"{label} must be true or false, not {value!r}")
+            return _INVALID
+        return value
+    if isinstance(default, int) and not isinstance(default, bool) or attr in {"max_nodes"}:
+        if isinstance(value, bool) or not isinstance(value, int):
+            problems.append(f"{label} must be a whole number, not {value!r}")
+            return _INVALID
+        return value
+    if isinstance(default, float) or attr in {"runtime_budget", "interval_s"}:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            problems.append(f"{label} must be a number, not {value!r}")
+            return _INVALID
+        return float(value)
+    if not isinstance(value, str):
+        problems.append(f"{label} must be a string, not {value!r}")
+        return _INVALID
+    return value
+
+
+def _check(c: AgentConfig) -> list[str]:
+    """Problems between and within values that the types alone do not catch."""
+    found: list[str] = []
+    positive = {
+        "workload.threads": c.workload.threads, "workload.profile_repeats": c.workload.profile_repeats,
+        "training.steps_per_window": c.training.steps_per_window,
+        "training.checkpoint_every": c.training.checkpoint_every,
+        "training.learning_rate": c.training.learning_rate,
+        "training.step_cancel_seconds": c.training.step_cancel_seconds,
+        "training.backoff_seconds": c.training.backoff_seconds,
+        "schedule.solve_time_limit": c.schedule.solve_time_limit,
+        "eligibility.idle_seconds": c.eligibility.idle_seconds + 1,  # 0 allowed: eligible at once
+        "eligibility.poll_seconds": c.eligibility.poll_seconds,
+        "eligibility.training_poll_seconds": c.eligibility.training_poll_seconds,
+    }
+    found += [f"{key} must be positive" for key, value in positive.items() if value <= 0]
+    if not c.device.name:
+        found.append("device.name is required (how the fleet knows this device)")
+    if not c.workload.model:
+        found.append("workload.model is required: a zoo name (resnet18, mobilenet_v2, vgg11_bn, bert, unet) "
+                     "or package.module:factory")
+    if c.workload.input and not re.fullmatch(r"\d+(x\d+)*", c.workload.input.lower()):
+        found.append(f"workload.input = {c.workload.input!r}: expected a batch shape such as 8x3x32x32")
+    if c.workload.max_nodes is not None and c.workload.max_nodes < 2:
+        found.append("workload.max_nodes must be at least 2")
+    if c.data.path is None:
+        found.append("data.path is required: a folder of class subfolders of images, a .npz, .pt or .csv file")
+    if not 0 <= c.data.holdout < 1:
+        found.append(f"data.holdout must be in [0, 1), not {c.data.holdout}")
+    if c.training.memory_budget <= 0:
+        found.append("training.memory_budget is required: activation bytes allowed in RAM, e.g. \"40MB\"")
+    if c.training.runtime_budget is not None and c.training.runtime_budget < 1:
+        found.append("training.runtime_budget is a factor of the plain step time, at least 1 (e.g. 1.3)")
+    if c.training.optimizer not in OPTIMIZERS:
+        found.append(f"training.optimizer = {c.training.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+    if not 0 <= c.training.momentum < 1:
+        found.append("training.momentum must be in [0, 1)")
+    if c.training.weight_decay < 0:
+        found.append("training.weight_decay must be >= 0")
+    if not 0 <= c.training.nice <= 19:
+        found.append("training.nice must be in 0..19")
+    if not 0 <= c.training.memory_slack <= 1:
+        found.append("training.memory_slack is a fraction in [0, 1] (0.10: 10% over fixed memory + budget)")
+    if c.training.window_gap_seconds < 0:
+        found.append("training.window_gap_seconds must be >= 0")
+    for key, p in (("schedule.file", c.schedule.file), ("schedule.public_key", c.schedule.public_key)):
+        if p is not None and not p.is_file():
+            found.append(f"{key} = {str(p)!r}: no such file")
+    if c.schedule.file is not None and c.schedule.public_key is None:
+        found.append("schedule.file needs schedule.public_key: the agent runs only schedules signed by a key "
+                     "it trusts (make one with `poet-edge keys`, sign with `poet-edge solve --sign`)")
+    if not 0 <= c.eligibility.min_battery_percent <= 100:
+        found.append("eligibility.min_battery_percent must be in 0..100")
+    if not 0 < c.eligibility.max_foreground_cpu_percent <= 100:
+        found.append("eligibility.max_foreground_cpu_percent must be in (0, 100]")
+    if c.eligibility.cpu_hysteresis_percent < 0 or c.eligibility.temperature_hysteresis_c < 0:
+        found.append("eligibility hysteresis values must be >= 0")
+    if c.eligibility.quiet_hours:
+        try:
+            parse_window(c.eligibility.quiet_hours)
+        except ValueError as exc:
+            found.append(f"eligibility.quiet_hours: {exc}")
+    if c.metrics.prometheus and not re.fullmatch(r"[\w.\-\[\]:]+:\d{1,5}", c.metrics.prometheus):
+        found.append(f"metrics.prometheus = {c.metrics.prometheus!r}: expected HOST:PORT, e.g. 127.0.0.1:9101")
+    found += c.energy.problems()
+    return found

@@ -1,0 +1,118 @@
+"""Preparing a workload on this device: its training graph and costs measured here once, then a schedule.
+
+The first time a workload runs on a device it is profiled there (as
+``poet-edge profile`` does) and the graph and device profile are cached under
+``state_dir/prepared/KEY/``, KEY naming the model, input, seed, node bound and
+PyTorch version.  Later starts cut the model again without timing anything
+(:func:`agent.extract.segments_matching`) and check the cut still gives the
+cached graph.  The schedule comes from the configured source through the
+verified cache of :mod:`agent.daemon.sources`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from agent.daemon.config import AgentConfig
+from agent.daemon.sources import (FileScheduleSource, LocalSolveSource, Request, ScheduleCache, ScheduleSource,
+                                  get_schedule)
+from agent.errors import ScheduleRefusedError
+from agent.zoo import Workload, load_workload, parse_shape
+from schedules.device import DeviceProfile
+from schedules.errors import FormatError
+from schedules.graph import TrainingGraph
+from schedules.schedule import Schedule
+
+log = logging.getLogger("poet-agent")
+
+
+@dataclass
+class Prepared:
+    """Everything a training window needs that does not change between windows."""
+
+    key: str
+    workload: Workload
+    graph: TrainingGraph
+    device: DeviceProfile
+    segments: Any
+    schedule: Schedule
+    schedule_from: str
+    profiled: bool
+
+
+def workload_key(config: AgentConfig) -> str:
+    """Names the prepared workload: what changes the graph changes the key."""
+    w = config.workload
+    text = json.dumps([w.model, w.input, w.seed, w.max_nodes, torch.__version__])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def build_workload(config: AgentConfig) -> Workload:
+    """The model at its initial weights (seeded: every process builds the same)."""
+    shape = parse_shape(config.workload.input) if config.workload.input else None
+    return load_workload(config.workload.model, shape, seed=config.workload.seed)
+
+
+def schedule_source(config: AgentConfig) -> ScheduleSource:
+    """The configured source: the operator's signed file, else a local solve."""
+    if config.schedule.file is not None:
+        return FileScheduleSource(config.schedule.file, config.schedule.public_key)
+    return LocalSolveSource(config.schedule.solve_time_limit)
+
+
+def prepare(config: AgentConfig, say: Callable[[str], None] = log.info,
+            source: ScheduleSource | None = None) -> Prepared:
+    """Profile (once per workload and device), then get and verify the schedule for the configured budget."""
+    from agent.extract import segments_matching
+
+    key = workload_key(config)
+    directory = config.device.state_dir / "prepared" / key
+    graph_path, device_path = directory / "graph.json", directory / "device.json"
+    graph = device = None
+    if graph_path.is_file() and device_path.is_file():
+        try:
+            graph, device = TrainingGraph.load(graph_path), DeviceProfile.load(device_path)
+        except FormatError as exc:
+            say(f"cached profile unreadable, profiling again: {exc}")
+            graph = device = None
+    workload = build_workload(config)
+    segments = None
+    if graph is not None:
+        try:
+            segments = segments_matching(workload, graph, config.workload.max_nodes)
+        except ScheduleRefusedError as exc:
+            say(f"cached profile no longer matches the model, profiling again: {exc}")
+            graph = None
+    profiled = graph is None
+    if profiled:
+        say(f"profiling {workload.name} on this device (first run of this workload)")
+        graph, device = _profile(config, workload, directory)
+        workload = build_workload(config)  # profiling ran steps: start again from the initial weights
+        segments = segments_matching(workload, graph, config.workload.max_nodes)
+    request = Request(graph, device, config.training.memory_budget, config.training.runtime_budget)
+    chosen = source or schedule_source(config)
+    trusted = config.schedule.public_key
+    say(f"getting a schedule for {config.training.memory_budget:,} B from {chosen.description}")
+    schedule, origin = get_schedule(chosen, ScheduleCache(directory, trusted), request)
+    return Prepared(key, workload, graph, device, segments, schedule, origin, profiled)
+
+
+def _profile(config: AgentConfig, workload: Workload, directory: Path) -> tuple[TrainingGraph, DeviceProfile]:
+    from agent.profile import profile_workload
+
+    config.swap_dir.mkdir(parents=True, exist_ok=True)
+    profile, _ = profile_workload(workload.model, workload.example, workload.loss_fn, config.swap_dir,
+                                  name=workload.name, repeats=config.workload.profile_repeats,
+                                  max_nodes=config.workload.max_nodes, segments=workload.segments,
+                                  meter_config=config.energy)
+    directory.mkdir(parents=True, exist_ok=True)
+    profile.graph.save(directory / "graph.json")
+    profile.device.save(directory / "device.json")
+    return profile.graph, profile.device

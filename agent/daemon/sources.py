@@ -1,0 +1,172 @@
+"""Where the agent's schedule comes from, and where its status goes: the two seams the fleet plugs into.
+
+A :class:`ScheduleSource` turns (this device's graph, its profile, the
+budgets) into a schedule: :class:`FileScheduleSource` reads a signed file the
+operator placed, :class:`LocalSolveSource` plans on the device within a time
+limit (the fleet server's source comes with the server).  Whatever the source,
+:class:`ScheduleCache` keeps what it gave signed on disk and verifies it
+(signature and graph fingerprint) every time it is used, so a schedule
+tampered with on the device, or planned for another model, never runs.
+
+A :class:`Reporter` receives the agent's status at every change; the default
+reports nowhere (the status file is always written).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from schedules.device import DeviceProfile
+from schedules.errors import InfeasibleBudgetError, PlannerError
+from schedules.graph import TrainingGraph
+from schedules.schedule import Schedule
+from schedules.signing import generate_keypair, load_private_key, load_public_key, sign
+
+log = logging.getLogger("poet-agent")
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a schedule is asked for: this device's graph and profile, and the budgets."""
+
+    graph: TrainingGraph
+    device: DeviceProfile
+    memory_budget: int
+    runtime_budget: float | None = None  # factor of the plain step time
+
+
+class ScheduleSource(Protocol):
+    """Gives a schedule for a request, or raises a :class:`~schedules.errors.PoetEdgeError` saying why not."""
+
+    description: str
+    cacheable: bool  # False: asked again at every start (a local file is as cheap to read as the cache)
+
+    def fetch(self, request: Request) -> Schedule: ...
+
+
+class FileScheduleSource:
+    """A schedule file the operator placed on the device, signed by a key the agent trusts."""
+
+    def __init__(self, path: str | Path, public_key: str | Path) -> None:
+        self.path = Path(path)
+        self.public_key = load_public_key(public_key)
+        self.description = f"schedule file {self.path}"
+        self.cacheable = False
+
+    def fetch(self, request: Request) -> Schedule:
+        schedule = Schedule.load(self.path, public_key=self.public_key)  # signature first, then the content
+        schedule.check_graph(request.graph)
+        return schedule
+
+
+class LocalSolveSource:
+    """Plans on the device: POET's MILP within ``time_limit`` seconds."""
+
+    def __init__(self, time_limit: float) -> None:
+        self.time_limit = time_limit
+        self.description = f"local solve ({time_limit:g} s limit)"
+        self.cacheable = True
+
+    def fetch(self, request: Request) -> Schedule:
+        from schedules.plan import plan  # the solver loads only when a solve is needed
+
+        result = plan(request.graph, request.device, memory_budget=request.memory_budget,
+                      runtime_budget=request.runtime_budget, time_limit=self.time_limit)
+        if result.schedule is None:
+            raise InfeasibleBudgetError(
+                f"no schedule fits {request.memory_budget:,} B of activations"
+                + (f" within {request.runtime_budget:g}x the plain step time" if request.runtime_budget else "")
+                + f" ({result.status}, stopped: {result.stop_reason}); raise training.memory_budget or "
+                  "training.runtime_budget (`poet-edge solve` prints the smallest feasible budget)")
+        return result.schedule
+
+
+class ScheduleCache:
+    """Schedules kept on the device, re-verified on every use.
+
+    Schedules from a trusted key stay signed by it; a locally solved one is
+    signed with the agent's own key (made in ``directory`` on first use), so
+    every cached schedule is checked the same way before it runs.
+    """
+
+    def __init__(self, directory: str | Path, trusted_key: str | Path | None = None) -> None:
+        self.directory = Path(directory)
+        self.trusted_key = load_public_key(trusted_key) if trusted_key is not None else None
+
+    def path(self, request: Request) -> Path:
+        runtime = f"-rt{request.runtime_budget:g}" if request.runtime_budget else ""
+        return self.directory / f"schedule-{request.memory_budget}{runtime}.json"
+
+    def load(self, request: Request) -> Schedule | None:
+        """The cached schedule for ``request`` after verification; ``None`` (and the file removed) if absent or
+        if it fails verification, with the reason logged."""
+        path = self.path(request)
+        if not path.is_file():
+            return None
+        try:
+            schedule = self._verified(path)
+            schedule.check_graph(request.graph)
+        except PlannerError as exc:
+            log.warning("cached schedule %s refused, getting a new one: %s", path, exc)
+            path.unlink(missing_ok=True)
+            return None
+        return schedule
+
+    def store(self, request: Request, schedule: Schedule) -> Schedule:
+        """Keep ``schedule`` (signing a local one with the agent's key); returns what was stored."""
+        if schedule.signature is None:
+            schedule = sign(schedule, load_private_key(self._agent_key()[0]))
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.path(request)
+        temporary = path.with_suffix(".tmp")
+        schedule.save(temporary)
+        temporary.replace(path)
+        return schedule
+
+    def _verified(self, path: Path) -> Schedule:
+        import json
+
+        signature = json.loads(path.read_bytes()).get("signature") or {}
+        keys = [k for k in (self.trusted_key, self._agent_public()) if k is not None]
+        from schedules.signing import key_id
+
+        # verify with the key the file names, when it is one we trust; else let the first key say why not
+        named = [k for k in keys if key_id(k) == signature.get("key_id")]
+        return Schedule.load(path, public_key=(named or keys)[0])
+
+    def _agent_key(self) -> tuple[Path, Path]:
+        private, public = self.directory / "agent-signing.key", self.directory / "agent-signing.pub"
+        if not private.is_file():
+            self.directory.mkdir(parents=True, exist_ok=True)
+            generate_keypair(self.directory, "agent-signing")
+        return private, public
+
+    def _agent_public(self) -> Any:
+        return load_public_key(self._agent_key()[1])
+
+
+def get_schedule(source: ScheduleSource, cache: ScheduleCache, request: Request) -> tuple[Schedule, str]:
+    """The cached schedule when it still verifies, else a new one from ``source`` (verified and cached);
+    returns it and where it came from."""
+    cached = cache.load(request) if source.cacheable else None
+    if cached is not None:
+        return cached, f"cache ({cache.path(request).name})"
+    schedule = source.fetch(request)
+    schedule.check_graph(request.graph)
+    return cache.store(request, schedule), source.description
+
+
+class Reporter(Protocol):
+    """Receives the agent's status (the JSON object ``poet-edge agent status --json`` prints) at every change."""
+
+    def report(self, status: dict[str, Any]) -> None: ...
+
+
+class NoReporter:
+    """Reports nowhere: a device outside a fleet."""
+
+    def report(self, status: dict[str, Any]) -> None:
+        pass

@@ -1,0 +1,91 @@
+"""The agent's status: one JSON object the daemon keeps in ``state_dir/status.json``.
+
+``poet-edge agent status`` prints it; the reporter seam sends it to the fleet.
+The keys ``state``, ``reason`` and ``steps_done`` are stable; the others are
+documented in :data:`FIELDS`.  The file is replaced atomically (written beside
+it, then renamed), so a reader never sees half of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+STATES = ("waiting", "preparing", "training", "backing off", "stopped")
+
+FIELDS: dict[str, str] = {
+    "state": "one of waiting, preparing, training, backing off, stopped",
+    "reason": "why, in words a person reads",
+    "steps_done": "training steps committed on this device for this workload",
+    "since": "Unix time the state began",
+    "device": "the configured device name",
+    "pid": "the daemon's process id",
+    "updated": "Unix time of this status",
+    "eligible": "whether the device may train now",
+    "eligibility": "each monitor's verdict: name, eligible, reason",
+    "loss": "loss of the last step",
+    "holdout_loss": "loss on the held-out data after the last window",
+    "holdout_accuracy": "accuracy on the held-out data after the last window (null for regression)",
+    "schedule_id": "the schedule in use",
+    "schedule_from": "where it came from (cache, schedule file, local solve)",
+    "memory_budget_bytes": "the schedule's activation budget",
+    "peak_bytes": "the last step's peak process memory (RSS)",
+    "bound_bytes": "what that peak may reach: memory before the step + budget + slack",
+    "energy_j": "joules of the steps this daemon ran, from the energy meter (an estimate where there is none)",
+    "energy_source": "which meter measured energy_j",
+    "data": "the local data set in words, skipped samples included",
+    "samples_skipped": "unreadable or malformed samples skipped",
+    "last_error": "the last error's message, or null",
+    "step_seconds": "how long the last step took",
+    "last_checkpoint_seconds": "how long the last checkpoint took",
+    "last_stop_after_step_seconds": "from the end of the last step to the training process's stop (checkpoint "
+                                    "included), the last time training stopped",
+}
+
+
+def initial_status(device: str) -> dict[str, Any]:
+    """Every field present, as before anything has happened."""
+    status: dict[str, Any] = {key: None for key in FIELDS}
+    status.update(state="waiting", reason="starting", steps_done=0, since=time.time(), device=device,
+                  pid=os.getpid(), eligible=False, eligibility=[], energy_j=0.0)
+    return status
+
+
+def write_status(path: Path, status: dict[str, Any]) -> None:
+    """Replace the status file atomically."""
+    status["updated"] = time.time()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(status, indent=1) + "\n", encoding="utf-8")
+    os.replace(temporary, path)
+
+
+def read_status(path: Path) -> dict[str, Any] | None:
+    """The last status the daemon wrote, marked ``stopped`` when its process is gone; ``None`` if none."""
+    try:
+        status = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(status, dict):
+        return None
+    if status.get("state") != "stopped" and not _alive(status.get("pid")):
+        status["reason"] = f"the agent is not running (it was {status.get('state')}: {status.get('reason')})"
+        status["state"] = "stopped"
+    return status
+
+
+def _alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: the daemon runs as its own user
+    return True

@@ -1,0 +1,371 @@
+"""The agent daemon: waits for the device to be idle, charging and cool, then trains in a worker process.
+
+States (``status.STATES``): *waiting* (not eligible, or the window's steps are
+done), *preparing* and *training* (a worker process is running: it profiles
+and gets a schedule, then trains), *backing off* (the last window failed; the
+next try waits longer each time), *stopped*.  Every change is logged with its
+reason and written to the status file.
+
+While a worker trains, eligibility is checked every
+``eligibility.training_poll_seconds``; when it is lost the worker is asked to
+stop at its next step boundary (it checkpoints, then exits).  SIGTERM does the
+same and then the daemon exits, well within systemd's stop timeout.  This
+process never imports torch: it holds monitors, the status and the worker's
+pipe, so a waiting agent costs the device little memory.
+
+systemd: ``READY=1`` once running, ``STATUS=`` at every state change,
+``WATCHDOG=1`` at half the watchdog interval, ``STOPPING=1`` on the way out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+from agent.daemon.config import AgentConfig
+from agent.daemon.notify import Notifier
+from agent.daemon.sources import NoReporter, Reporter
+from agent.daemon.status import initial_status, write_status
+from agent.monitors import Decision, Eligibility
+
+log = logging.getLogger("poet-agent")
+
+BACKOFF_MAX_SECONDS = 1800.0
+STOP_TIMEOUT_SECONDS = 45.0  # below the unit's TimeoutStopSec=60s: the worker's last checkpoint fits
+HARD_BOUND_FACTOR = 1.25  # the worker checks each step's peak itself; this catches a runaway between checks
+
+
+def eligibility_from_config(config: AgentConfig) -> Eligibility:
+    """The monitors the config asks for, reading the configured sysfs root."""
+    from agent.monitors import IdleMonitor, PowerMonitor, QuietHours, ThermalMonitor
+
+    e = config.eligibility
+    monitors: list[Any] = [
+        PowerMonitor(sysfs_root=config.device.sysfs_root, require_charging=e.require_charging,
+                     min_battery_percent=e.min_battery_percent),
+        IdleMonitor(max_foreground_percent=e.max_foreground_cpu_percent, idle_seconds=e.idle_seconds,
+                    hysteresis_percent=e.cpu_hysteresis_percent),
+        ThermalMonitor(limit_c=e.max_temperature_c, hysteresis_c=e.temperature_hysteresis_c,
+                       sysfs_root=config.device.sysfs_root),
+    ]
+    if e.quiet_hours:
+        monitors.append(QuietHours(e.quiet_hours))
+    return Eligibility(monitors)
+
+
+class Worker:
+    """One training process and the pipe its events come through."""
+
+    def __init__(self, config: AgentConfig, command: list[str] | None = None) -> None:
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(read_fd, False)
+        args = command or [sys.executable, "-m", "agent.daemon.worker"]
+        self.process = subprocess.Popen([*args, "--config", str(config.path), "--events-fd", str(write_fd)],
+                                        pass_fds=(write_fd,), stdin=subprocess.DEVNULL)
+        os.close(write_fd)
+        self.fd = read_fd
+        self._buffer = b""
+        self.stop_sent_at: float | None = None
+        self.killed_reason: str | None = None
+
+    def read_events(self) -> list[dict[str, Any]]:
+        """Events written since the last call (whole lines only)."""
+        try:
+            while chunk := os.read(self.fd, 65536):
+                self._buffer += chunk
+        except BlockingIOError:
+            pass
+        *lines, self._buffer = self._buffer.split(b"\n")
+        events = []
+        for line in lines:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict):
+                events.append(event)
+        return events
+
+    def request_stop(self, now: float) -> None:
+        if self.stop_sent_at is None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGUSR1)
+            self.stop_sent_at = now
+
+    def kill(self, reason: str) -> None:
+        self.killed_reason = reason
+        if self.process.poll() is None:
+            self.process.kill()
+
+    def rss_bytes(self) -> int | None:
+        try:
+            with open(f"/proc/{self.process.pid}/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class Daemon:
+    """``poet-edge agent run``: see the module docstring."""
+
+    def __init__(self, config: AgentConfig, *, eligibility: Eligibility | None = None,
+                 notifier: Notifier | None = None, reporter: Reporter | None = None,
+                 worker_command: list[str] | None = None, clock: Callable[[], float] = time.monotonic,
+                 metrics: Any = None) -> None:
+        self.config = config
+        self.eligibility = eligibility or eligibility_from_config(config)
+        self.notifier = notifier or Notifier()
+        self.reporter = reporter or NoReporter()
+        self.worker_command = worker_command
+        self.clock = clock
+        self.metrics = metrics
+        self.status = initial_status(config.device.name)
+        self.worker: Worker | None = None
+        self.next_window_at = 0.0
+        self.backoff_seconds = config.training.backoff_seconds
+        self.last_decision: Decision | None = None
+        self._terminate = False
+        self._last_poll = -1e18
+        self._last_watchdog = -1e18
+        self._last_write = -1e18
+        self._window_stop_reason = ""
+
+    # -- the loop --------------------------------------------------------------------
+    def run(self) -> int:
+        """Run until SIGTERM or SIGINT; returns the exit code."""
+        selector = selectors.DefaultSelector()
+        wake_read, wake_write = os.pipe()
+        os.set_blocking(wake_read, False)
+        os.set_blocking(wake_write, False)
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        old_wakeup = signal.set_wakeup_fd(wake_write)
+        selector.register(wake_read, selectors.EVENT_READ)
+        try:
+            self._set_state("waiting", "starting: checking eligibility")
+            self.notifier.ready(self._status_line())
+            while not self._terminate:
+                self._tick(self.clock())
+                if self.worker is not None and self.worker.fd not in selector.get_map():
+                    selector.register(self.worker.fd, selectors.EVENT_READ)
+                for key, _ in selector.select(self._timeout(self.clock())):
+                    if key.fd == wake_read:
+                        _drain(wake_read)
+                self._read_worker(selector)
+            self._shutdown(selector)
+        finally:
+            signal.set_wakeup_fd(old_wakeup)
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            selector.close()
+            os.close(wake_read)
+            os.close(wake_write)
+        return 0
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._terminate = True
+
+    def _timeout(self, now: float) -> float:
+        poll = self._poll_interval()
+        wait = self._last_poll + poll - now
+        if self.notifier.watchdog_interval:
+            wait = min(wait, self._last_watchdog + self.notifier.watchdog_interval - now)
+        return max(0.0, min(wait, poll))
+
+    def _poll_interval(self) -> float:
+        e = self.config.eligibility
+        return e.training_poll_seconds if self.worker is not None else e.poll_seconds
+
+    def _tick(self, now: float) -> None:
+        if self.notifier.watchdog_interval and now - self._last_watchdog >= self.notifier.watchdog_interval:
+            self.notifier.watchdog()
+            self._last_watchdog = now
+        if now - self._last_poll < self._poll_interval():
+            return
+        self._last_poll = now
+        decision = self.eligibility.check(now)
+        self.last_decision = decision
+        self.status["eligible"] = decision.eligible
+        self.status["eligibility"] = [{"name": v.name, "eligible": v.eligible, "reason": v.reason}
+                                      for v in decision.verdicts]
+        if self.worker is None:
+            self._between_windows(now, decision)
+        else:
+            self._during_window(now, decision)
+        self._write(now)
+
+    def _between_windows(self, now: float, decision: Decision) -> None:
+        state = self.status["state"]
+        if now < self.next_window_at:
+            left = self.next_window_at - now
+            if state == "backing off":
+                self._set_state(state, f"{self._window_stop_reason}; next try in {left:.0f} s")
+            else:
+                self._set_state("waiting", f"{self._window_stop_reason}; next window in {left:.0f} s")
+            return
+        if not decision.eligible:
+            self._set_state("waiting", decision.reason)
+            return
+        self.worker = Worker(self.config, self.worker_command)
+        self._set_state("preparing", f"eligible ({decision.reason}); starting the training process")
+
+    def _during_window(self, now: float, decision: Decision) -> None:
+        worker = self.worker
+        if not decision.eligible and worker.stop_sent_at is None:
+            log.info("eligibility lost (%s): stopping after the step in progress", decision.reason)
+            self.status["reason"] = f"stopping after the step in progress: {decision.reason}"
+            worker.request_stop(now)
+        bound = self.status.get("bound_bytes")
+        rss = worker.rss_bytes()
+        if bound and rss and rss > HARD_BOUND_FACTOR * bound:
+            worker.kill(f"the training process used {rss:,} B, over {HARD_BOUND_FACTOR:g}x its bound {bound:,} B")
+
+    def _read_worker(self, selector: selectors.BaseSelector) -> None:
+        worker = self.worker
+        if worker is None:
+            return
+        for event in worker.read_events():
+            self._on_event(event)
+        code = worker.process.poll()
+        if code is None:
+            return
+        for event in worker.read_events():
+            self._on_event(event)
+        selector.unregister(worker.fd)
+        worker.close()
+        self.worker = None
+        self._window_ended(code, worker)
+
+    def _on_event(self, event: dict[str, Any]) -> None:
+        kind, s = event.get("event"), self.status
+        if kind == "state":
+            self._set_state(event.get("state", "preparing"), str(event.get("reason", "")))
+        elif kind == "data":
+            s["data"], s["samples_skipped"] = event.get("description"), event.get("skipped")
+        elif kind == "ready":
+            s.update(schedule_id=event.get("schedule_id"), schedule_from=event.get("schedule_from"),
+                     memory_budget_bytes=event.get("memory_budget"), steps_done=event.get("steps_done", 0),
+                     energy_source=event.get("energy_source"))
+            if self.worker is not None and self.worker.stop_sent_at is None:
+                resumed = f", resumed at step {event.get('steps_done')}" if event.get("resumed_from") else ""
+                self._set_state("training", f"schedule {event.get('schedule_id')} from "
+                                            f"{event.get('schedule_from')}{resumed}")
+            for skipped in event.get("skipped_checkpoints") or []:
+                log.warning("checkpoint passed over: %s", skipped)
+        elif kind == "step":
+            s.update(steps_done=event["steps_done"], loss=event.get("loss"), peak_bytes=event.get("peak_bytes"),
+                     bound_bytes=event.get("bound_bytes"), step_seconds=event.get("seconds"))
+            s["energy_j"] = (s.get("energy_j") or 0.0) + (event.get("energy_j") or 0.0)
+            self.backoff_seconds = self.config.training.backoff_seconds  # a step worked: errors start over
+        elif kind == "checkpoint":
+            s["last_checkpoint_seconds"] = event.get("seconds")
+        elif kind == "eval":
+            s["holdout_loss"], s["holdout_accuracy"] = event.get("loss"), event.get("accuracy")
+        elif kind == "stopped":
+            self._window_stop_reason = f"{event.get('reason')} at step {event.get('steps_done')}"
+            s["last_stop_after_step_seconds"] = event.get("seconds_after_step")
+        elif kind == "error":
+            s["last_error"] = event.get("message")
+        self._write(self.clock(), throttle=kind == "step")
+
+    def _window_ended(self, code: int, worker: Worker) -> None:
+        now = self.clock()
+        if code == 0:
+            reason = self._window_stop_reason or "training process ended"
+            if worker.stop_sent_at is not None:
+                log.info("training stopped %.2f s after the stop request", now - worker.stop_sent_at)
+                self.next_window_at = now
+            else:
+                self.next_window_at = now + self.config.training.window_gap_seconds
+            self._window_stop_reason = reason
+            self._set_state("waiting", reason)
+        else:
+            why = worker.killed_reason or self.status.get("last_error") or _exit_text(code)
+            self.status["last_error"] = why
+            self._window_stop_reason = f"training failed: {why}"
+            self.next_window_at = now + self.backoff_seconds
+            self._set_state("backing off", f"{self._window_stop_reason}; next try in {self.backoff_seconds:.0f} s")
+            self.backoff_seconds = min(BACKOFF_MAX_SECONDS, 2 * self.backoff_seconds)
+        self._write(now)
+
+    def _shutdown(self, selector: selectors.BaseSelector) -> None:
+        self.notifier.stopping("stopping: " + ("checkpointing the training window" if self.worker else "idle"))
+        worker = self.worker
+        if worker is not None:
+            log.info("stop requested: the training process checkpoints after the step in progress")
+            worker.request_stop(self.clock())
+            try:
+                worker.process.wait(STOP_TIMEOUT_SECONDS)
+            except subprocess.TimeoutExpired:
+                worker.kill(f"did not stop within {STOP_TIMEOUT_SECONDS:g} s")
+                worker.process.wait()
+            self._read_worker(selector)
+        self._set_state("stopped", "stopped by a signal (SIGTERM or SIGINT)")
+        self._write(self.clock())
+
+    # -- status ----------------------------------------------------------------------
+    def _set_state(self, state: str, reason: str) -> None:
+        old = self.status["state"]
+        self.status["reason"] = reason
+        if state != old:
+            self.status["state"], self.status["since"] = state, time.time()
+            log.info("%s -> %s: %s", old, state, reason)
+            self.notifier.status(self._status_line())
+            self.reporter.report(dict(self.status))
+            self._write(self.clock())
+
+    def _status_line(self) -> str:
+        return f"{self.status['state']}: {self.status['reason']} ({self.status['steps_done']} steps)"
+
+    def _write(self, now: float, throttle: bool = False) -> None:
+        if throttle and now - self._last_write < 1.0:
+            return
+        self._last_write = now
+        write_status(self.config.status_path, self.status)
+        if self.metrics is not None:
+            self.metrics.update(self.status)
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        return f"training process killed by signal {signal.Signals(-code).name}"
+    return f"training process exited with code {code}"
+
+
+class JournalFormatter(logging.Formatter):
+    """``<N>`` syslog priority prefixes that journald turns into the entry's priority (when under journald)."""
+
+    PRIORITIES = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"<{self.PRIORITIES.get(record.levelno, 6)}>{super().format(record)}"
+
+
+def configure_logging() -> None:
+    """Log to standard error; with journald behind it (``$JOURNAL_STREAM``), priorities as ``<N>`` prefixes."""
+    handler = logging.StreamHandler(sys.stderr)
+    if os.environ.get("JOURNAL_STREAM"):
+        handler.setFormatter(JournalFormatter("%(message)s"))
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    root = logging.getLogger("poet-agent")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    root.propagate = False
+

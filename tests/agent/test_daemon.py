@@ -1,0 +1,285 @@
+"""The agent daemon as an operator runs it: a real ``poet-edge agent run`` process on a fake sysfs tree."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent.daemon.checkpoint import CheckpointStore
+from agent.daemon.config import load_config
+from agent.errors import ConfigError
+from agent.daemon.prepare import prepare
+from agent.daemon.trainer import Trainer
+from agent.data import open_dataset
+from schedules.plan import plan
+from schedules.schedule import Schedule
+from schedules.signing import generate_keypair, load_private_key, sign
+from tests.agent.daemon_helpers import (FakeDevice, agent_command, copy_prepared, read_status, start_agent, stop,
+                                        wait_for, write_config, write_csv, REPO)
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A state directory holding this workload's profile, made once (profiling is per device, not per test)."""
+    root = tmp_path_factory.mktemp("template")
+    device = FakeDevice(root / "root")
+    config = load_config(write_config(root, device, write_csv(root / "data.csv")))
+    prepare(config)
+    return root / "state"
+
+
+@pytest.fixture()
+def rig(tmp_path: Path, template: Path):
+    """A fake device, its data and a function writing its config (the profile copied from the template)."""
+    device = FakeDevice(tmp_path / "root")
+    data = write_csv(tmp_path / "data.csv")
+    copy_prepared(template, tmp_path / "state")
+
+    def config(**overrides) -> Path:
+        return write_config(tmp_path, device, data, **overrides)
+
+    return device, config, tmp_path
+
+
+def checkpoint_state(state_dir: Path) -> tuple[int, dict]:
+    """The newest checkpoint of the (single) workload under ``state_dir``."""
+    (directory,) = (state_dir / "checkpoints").iterdir()
+    loaded = CheckpointStore(directory).load_latest()
+    return loaded.steps_done, loaded.state
+
+
+def reference_training(config_path: Path, steps: int, tmp: Path) -> dict:
+    """An uninterrupted run of ``steps`` steps, in this process, from the initial weights."""
+    torch.set_num_threads(1)
+    config = load_config(config_path)
+    prepared = prepare(config)
+    shape = tuple(prepared.workload.inputs.shape)
+    data = open_dataset(config.data.path, shape, holdout=config.data.holdout, seed=config.workload.seed)
+    trainer = Trainer(config, prepared, data, store=CheckpointStore(tmp / "reference"))
+    try:
+        for _ in range(steps):
+            trainer.step()
+    finally:
+        trainer.close()
+    return {"model": trainer.model.state_dict(), "optimizer": trainer.optimizer.state_dict()}
+
+
+def assert_bit_identical(a: dict, b: dict) -> None:
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), f"parameter {name} differs"
+    for index, state in a["optimizer"]["state"].items():
+        for key, value in state.items():
+            other = b["optimizer"]["state"][index][key]
+            assert torch.equal(value, other) if isinstance(value, torch.Tensor) else value == other
+
+
+def test_plugging_in_starts_training_and_unplugging_stops_it_at_a_step_boundary(rig) -> None:
+    device, config, tmp = rig
+    device.unplug()
+    agent = start_agent(config(training_steps_per_window=100000))
+    try:
+        waiting = wait_for(lambda: (s := read_status(tmp)).get("state") == "waiting" and "battery" in s["reason"]
+                           and s, 60, "waiting on battery", agent)
+        assert "43%" in waiting["reason"]
+        device.plug()
+        wait_for(lambda: read_status(tmp).get("steps_done", 0) >= 3, 60, "training steps", agent)
+        status = read_status(tmp)
+        assert status["state"] == "training" and status["schedule_id"]
+        assert status["samples_skipped"] == 2 and "2 skipped" in status["data"]
+        unplugged = time.monotonic()
+        device.unplug()
+        stopped = wait_for(lambda: (s := read_status(tmp)).get("state") == "waiting" and s, 30, "training stopped",
+                           agent)
+        elapsed = time.monotonic() - unplugged
+        # a step of this model takes milliseconds: the bound is the poll interval, the step and its checkpoint
+        assert elapsed < 2.0 + 1.0, f"stopped {elapsed:.2f} s after unplugging"
+        assert "battery" in stopped["reason"] or "stop requested" in stopped["reason"]
+        steps, _ = checkpoint_state(tmp / "state")
+        assert steps == stopped["steps_done"]  # the last committed step is in the checkpoint
+        before = steps
+        time.sleep(0.5)
+        assert read_status(tmp)["steps_done"] == before  # nothing trains on battery
+        device.plug()
+        wait_for(lambda: read_status(tmp).get("steps_done", 0) > before, 60, "training resumed", agent)
+    finally:
+        assert stop(agent) == 0
+
+
+def test_kill9_at_any_moment_resumes_to_bit_identical_parameters(rig) -> None:
+    device, config, tmp = rig
+    # below the MLP's store-all peak (31.8 kB here): the schedule pages and recomputes, dropout masks replayed
+    path = config(training_steps_per_window=24, training_checkpoint_every=2, training_memory_budget="27kB")
+    kills = 0
+    for at_least in (3, 9, 14):  # kill in three windows, each further along
+        agent = start_agent(path)
+        wait_for(lambda: read_status(tmp).get("steps_done", 0) >= at_least, 120, f"step {at_least}", agent)
+        time.sleep(0.013 * at_least)  # some moment between or inside steps and checkpoints
+        stop(agent, signal.SIGKILL)
+        kills += 1
+    agent = start_agent(path)
+    try:
+        wait_for(lambda: (s := read_status(tmp)).get("state") == "waiting" and "window done" in s["reason"], 120,
+                 "a whole window", agent)
+    finally:
+        stop(agent)
+    steps, state = checkpoint_state(tmp / "state")
+    assert steps >= 24
+    (schedule_file,) = (tmp / "state/prepared").glob("*/schedule-27000.json")
+    instructions = Schedule.load(schedule_file).instructions
+    computes = sum(op == "compute" for op, _ in instructions)
+    assert any(op == "page_out" for op, _ in instructions) or computes > len({n for _, n in instructions})
+    assert_bit_identical(state, reference_training(path, steps, tmp))
+
+
+def test_sigterm_checkpoints_every_committed_step_and_exits(rig) -> None:
+    device, config, tmp = rig
+    agent = start_agent(config(training_steps_per_window=100000, training_checkpoint_every=1000))
+    wait_for(lambda: read_status(tmp).get("steps_done", 0) >= 4, 60, "training steps", agent)
+    started = time.monotonic()
+    assert stop(agent) == 0
+    assert time.monotonic() - started < 10
+    status = read_status(tmp)
+    assert status["state"] == "stopped"
+    steps, _ = checkpoint_state(tmp / "state")
+    assert steps == status["steps_done"] >= 4
+
+
+def test_notify_socket_gets_ready_status_watchdog_and_stopping(rig) -> None:
+    device, config, tmp = rig
+    address = str(tmp / "notify.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(address)
+        sock.settimeout(30)
+        agent = start_agent(config(), env={"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "400000"})
+        messages: list[str] = []
+        try:
+            while not any("WATCHDOG=1" in m for m in messages) or len(messages) < 4:
+                messages.append(sock.recv(4096).decode())
+        finally:
+            stop(agent)
+        while True:
+            try:
+                sock.settimeout(1)
+                messages.append(sock.recv(4096).decode())
+            except TimeoutError:
+                break
+    assert messages[0].startswith("READY=1\nSTATUS=waiting")
+    assert any(m.startswith("STATUS=") for m in messages[1:])
+    assert any("STOPPING=1" in m for m in messages)
+
+
+def test_a_tampered_or_foreign_schedule_is_refused_with_the_reason_in_status(rig, template: Path) -> None:
+    device, config, tmp = rig
+    private, public = generate_keypair(tmp / "keys")
+    (prepared_dir,) = (template / "prepared").iterdir()
+    from schedules.graph import TrainingGraph
+    from tests.schedules.graphs import linear_graph
+
+    graph = TrainingGraph.load(prepared_dir / "graph.json")
+    good = sign(plan(graph, "rpi4", memory_budget=None).schedule, load_private_key(private))
+    tampered = json.loads(good.to_json())
+    tampered["memory_budget"] = 1  # changed after signing
+    (tmp / "tampered.json").write_text(json.dumps(tampered))
+    foreign = sign(plan(linear_graph(4), "rpi4", memory_budget=None).schedule, load_private_key(private))
+    foreign.save(tmp / "foreign.json")
+    for name, expected in (("tampered.json", "signature does not verify"), ("foreign.json", "planned for graph")):
+        agent = start_agent(config(schedule_file=str(tmp / name), schedule_public_key=str(public)))
+        try:
+            status = wait_for(lambda: (s := read_status(tmp)).get("state") == "backing off" and s, 60,
+                              "backing off", agent)
+        finally:
+            stop(agent)
+        assert expected in status["last_error"], status["last_error"]
+        assert status["steps_done"] == 0
+
+
+def test_missing_data_is_a_clear_error_in_status(rig) -> None:
+    device, config, tmp = rig
+    agent = start_agent(config(data_path=str(tmp / "nowhere.npz")))
+    try:
+        status = wait_for(lambda: (s := read_status(tmp)).get("state") == "backing off" and s, 60, "backing off",
+                          agent)
+    finally:
+        stop(agent)
+    assert "nowhere.npz" in status["last_error"]
+    assert "next try in" in status["reason"]
+
+
+def test_the_waiting_agent_has_not_loaded_torch(rig) -> None:
+    device, config, tmp = rig
+    device.unplug()
+    agent = start_agent(config())
+    try:
+        wait_for(lambda: read_status(tmp).get("state") == "waiting", 60, "waiting", agent)
+        maps = Path(f"/proc/{agent.pid}/maps").read_text()
+        assert "libtorch" not in maps
+    finally:
+        stop(agent)
+
+
+def test_status_command_prints_stable_json_keys_and_says_when_the_agent_is_not_running(rig) -> None:
+    device, config, tmp = rig
+    path = config()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    never = subprocess.run(agent_command("agent", "status", "--config", str(path), "--json"), env=env,
+                           capture_output=True, text=True)
+    assert never.returncode == 0
+    assert json.loads(never.stdout)["state"] == "stopped"
+    device.unplug()
+    agent = start_agent(path)
+    try:
+        wait_for(lambda: read_status(tmp).get("state") == "waiting", 60, "waiting", agent)
+        shown = subprocess.run(agent_command("agent", "status", "--config", str(path), "--json"), env=env,
+                               capture_output=True, text=True)
+        status = json.loads(shown.stdout)
+        assert status["state"] == "waiting" and "battery" in status["reason"] and status["steps_done"] == 0
+        text = subprocess.run(agent_command("agent", "status", "--config", str(path)), env=env,
+                              capture_output=True, text=True).stdout
+        assert "waiting: " in text and "power" in text
+    finally:
+        stop(agent)
+    after = json.loads(subprocess.run(agent_command("agent", "status", "--config", str(path), "--json"), env=env,
+                                      capture_output=True, text=True).stdout)
+    assert after["state"] == "stopped"
+
+
+def test_config_problems_are_reported_all_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "agent.toml"
+    path.write_text('[device]\nstate_dir = 3\n[training]\nmemory_budget = "-1MB"\noptimizer = "rmsprop"\n'
+                    'steps_per_window = 1.5\n[eligibility]\nquiet_hours = "25:00-06:00"\n[nonsense]\n')
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    message = str(error.value)
+    for expected in ("device.name is required", "device.state_dir must be a path", "negative", "rmsprop",
+                     "steps_per_window must be a whole number", "quiet_hours", "unknown section [nonsense]",
+                     "workload.model is required", "data.path is required"):
+        assert expected in message
+    code = subprocess.run(agent_command("agent", "run", "--config", str(path)), capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert code.returncode == 3 and "Traceback" not in code.stderr and "rmsprop" in code.stderr
+
+
+def test_the_example_config_is_valid_and_documents_every_key(tmp_path: Path) -> None:
+    import tomllib
+    from dataclasses import fields
+
+    from agent.daemon import config as module
+
+    example = (REPO / "deploy/agent.example.toml").read_text()
+    document = tomllib.loads(example)
+    for section, cls in module._SECTIONS.items():
+        for f in fields(cls):
+            key = "meter" if (section, f.name) == ("energy", "kind") else f.name
+            if (section, key) in {("energy", "serial_baudrate"), ("energy", "serial_timeout_s"),
+                                  ("energy", "interval_s")}:
+                continue  # meter port settings: their defaults suit every supported meter
+            assert f"{key} =" in example, f"[{section}] {key} is not documented in agent.example.toml"
+    assert document["device"]["name"]
