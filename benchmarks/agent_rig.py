@@ -63,7 +63,7 @@ def write_config(directory: Path, device: FakeDevice, data: Path, model: str, in
         if value is None:
             sections[section].pop(name, None)
         else:
-            sections[section][name] = value
+            sections.setdefault(section, {})[name] = value
     text = "\n".join(f"[{name}]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in table.items())
                      for name, table in sections.items())
     path = directory / "agent.toml"

@@ -283,3 +283,31 @@ def test_the_example_config_is_valid_and_documents_every_key(tmp_path: Path) -> 
                 continue  # meter port settings: their defaults suit every supported meter
             assert f"{key} =" in example, f"[{section}] {key} is not documented in agent.example.toml"
     assert document["device"]["name"]
+
+
+def test_the_prometheus_endpoint_follows_the_status(rig) -> None:
+    device, config, tmp = rig
+    with socket.socket() as probe:  # a free port on loopback
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    device.unplug()
+    agent = start_agent(config(metrics_prometheus=f"127.0.0.1:{port}"))
+    try:
+        wait_for(lambda: read_status(tmp).get("state") == "waiting", 60, "waiting", agent)
+        text = wait_for(lambda: _scrape(f"http://127.0.0.1:{port}/metrics"), 30, "the metrics endpoint", agent)
+    finally:
+        stop(agent)
+    assert 'poet_agent_state{state="waiting"} 1.0' in text
+    assert 'poet_agent_state{state="training"} 0.0' in text
+    assert "poet_agent_eligible 0.0" in text
+    assert "_created" not in text
+
+
+def _scrape(url: str) -> str | None:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.read().decode()
+    except OSError:
+        return None

@@ -1,0 +1,1 @@
+"""Tests of deploy/: the systemd unit and the installer, with the real systemd tools."""
