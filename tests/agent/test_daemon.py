@@ -93,6 +93,7 @@ def test_plugging_in_starts_training_and_unplugging_stops_it_at_a_step_boundary(
         wait_for(lambda: read_status(tmp).get("steps_done", 0) >= 3, 60, "training steps", agent)
         status = read_status(tmp)
         assert status["state"] == "training" and status["schedule_id"]
+        assert status["peak_bytes"] <= status["bound_bytes"]  # the agent's own memory bound held
         assert status["samples_skipped"] == 2 and "2 skipped" in status["data"]
         unplugged = time.monotonic()
         device.unplug()
