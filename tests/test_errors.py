@@ -13,6 +13,7 @@ import pytest
 
 import agent
 import schedules
+import server
 from schedules.cli import main
 from schedules.errors import PoetEdgeError
 from schedules.exit_codes import EXIT_CODES, ExitCode, exit_code_for, exit_code_table
@@ -22,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def every_error_class() -> list[type[PoetEdgeError]]:
     """Every subclass of the root defined in the packages, after importing all their modules."""
-    for package in (schedules, agent):
+    for package in (schedules, agent, server):
         for module in pkgutil.walk_packages(package.__path__, prefix=package.__name__ + "."):
             importlib.import_module(module.name)
     found, stack = [], [PoetEdgeError]
@@ -49,7 +50,7 @@ def make(cls: type[PoetEdgeError]) -> PoetEdgeError:
 def test_the_tree_has_the_errors_the_packages_raise() -> None:
     names = {cls.__name__ for cls in ERRORS}
     assert {"ZooError", "ExtractionError", "ProfileError", "MeterReadError", "PageCorruptError",
-            "SignatureError", "SwapSpaceError"} <= names
+            "SignatureError", "SwapSpaceError", "ServerError", "DatabaseError", "EnrolmentRefusedError"} <= names
 
 
 @pytest.mark.parametrize("cls", ERRORS, ids=lambda cls: cls.__name__)
@@ -66,6 +67,9 @@ def test_codes_say_what_went_wrong() -> None:
     assert by_name["SignatureError"] == by_name["ScheduleRefusedError"] == ExitCode.REJECTED
     assert by_name["FormatError"] == ExitCode.BAD_FILE and by_name["SolverError"] == ExitCode.SOLVER_FAILED
     assert by_name["ExtractionError"] == ExitCode.UNSUPPORTED_MODEL and by_name["ZooError"] == ExitCode.USAGE
+    assert by_name["DatabaseError"] == by_name["DataDirError"] == by_name["ServerKeyError"] == ExitCode.BAD_FILE
+    assert by_name["EnrolmentRefusedError"] == by_name["AuthenticationError"] == ExitCode.REJECTED
+    assert by_name["ServerStartError"] == by_name["UnknownDeviceError"] == ExitCode.USAGE
 
 
 def test_the_readme_prints_the_table_once() -> None:

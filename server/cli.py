@@ -1,0 +1,192 @@
+"""``poet-edge server run | enrol-token | revoke``: the fleet server and its operator commands.
+
+::
+
+    poet-edge server run [--data-dir D] [--database URL] [--host H] [--port P] [--solve-workers N]
+                         [--solve-time-limit S]
+    poet-edge server enrol-token [--expires 24h]     # prints a single-use enrolment token
+    poet-edge server revoke NAME                     # the device's token is refused from now on
+
+Registered in the ``poet_edge.commands`` entry-point group (see
+:mod:`schedules.cli`).  Importing this module is cheap: the web framework and
+the database load inside the handlers.  The operator commands work on the
+database directly (the server may be running: SQLite's write-ahead log lets
+both in).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import logging
+import re
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from schedules.exit_codes import ExitCode
+from server.config import DEFAULT_DATA_DIR, ServerSettings
+from server.errors import ServerStartError
+
+DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)\s*$")
+SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+MAX_TOKEN_LIFETIME = 365 * 86400
+
+
+def add_commands(subparsers: Any) -> None:
+    """Register ``server`` with its ``run``, ``enrol-token`` and ``revoke`` subcommands."""
+    p = subparsers.add_parser("server", help="the fleet server: device API, schedule registry, metrics",
+                              description="The fleet server: enrols devices, takes their heartbeats, plans and "
+                                          "signs schedules for them (docs/api.md).")
+    commands = p.add_subparsers(dest="server_command", metavar="COMMAND", required=True)
+    run = commands.add_parser("run", help="run the server in the foreground (SIGTERM stops it)",
+                              description="Serve the device API. Migrates the database and makes the server's "
+                                          "signing key on first start; prints the key's id.")
+    _storage_options(run)
+    run.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    run.add_argument("--port", type=_port, default=8080, help="port (default: %(default)s; 0 picks a free one)")
+    run.add_argument("--solve-workers", type=_positive_int, default=1, metavar="N",
+                     help="planner processes solving at once (default: %(default)s)")
+    run.add_argument("--solve-time-limit", type=_positive_float, default=60.0, metavar="S",
+                     help="seconds each solve may search (default: %(default)s)")
+    run.set_defaults(handler=run_server)
+    token = commands.add_parser("enrol-token", help="print a new single-use enrolment token",
+                                description="Make a single-use enrolment token; a device exchanges it once for "
+                                            "its own device token (POST /api/v1/enrol).")
+    _storage_options(token)
+    token.add_argument("--expires", type=duration, default=duration("24h"), metavar="DURATION",
+                       help="how long the token is valid: 90s, 30m, 24h, 7d (default: 24h)")
+    token.set_defaults(handler=make_enrolment_token)
+    revoke = commands.add_parser("revoke", help="revoke a device: its token is refused from now on",
+                                 description="Revoke an enrolled device; it can enrol again only with a new "
+                                             "enrolment token.")
+    _storage_options(revoke)
+    revoke.add_argument("name", help="the device's name")
+    revoke.set_defaults(handler=revoke_device)
+
+
+def _storage_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, metavar="DIR",
+                   help="the server's folder: database and signing key (default: ./%(default)s)")
+    p.add_argument("--database", metavar="URL", help="SQLAlchemy database URL (default: sqlite:///DIR/server.db)")
+
+
+def settings_from(args: argparse.Namespace) -> ServerSettings:
+    """The settings the options give (defaults for the ones a subcommand has not)."""
+    options = {"data_dir": args.data_dir, "database": args.database}
+    for name in ("host", "port", "solve_workers", "solve_time_limit"):
+        if hasattr(args, name):
+            options[name] = getattr(args, name)
+    return ServerSettings(**options)
+
+
+# -- handlers -------------------------------------------------------------------------
+def run_server(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM or Ctrl-C."""
+    import uvicorn
+
+    from server.api import create_app
+
+    settings = settings_from(args)
+    listener = listen(settings.host, settings.port)
+    _configure_logging()
+    app = create_app(settings)
+    host, port = listener.getsockname()[:2]
+    key = app.state.server.key
+    print(f"poet-edge server: listening on http://{_url_host(host)}:{port}; server key {key.key_id} "
+          f"({key.path.with_suffix('.pub')}); data in {settings.data_dir}", flush=True)
+    config = uvicorn.Config(app, log_config=None, access_log=False, proxy_headers=True, server_header=False,
+                            timeout_graceful_shutdown=10)  # requests are counted in /metrics, not logged
+    # uvicorn stops gracefully on SIGTERM/SIGINT, then raises the signal again for the handler that was there
+    # before it started: a no-op one here, so a requested stop exits 0 (what systemd and the shell expect).
+    for stop_signal in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop_signal, lambda *_: None)
+    uvicorn.Server(config).run(sockets=[listener])
+    return ExitCode.OK
+
+
+def make_enrolment_token(args: argparse.Namespace) -> int:
+    """Print a new enrolment token on standard output, its expiry on standard error."""
+    from server.datadir import open_database
+    from server.devices import create_enrolment_token
+
+    now = time.time()
+    token = create_enrolment_token(open_database(settings_from(args)), args.expires, now)
+    expires = datetime.datetime.fromtimestamp(now + args.expires).strftime("%Y-%m-%d %H:%M:%S")
+    print(token)
+    print(f"single-use enrolment token, valid until {expires}", file=sys.stderr)
+    return ExitCode.OK
+
+
+def revoke_device(args: argparse.Namespace) -> int:
+    """Revoke the named device."""
+    from server.datadir import open_database
+    from server.devices import revoke
+
+    if revoke(open_database(settings_from(args)), args.name, time.time()):
+        print(f"revoked {args.name}: its device token is refused from now on")
+    else:
+        print(f"{args.name} was revoked already")
+    return ExitCode.OK
+
+
+# -- helpers ----------------------------------------------------------------------------
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (port 0: a free one), or :class:`ServerStartError` saying why not."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        raise ServerStartError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another --host or "
+                               "--port") from exc
+    return sock
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+
+
+def duration(text: str) -> float:
+    """argparse type: ``90s``, ``30m``, ``24h``, ``7d`` or plain seconds, > 0 and at most a year."""
+    match = DURATION.match(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (90s, 30m, 24h, 7d)")
+    seconds = float(match.group(1)) * SECONDS[match.group(2)]
+    if not 0 < seconds <= MAX_TOKEN_LIFETIME:
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0 and at most 365d")
+    return seconds
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0-65535)")
+    return int(text)
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a whole number >= 1")
+    return int(text)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number > 0")
+    return value
+

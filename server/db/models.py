@@ -1,0 +1,146 @@
+"""The server's tables, as SQLAlchemy 2 declarative models.
+
+Times are Unix seconds (floats), the same clock the agent's status uses; byte
+counts are 64-bit.  The schema is created and changed only by the Alembic
+migrations in ``server/db/migrations`` (a test checks the two agree).
+
+::
+
+    devices             one row per enrolled device: its token's hash, last heartbeat and the figures the
+                        fleet view aggregates (state, steps, energy)
+    enrolment_tokens    single-use tokens an operator hands out; hashed, with expiry and who used them
+    heartbeats          each device's recent heartbeats (bounded per device)
+    solve_requests      one per distinct (graph fingerprint, device profile, budgets): status, inputs, result
+    schedules           signed schedules, by schedule id
+    device_schedules    which schedule each device downloaded last
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, LargeBinary, MetaData, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Constraint names fixed by convention, so migrations (and SQLite's batch mode) can name what they change.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+DEVICE_NAME_LENGTH = 64
+SOLVE_STATUSES = ("queued", "solving", "done", "failed", "timed_out")
+
+
+class Base(DeclarativeBase):
+    """Declarative base with the naming convention."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Device(Base):
+    """An enrolled device.  ``token_hash`` is the SHA-256 of its device token (:mod:`server.tokens`)."""
+
+    __tablename__ = "devices"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(DEVICE_NAME_LENGTH), unique=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    enrolled_at: Mapped[float] = mapped_column(Float)
+    revoked_at: Mapped[float | None] = mapped_column(Float)
+    last_seen: Mapped[float | None] = mapped_column(Float, index=True)
+    """When the server last received a heartbeat from it (server clock)."""
+    last_sent_at: Mapped[float | None] = mapped_column(Float)
+    """``sent_at`` of the newest heartbeat received (device clock): a queued, older one never replaces it."""
+    last_heartbeat: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    state: Mapped[str | None] = mapped_column(String(16), index=True)
+    steps_done: Mapped[int | None] = mapped_column(BigInteger)
+    energy_j: Mapped[float | None] = mapped_column(Float)
+    software_version: Mapped[str | None] = mapped_column(String(64))
+
+
+class EnrolmentToken(Base):
+    """A single-use enrolment token; ``used_by`` names the device that enrolled with it."""
+
+    __tablename__ = "enrolment_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float)
+    used_at: Mapped[float | None] = mapped_column(Float)
+    used_by: Mapped[str | None] = mapped_column(String(DEVICE_NAME_LENGTH))
+
+
+class Heartbeat(Base):
+    """One heartbeat as received: the validated status object (``payload``), its device and both clocks."""
+
+    __tablename__ = "heartbeats"
+    __table_args__ = (Index("ix_heartbeats_device_id_id", "device_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"))
+    received_at: Mapped[float] = mapped_column(Float)
+    sent_at: Mapped[float] = mapped_column(Float)
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class StoredSchedule(Base):
+    """A signed schedule file (``document``: its canonical JSON bytes) and what it predicts."""
+
+    __tablename__ = "schedules"
+
+    schedule_id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    document: Mapped[bytes] = mapped_column(LargeBinary)
+    graph_fingerprint: Mapped[str] = mapped_column(String(80), index=True)
+    model: Mapped[str] = mapped_column(String(200))
+    device: Mapped[str] = mapped_column(String(200))
+    memory_budget: Mapped[int | None] = mapped_column(BigInteger)
+    runtime_budget_ms: Mapped[float | None] = mapped_column(Float)
+    predicted_peak_bytes: Mapped[int] = mapped_column(BigInteger)
+    predicted_runtime_ms: Mapped[float] = mapped_column(Float)
+    predicted_energy_j: Mapped[float] = mapped_column(Float)
+    solver_status: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class SolveRequest(Base):
+    """One distinct schedule request, shared by every identical one (``dedupe_key``, :mod:`server.solves`).
+
+    The inputs are kept (``graph``: canonical JSON bytes, ``device_profile``: the profile's JSON object), so a
+    request queued when the server stopped is solved after it starts again.
+    """
+
+    __tablename__ = "solve_requests"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    dedupe_key: Mapped[str] = mapped_column(String(64), unique=True)
+    graph_fingerprint: Mapped[str] = mapped_column(String(80), index=True)
+    model: Mapped[str] = mapped_column(String(200))
+    device_profile_name: Mapped[str] = mapped_column(String(200))
+    graph: Mapped[bytes] = mapped_column(LargeBinary)
+    device_profile: Mapped[dict[str, Any]] = mapped_column(JSON)
+    memory_budget: Mapped[int] = mapped_column(BigInteger)
+    runtime_budget: Mapped[float | None] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    error: Mapped[str | None] = mapped_column(Text)
+    time_limit: Mapped[float] = mapped_column(Float)
+    solve_seconds: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[float] = mapped_column(Float, index=True)
+    started_at: Mapped[float | None] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float)
+    schedule_id: Mapped[str | None] = mapped_column(ForeignKey("schedules.schedule_id"))
+    requested_by: Mapped[int | None] = mapped_column(ForeignKey("devices.id", ondelete="SET NULL"))
+
+
+class DeviceSchedule(Base):
+    """The schedule a device downloaded last (or revalidated with ``If-None-Match``)."""
+
+    __tablename__ = "device_schedules"
+
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"), primary_key=True)
+    schedule_id: Mapped[str] = mapped_column(ForeignKey("schedules.schedule_id"), index=True)
+    downloaded_at: Mapped[float] = mapped_column(Float)

@@ -1,0 +1,175 @@
+"""Devices: enrolment tokens, enrolment, authentication, revocation, and their heartbeats.
+
+An operator makes a single-use enrolment token (``poet-edge server
+enrol-token``); a device exchanges it once, with the name it wants, for its
+own device token, which it then sends as ``Authorization: Bearer``.  Tokens
+are stored as hashes (:mod:`server.tokens`).  A revoked device's token is
+refused; its name may be enrolled again with a new enrolment token (a
+re-imaged board keeps its name and history, under a new token).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.exc import IntegrityError
+
+from server.db.engine import Database
+from server.db.models import DEVICE_NAME_LENGTH, Device, EnrolmentToken, Heartbeat
+from server.errors import AuthenticationError, DeviceNameTakenError, EnrolmentRefusedError, UnknownDeviceError
+from server.tokens import MAX_TOKEN_LENGTH, hashes_match, new_token, token_hash
+
+DEVICE_NAME_PATTERN = rf"^[A-Za-z0-9._-]{{1,{DEVICE_NAME_LENGTH}}}$"
+ENROLMENT_REFUSED = "enrolment token refused: it is wrong, already used or expired; ask the operator for a new one"
+
+
+@dataclass(frozen=True)
+class DeviceIdentity:
+    """Who an authenticated request comes from."""
+
+    id: int
+    name: str
+
+
+@dataclass(frozen=True)
+class Enrolment:
+    """What a device gets for its enrolment token: its name and its own token (shown once, never stored)."""
+
+    device_name: str
+    device_token: str
+
+
+def check_device_name(name: str) -> str:
+    """``name`` if it is 1-64 characters of ``A-Z a-z 0-9 . _ -``; raises :class:`UnknownDeviceError` otherwise."""
+    if not re.fullmatch(DEVICE_NAME_PATTERN, name):
+        raise UnknownDeviceError(f"{name!r} is not a device name (1-{DEVICE_NAME_LENGTH} characters of A-Z a-z "
+                                 "0-9 . _ -)")
+    return name
+
+
+def create_enrolment_token(db: Database, lifetime_seconds: float, now: float) -> str:
+    """A new single-use enrolment token valid for ``lifetime_seconds``; only its hash is stored."""
+    token = new_token()
+    with db.write() as session:
+        session.add(EnrolmentToken(token_hash=token_hash(token), created_at=now, expires_at=now + lifetime_seconds))
+    return token
+
+
+def enrol(db: Database, enrolment_token: str, device_name: str, now: float) -> Enrolment:
+    """Exchange a valid enrolment token for a device token; the token is spent.
+
+    Raises
+    ------
+    EnrolmentRefusedError
+        The token is wrong, already used or expired (one message for all).
+    DeviceNameTakenError
+        A device that is not revoked has the name (the token is not spent).
+    """
+    device_token = new_token()
+    try:
+        with db.write() as session:
+            token_row = _usable_token(session, enrolment_token, now)
+            device = session.scalar(select(Device).where(Device.name == device_name))
+            if device is not None and device.revoked_at is None:
+                raise DeviceNameTakenError(f"a device named {device_name!r} is enrolled already; choose another name, "
+                                           "or ask the operator to revoke the old one first")
+            spent = session.execute(update(EnrolmentToken).where(EnrolmentToken.id == token_row.id,
+                                                                 EnrolmentToken.used_at.is_(None))
+                                    .values(used_at=now, used_by=device_name))
+            if spent.rowcount != 1:  # spent by a concurrent enrolment between our read and this write
+                raise EnrolmentRefusedError(ENROLMENT_REFUSED)
+            if device is None:
+                session.add(Device(name=device_name, token_hash=token_hash(device_token), enrolled_at=now))
+            else:
+                device.token_hash, device.enrolled_at, device.revoked_at = token_hash(device_token), now, None
+    except IntegrityError as exc:  # the name was taken by a concurrent enrolment
+        raise DeviceNameTakenError(f"a device named {device_name!r} is enrolled already; choose another name") from exc
+    return Enrolment(device_name, device_token)
+
+
+def _usable_token(session: Any, enrolment_token: str, now: float) -> EnrolmentToken:
+    if len(enrolment_token) > MAX_TOKEN_LENGTH:
+        raise EnrolmentRefusedError(ENROLMENT_REFUSED)
+    row = session.scalar(select(EnrolmentToken).where(EnrolmentToken.token_hash == token_hash(enrolment_token)))
+    if (row is None or not hashes_match(row.token_hash, enrolment_token) or row.used_at is not None
+            or row.expires_at <= now):
+        raise EnrolmentRefusedError(ENROLMENT_REFUSED)
+    return row
+
+
+def authenticate(db: Database, device_token: str) -> DeviceIdentity:
+    """The device whose token this is.
+
+    Raises
+    ------
+    AuthenticationError
+        No device has this token, or the device was revoked.
+    """
+    if not device_token or len(device_token) > MAX_TOKEN_LENGTH:
+        raise AuthenticationError("unknown device token; enrol the device with an enrolment token")
+    with db.read() as session:
+        row = session.execute(select(Device.id, Device.name, Device.token_hash, Device.revoked_at)
+                              .where(Device.token_hash == token_hash(device_token))).first()
+    if row is None or not hashes_match(row.token_hash, device_token):
+        raise AuthenticationError("unknown device token; enrol the device with an enrolment token")
+    if row.revoked_at is not None:
+        raise AuthenticationError("this device was revoked; enrol it again with a new enrolment token")
+    return DeviceIdentity(row.id, row.name)
+
+
+def revoke(db: Database, name: str, now: float) -> bool:
+    """Revoke the device called ``name``; ``False`` if it was revoked already.
+
+    Raises
+    ------
+    UnknownDeviceError
+        No device has that name.
+    """
+    with db.write() as session:
+        device = session.scalar(select(Device).where(Device.name == check_device_name(name)))
+        if device is None:
+            raise UnknownDeviceError(f"no device is named {name!r}")
+        if device.revoked_at is not None:
+            return False
+        device.revoked_at = now
+        return True
+
+
+def record_heartbeats(db: Database, device_id: int, beats: Sequence[dict[str, Any]], received_at: float,
+                      keep: int) -> None:
+    """Store heartbeats (each with ``sent_at``), update the device's latest figures, keep its newest ``keep``.
+
+    A queued heartbeat that arrives late (``sent_at`` older than the newest one
+    received) goes into the history but does not replace the device's latest
+    state.
+    """
+    if not beats:
+        return
+    newest = max(beats, key=lambda beat: beat["sent_at"])
+    with db.write() as session:
+        session.add_all(Heartbeat(device_id=device_id, received_at=received_at, sent_at=beat["sent_at"], payload=beat)
+                        for beat in beats)
+        device = session.get(Device, device_id)
+        device.last_seen = received_at
+        if device.last_sent_at is None or newest["sent_at"] >= device.last_sent_at:
+            _take_latest(device, newest)
+        session.flush()
+        _prune(session, device_id, keep)
+
+
+def _take_latest(device: Device, beat: dict[str, Any]) -> None:
+    device.last_heartbeat, device.last_sent_at = beat, beat["sent_at"]
+    device.state = beat.get("state")
+    device.steps_done = beat.get("steps_done")
+    device.energy_j = beat.get("energy_j")
+    device.software_version = beat.get("software_version")
+
+
+def _prune(session: Any, device_id: int, keep: int) -> None:
+    oldest_kept = session.scalar(select(Heartbeat.id).where(Heartbeat.device_id == device_id)
+                                 .order_by(Heartbeat.id.desc()).offset(keep - 1).limit(1))
+    if oldest_kept is not None:
+        session.execute(delete(Heartbeat).where(Heartbeat.device_id == device_id, Heartbeat.id < oldest_kept))

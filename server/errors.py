@@ -1,0 +1,121 @@
+"""Exceptions raised by the fleet server: a branch of POET Edge's one tree (:mod:`schedules.errors`).
+
+The tree, with each class's exit code (:class:`schedules.exit_codes.ExitCode`) and, for the errors a device
+request can meet, the HTTP status the API answers with::
+
+    PoetEdgeError
+    └── ServerError                    anything the server refuses or fails to do           2 usage     500
+        ├── ServerConfigError          a setting the server cannot run with (all listed)    2 usage
+        ├── ServerStartError           the server cannot listen on its address             2 usage
+        ├── DataDirError               the data directory cannot be created or written     3 bad file
+        ├── DatabaseError              the database cannot be opened or migrated           3 bad file
+        ├── ServerKeyError             the server's signing key cannot be read or made     3 bad file
+        ├── UnknownDeviceError         no enrolled device has that name                    2 usage     404
+        ├── DeviceNameTakenError       another device already has that name                2 usage     409
+        ├── EnrolmentRefusedError      an enrolment token is wrong, used or expired        5 rejected  401
+        ├── AuthenticationError        a device token is missing, unknown or revoked       5 rejected  401
+        ├── RateLimitedError           too many attempts from one address; retry later     5 rejected  429
+        ├── RequestRejectedError       a request the server cannot take as sent            3 bad file  422
+        └── SolveQueueFullError        too many schedule requests wait already             4 solver    503
+
+``http_status`` is what :mod:`server.api` answers for the error; the message
+is the response's ``detail`` (it says what to do next and never holds a
+secret).  OS and SQLAlchemy errors are converted where they enter
+(``raise DatabaseError(...) from exc``).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from schedules.errors import PoetEdgeError
+from schedules.exit_codes import ExitCode
+
+
+class ServerError(PoetEdgeError):
+    """Base class of every error raised by ``server``."""
+
+    http_status: ClassVar[int] = 500
+
+
+class ServerConfigError(ServerError):
+    """A server setting is out of range or inconsistent; the message lists every problem."""
+
+
+class ServerStartError(ServerError):
+    """The server cannot listen on the host and port it was given."""
+
+
+class DataDirError(ServerError):
+    """The server's data directory cannot be created, or is not writable by this user."""
+
+    exit_code = ExitCode.BAD_FILE
+
+
+class DatabaseError(ServerError):
+    """The database cannot be opened, migrated, or holds a schema newer than this release."""
+
+    exit_code = ExitCode.BAD_FILE
+
+
+class ServerKeyError(ServerError):
+    """The server's Ed25519 signing key cannot be read or created in the data directory."""
+
+    exit_code = ExitCode.BAD_FILE
+
+
+class UnknownDeviceError(ServerError):
+    """No enrolled device has the name given."""
+
+    http_status = 404
+
+
+class DeviceNameTakenError(ServerError):
+    """Another enrolled device already has the name a device asked for."""
+
+    http_status = 409
+
+
+class EnrolmentRefusedError(ServerError):
+    """An enrolment token is wrong, already used or expired (one message for all three: no oracle)."""
+
+    exit_code = ExitCode.REJECTED
+    http_status = 401
+
+
+class AuthenticationError(ServerError):
+    """A device request carries no device token, an unknown one, or a revoked device's."""
+
+    exit_code = ExitCode.REJECTED
+    http_status = 401
+
+
+class RateLimitedError(ServerError):
+    """Too many attempts from one client address within the window.
+
+    Attributes
+    ----------
+    retry_after:
+        Seconds until the next attempt is allowed (the ``Retry-After`` header).
+    """
+
+    exit_code = ExitCode.REJECTED
+    http_status = 429
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class RequestRejectedError(ServerError):
+    """A request's content cannot be used: a graph or device profile that does not load, a graph too large."""
+
+    exit_code = ExitCode.BAD_FILE
+    http_status = 422
+
+
+class SolveQueueFullError(ServerError):
+    """The solve queue is full; the device should ask again later."""
+
+    exit_code = ExitCode.SOLVER_FAILED
+    http_status = 503

@@ -1,0 +1,185 @@
+"""Schedule requests in the database: parsed, deduplicated, queued, claimed, finished.
+
+Identical requests share one row and so one solve and one stored schedule.
+Identical means the same *dedupe key*: the SHA-256 of the canonical JSON of
+the graph's fingerprint (its structure: :attr:`TrainingGraph.fingerprint`),
+the whole device profile, the memory budget and the runtime budget.  A fleet
+of many devices in a few device classes therefore costs a few solves.
+
+A request moves ``queued`` -> ``solving`` -> ``done`` | ``failed`` |
+``timed_out`` (:data:`server.db.models.SOLVE_STATUSES`).  An identical request
+to one that is ``done`` or ``failed`` (infeasible) gets that answer at once;
+one that ``timed_out`` is queued again only when the server's time limit has
+grown since.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
+
+from schedules.canonical import canonical_json
+from schedules.device import DeviceProfile
+from schedules.errors import PlannerError
+from schedules.graph import TrainingGraph
+from schedules.schedule import Schedule
+from server.db.engine import Database
+from server.db.models import SolveRequest
+from server.errors import RequestRejectedError, SolveQueueFullError
+from server.registry import store_schedule
+
+QUEUED, SOLVING, DONE, FAILED, TIMED_OUT = "queued", "solving", "done", "failed", "timed_out"
+
+
+@dataclass(frozen=True)
+class SolveInput:
+    """What a schedule is asked for: graph, device profile, memory budget (bytes), runtime budget (factor)."""
+
+    graph: TrainingGraph
+    device: DeviceProfile
+    memory_budget: int
+    runtime_budget: float | None
+
+    @property
+    def dedupe_key(self) -> str:
+        """64 hex digits naming the request; equal for identical requests (module docstring)."""
+        identity = {"graph": self.graph.fingerprint, "device": self.device.to_dict(),
+                    "memory_budget": self.memory_budget, "runtime_budget": self.runtime_budget}
+        return hashlib.sha256(canonical_json(identity)).hexdigest()
+
+
+def parse_solve_input(graph: Any, device: Any, memory_budget: int, runtime_budget: float | None,
+                      max_nodes: int) -> SolveInput:
+    """Load the graph and device profile with the planner's own loaders.
+
+    Raises
+    ------
+    RequestRejectedError
+        Either does not load (the loader's message, naming the part), or the graph has more than
+        ``max_nodes`` nodes, or a budget is not a positive finite number.
+    """
+    if memory_budget <= 0:
+        raise RequestRejectedError(f"memory_budget must be > 0 bytes, got {memory_budget}")
+    if runtime_budget is not None and not (math.isfinite(runtime_budget) and runtime_budget > 0):
+        raise RequestRejectedError(f"runtime_budget must be a finite factor > 0 or null, got {runtime_budget}")
+    loaded_graph = _load("graph", TrainingGraph.from_dict, graph)
+    if loaded_graph.size > max_nodes:
+        raise RequestRejectedError(f"graph has {loaded_graph.size} nodes; this server plans graphs of at most "
+                                   f"{max_nodes} (cut the model into fewer segments)")
+    loaded_device = _load("device", DeviceProfile.from_dict, device)
+    return SolveInput(loaded_graph, loaded_device, memory_budget, runtime_budget)
+
+
+def _load(part: str, loader: Any, data: Any) -> Any:
+    try:
+        return loader(data)
+    except PlannerError as exc:
+        raise RequestRejectedError(f"{part}: {exc}") from exc
+    except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as exc:  # shapes a loader did not expect
+        raise RequestRejectedError(f"{part}: malformed ({type(exc).__name__}: {exc})") from exc
+
+
+def enqueue(db: Database, item: SolveInput, *, time_limit: float, max_queued: int, now: float,
+            requested_by: int | None = None) -> tuple[SolveRequest, bool]:
+    """The request for ``item``: the existing identical one, or a new queued one; and whether it is new to the queue.
+
+    Raises
+    ------
+    SolveQueueFullError
+        ``max_queued`` requests are waiting already.
+    """
+    key = item.dedupe_key
+    try:
+        with db.write() as session:
+            existing = session.scalar(select(SolveRequest).where(SolveRequest.dedupe_key == key))
+            if existing is not None:
+                return existing, _retry_if_limit_grew(existing, time_limit)
+            waiting = session.scalar(select(func.count()).select_from(SolveRequest)
+                                     .where(SolveRequest.status == QUEUED))
+            if waiting >= max_queued:
+                raise SolveQueueFullError(f"{waiting} schedule requests are waiting already; ask again later")
+            row = _new_request(item, key, time_limit, now, requested_by)
+            session.add(row)
+            return row, True
+    except IntegrityError:  # an identical request was inserted at the same moment: share it
+        with db.read() as session:
+            return session.scalars(select(SolveRequest).where(SolveRequest.dedupe_key == key)).one(), False
+
+
+def _new_request(item: SolveInput, key: str, time_limit: float, now: float, requested_by: int | None) -> SolveRequest:
+    return SolveRequest(
+        id=uuid.uuid4().hex, dedupe_key=key, graph_fingerprint=item.graph.fingerprint, model=item.graph.model[:200],
+        device_profile_name=item.device.name[:200], graph=canonical_json(item.graph.to_dict()),
+        device_profile=item.device.to_dict(), memory_budget=item.memory_budget, runtime_budget=item.runtime_budget,
+        status=QUEUED, time_limit=time_limit, created_at=now, requested_by=requested_by,
+    )
+
+
+def _retry_if_limit_grew(row: SolveRequest, time_limit: float) -> bool:
+    if row.status != TIMED_OUT or time_limit <= row.time_limit:
+        return False
+    row.status, row.error, row.solve_seconds, row.started_at, row.finished_at = QUEUED, None, None, None, None
+    row.time_limit = time_limit
+    return True
+
+
+def find(db: Database, request_id: str) -> SolveRequest | None:
+    """The request with that id, or ``None``."""
+    with db.read() as session:
+        return session.get(SolveRequest, request_id)
+
+
+def waiting(db: Database, limit: int) -> list[str]:
+    """Ids of up to ``limit`` queued requests, oldest first."""
+    with db.read() as session:
+        return list(session.scalars(select(SolveRequest.id).where(SolveRequest.status == QUEUED)
+                                    .order_by(SolveRequest.created_at, SolveRequest.id).limit(limit)))
+
+
+def claim(db: Database, request_id: str, time_limit: float, now: float) -> bytes | None:
+    """Mark a queued request ``solving``; return its job (:mod:`server.solve_worker`), or ``None`` if it is taken."""
+    with db.write() as session:
+        claimed = session.execute(update(SolveRequest).where(SolveRequest.id == request_id,
+                                                             SolveRequest.status == QUEUED)
+                                  .values(status=SOLVING, started_at=now, time_limit=time_limit))
+        if claimed.rowcount != 1:
+            return None
+        row = session.get(SolveRequest, request_id)
+        return canonical_json({"graph": json.loads(row.graph), "device": row.device_profile,
+                               "memory_budget": row.memory_budget, "runtime_budget": row.runtime_budget,
+                               "time_limit": time_limit})
+
+
+def finish(db: Database, request_id: str, status: str, *, now: float, solve_seconds: float,
+           error: str | None = None, schedule: Schedule | None = None) -> None:
+    """Record a request's end; a ``done`` one with its (signed) schedule, stored once."""
+    with db.write() as session:
+        row = session.get(SolveRequest, request_id)
+        if row is None:
+            return
+        if schedule is not None:
+            row.schedule_id = store_schedule(session, schedule, now).schedule_id
+        row.status, row.error, row.solve_seconds, row.finished_at = status, error, solve_seconds, now
+
+
+def requeue(db: Database, request_ids: list[str] | None = None) -> int:
+    """Put ``solving`` requests back in the queue (all of them: at start, after the server stopped mid-solve)."""
+    query = update(SolveRequest).where(SolveRequest.status == SOLVING)
+    if request_ids is not None:
+        query = query.where(SolveRequest.id.in_(request_ids))
+    with db.write() as session:
+        return session.execute(query.values(status=QUEUED, started_at=None)).rowcount
+
+
+def count_by_status(db: Database) -> dict[str, int]:
+    """How many requests are in each status (every status present, zeros included)."""
+    with db.read() as session:
+        counts = dict(session.execute(select(SolveRequest.status, func.count()).group_by(SolveRequest.status)).all())
+    return {status: counts.get(status, 0) for status in (QUEUED, SOLVING, DONE, FAILED, TIMED_OUT)}

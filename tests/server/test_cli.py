@@ -1,0 +1,182 @@
+"""``poet-edge server``: the operator commands in-process, and ``server run`` as a real process on loopback."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from email.message import Message
+from pathlib import Path
+
+import psutil
+import pytest
+from fastapi.testclient import TestClient
+
+from schedules.cli import main
+from schedules.exit_codes import ExitCode
+from server.api import create_app
+from server.config import ServerSettings
+from tests.server.conftest import heartbeat
+
+# The server as a server's install runs it: the device's libraries cannot be imported.
+WITHOUT_DEVICE_LIBRARIES = """
+import sys
+for name in ("torch", "torchvision", "transformers", "crc32c"):
+    sys.modules[name] = None
+from schedules.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_enrol_token_prints_a_token_a_device_can_use_once(tmp_path, capsys) -> None:
+    data = tmp_path / "server"
+    assert main(["server", "enrol-token", "--data-dir", str(data), "--expires", "10m"]) == ExitCode.OK
+    out, err = capsys.readouterr()
+    token = out.strip()
+    assert re.fullmatch(r"[A-Za-z0-9_-]{43}", token) and "single-use" in err
+    client = TestClient(create_app(ServerSettings(data_dir=data)))
+    body = {"enrolment_token": token, "device_name": "pi-1"}
+    assert client.post("/api/v1/enrol", json=body).status_code == 201
+    assert client.post("/api/v1/enrol", json={**body, "device_name": "pi-2"}).status_code == 401
+
+
+def test_revoke_refuses_the_device_and_unknown_names_are_usage_errors(tmp_path, capsys) -> None:
+    data = tmp_path / "server"
+    client = TestClient(create_app(ServerSettings(data_dir=data)))
+    main(["server", "enrol-token", "--data-dir", str(data)])
+    token = capsys.readouterr().out.strip()
+    device_token = client.post("/api/v1/enrol", json={"enrolment_token": token, "device_name": "pi-1"}).json()
+    headers = {"Authorization": f"Bearer {device_token['device_token']}"}
+    assert main(["server", "revoke", "pi-1", "--data-dir", str(data)]) == ExitCode.OK
+    assert "revoked pi-1" in capsys.readouterr().out
+    assert client.post("/api/v1/heartbeats", json=heartbeat(), headers=headers).status_code == 401
+    assert main(["server", "revoke", "pi-1", "--data-dir", str(data)]) == ExitCode.OK
+    assert "already" in capsys.readouterr().out
+    assert main(["server", "revoke", "pi-404", "--data-dir", str(data)]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert err.strip() == "poet-edge server: error: no device is named 'pi-404'"
+
+
+def test_bad_options_and_unusable_places_exit_with_one_line(tmp_path, capsys) -> None:
+    assert main(["server", "enrol-token", "--expires", "forever", "--data-dir", str(tmp_path)]) == ExitCode.USAGE
+    capsys.readouterr()
+    (tmp_path / "file").write_text("")
+    assert main(["server", "enrol-token", "--data-dir", str(tmp_path / "file" / "x")]) == ExitCode.BAD_FILE
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(["server", "run", "--data-dir", str(tmp_path / "d"), "--port", str(port)])
+    err = capsys.readouterr().err
+    assert code == ExitCode.USAGE and f"cannot listen on 127.0.0.1:{port}" in err and "Traceback" not in err
+
+
+@pytest.fixture
+def server_process(tmp_path):
+    """``poet-edge server run --port 0`` without torch; yields (process, base URL, data dir)."""
+    data, log = tmp_path / "server", tmp_path / "server.log"
+    with log.open("w") as stderr:
+        process = subprocess.Popen([sys.executable, "-c", WITHOUT_DEVICE_LIBRARIES, "server", "run", "--data-dir",
+                                    str(data), "--port", "0", "--solve-time-limit", "20"],
+                                   stdout=subprocess.PIPE, stderr=stderr, text=True,
+                                   cwd=Path(__file__).resolve().parents[2])
+    try:
+        line = process.stdout.readline()
+        match = re.search(r"listening on (http://127\.0\.0\.1:(\d+)); server key ([0-9a-f]{16})", line)
+        assert match, f"{line!r}; log: {log.read_text()}"
+        yield process, match.group(1), data, match.group(3), log
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=30)
+
+
+def get(url: str) -> tuple[int, Message, bytes]:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return response.status, response.headers, response.read()
+
+
+def wait_until_serving(url: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            get(url + "/api/v1/server-key")
+            return
+        except OSError:
+            assert time.monotonic() < deadline, "the server did not answer"
+            time.sleep(0.2)
+
+
+def test_server_run_serves_the_key_and_metrics_and_stops_on_sigterm(server_process) -> None:
+    process, url, data, printed_key_id, log = server_process
+    wait_until_serving(url)
+    status, _, body = get(url + "/api/v1/server-key")
+    key = json.loads(body)
+    assert status == 200 and key["key_id"] == printed_key_id and "BEGIN PUBLIC KEY" in key["public_key"]
+    assert (data / "keys" / "server-signing.pub").read_text() == key["public_key"]
+    status, headers, body = get(url + "/metrics")
+    text = body.decode()
+    assert status == 200 and headers["Content-Type"].startswith("text/plain")
+    assert "poet_server_devices 0.0" in text and "_created" not in text
+    assert 'route="/api/v1/server-key"' in text
+    workers = psutil.Process(process.pid).children(recursive=True)
+    assert workers, "a planner process should be running beside the server"
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 0
+    gone, alive = psutil.wait_procs(workers, timeout=10)
+    assert alive == []
+    assert "Traceback" not in log.read_text()
+
+
+def test_raw_path_tricks_over_the_wire_are_404(server_process) -> None:
+    _, url, _, _, _ = server_process
+    wait_until_serving(url)
+    host, port = url.removeprefix("http://").split(":")
+    for path in ("/api/v1/schedules/../../etc/passwd", "/api/v1/../../../etc/passwd", "//etc/passwd",
+                 "/api/v1/schedules/%2e%2e%2f%2e%2e%2fetc%2fpasswd"):
+        connection = http.client.HTTPConnection(host, int(port), timeout=30)
+        connection.request("GET", path, headers={"Authorization": "Bearer x"})
+        response = connection.getresponse()
+        body = response.read()
+        connection.close()
+        assert response.status in (401, 404), (path, response.status)
+        assert b"root:" not in body
+
+
+def test_concurrent_heartbeats_over_the_wire_all_succeed(server_process, capsys) -> None:
+    _, url, data, _, _ = server_process
+    wait_until_serving(url)
+    assert main(["server", "enrol-token", "--data-dir", str(data)]) == ExitCode.OK  # beside the running server
+    token = capsys.readouterr().out.strip()
+    request = urllib.request.Request(url + "/api/v1/enrol", method="POST", headers={"Content-Type": "application/json"},
+                                     data=json.dumps({"enrolment_token": token, "device_name": "pi-1"}).encode())
+    with urllib.request.urlopen(request, timeout=30) as response:
+        device_token = json.loads(response.read())["device_token"]
+    codes: list[int] = []
+
+    def send(n: int) -> None:
+        for i in range(n):
+            beat = urllib.request.Request(url + "/api/v1/heartbeats", method="POST",
+                                          data=json.dumps(heartbeat(steps_done=i)).encode(),
+                                          headers={"Content-Type": "application/json",
+                                                   "Authorization": f"Bearer {device_token}"})
+            with urllib.request.urlopen(beat, timeout=30) as response:
+                codes.append(response.status)
+
+    threads = [threading.Thread(target=send, args=(20,)) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert codes == [204] * 160
+    _, _, body = get(url + "/metrics")
+    assert "poet_server_heartbeats_received_total 160.0" in body.decode()

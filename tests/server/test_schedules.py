@@ -1,0 +1,172 @@
+"""Schedule requests: solved in worker processes, signed, stored once, downloaded with ETag; limits honoured."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from cryptography.hazmat.primitives.serialization import load_pem_public_key
+from fastapi.testclient import TestClient
+
+from schedules.canonical import canonical_json
+from schedules.graph import TrainingGraph
+from schedules.schedule import Schedule
+from schedules.signing import verify_document
+from server.api import create_app
+from server.config import ServerSettings
+from server.datadir import open_database
+from server import solve_requests
+from server.solve_requests import parse_solve_input
+from tests.schedules.graphs import linear_graph
+from tests.server.conftest import enrol, metric, schedule_request, wait_for_solve
+
+
+def ask(client: TestClient, headers: dict[str, str], body: dict) -> dict:
+    response = client.post("/api/v1/schedule-requests", json=body, headers=headers)
+    assert response.status_code == 202, response.text
+    return response.json()
+
+
+def test_upload_solve_download_and_verify_as_an_agent_does(solving_client) -> None:
+    device = enrol(solving_client)
+    graph = linear_graph(8)
+    accepted = ask(solving_client, device.headers, schedule_request(graph, memory_budget=10**9))
+    assert accepted["status"] in ("queued", "solving", "done") and len(accepted["request_id"]) == 32
+    status = wait_for_solve(solving_client, accepted["request_id"], device.headers)
+    assert status["status"] == "done" and status["error"] is None and status["solve_seconds"] > 0
+    download = solving_client.get(f"/api/v1/schedules/{status['schedule_id']}", headers=device.headers)
+    assert download.status_code == 200 and download.headers["content-type"] == "application/json"
+    public_key = load_pem_public_key(solving_client.get("/api/v1/server-key").json()["public_key"].encode())
+    schedule = Schedule.from_json(download.content, public_key=public_key)  # the signature verifies
+    schedule.check_graph(graph)  # and it was planned for this graph
+    assert schedule.schedule_id == status["schedule_id"] and schedule.memory_budget == 10**9
+    tampered = json.loads(download.content)
+    tampered["predicted_peak_bytes"] += 1
+    with pytest.raises(Exception, match="does not verify"):
+        verify_document(tampered, public_key)
+
+
+def test_etag_and_if_none_match(solving_client) -> None:
+    device = enrol(solving_client)
+    status = wait_for_solve(solving_client, ask(solving_client, device.headers, schedule_request())["request_id"],
+                            device.headers)
+    url = f"/api/v1/schedules/{status['schedule_id']}"
+    first = solving_client.get(url, headers=device.headers)
+    etag = first.headers["ETag"]
+    assert etag == f'"{status["schedule_id"]}"'
+    for sent in (etag, f"W/{etag}", f'"0000000000000000", {etag}', "*"):
+        again = solving_client.get(url, headers={**device.headers, "If-None-Match": sent})
+        assert again.status_code == 304 and again.content == b"" and again.headers["ETag"] == etag, sent
+    changed = solving_client.get(url, headers={**device.headers, "If-None-Match": '"0000000000000000"'})
+    assert changed.status_code == 200 and changed.content == first.content
+
+
+def test_identical_requests_share_one_solve_and_other_budgets_do_not(solving_client) -> None:
+    first, second = enrol(solving_client, "pi-1"), enrol(solving_client, "pi-2")
+    body = schedule_request(memory_budget=10**9)
+    ids = {ask(solving_client, d.headers, body)["request_id"] for d in (first, second, first)}
+    reordered = dict(reversed(list(body.items())))  # same content, other key order
+    ids.add(ask(solving_client, second.headers, reordered)["request_id"])
+    assert len(ids) == 1
+    status = wait_for_solve(solving_client, ids.pop(), first.headers)
+    again = ask(solving_client, second.headers, body)
+    assert again["status"] == "done" and again["schedule_id"] == status["schedule_id"]
+    other = ask(solving_client, first.headers, schedule_request(memory_budget=10**9, runtime_budget=2.0))
+    assert wait_for_solve(solving_client, other["request_id"], first.headers)["status"] == "done"
+    text = solving_client.get("/metrics").text
+    assert metric(text, "poet_server_solve_seconds_count", status="done") == 2  # two solves for five requests
+    assert metric(text, "poet_server_solve_requests", status="done") == 2
+
+
+def test_an_infeasible_budget_fails_with_the_planners_message(solving_client) -> None:
+    device = enrol(solving_client)
+    accepted = ask(solving_client, device.headers, schedule_request(memory_budget=1))
+    status = wait_for_solve(solving_client, accepted["request_id"], device.headers)
+    assert status["status"] == "failed" and status["schedule_id"] is None
+    assert status["error"].startswith("infeasible") and "budget" in status["error"]
+
+
+def test_a_solve_past_its_limit_is_stopped_and_reported_timed_out(tmp_path, poet_graphs) -> None:
+    # plan() on resnet50 (335 nodes) takes seconds whatever its time limit: building the MILP is not interruptible
+    settings = ServerSettings(data_dir=tmp_path / "s", solve_time_limit=0.5, solve_timeout_margin=1.0)
+    graph = TrainingGraph.load(poet_graphs / "resnet50_a72.json")
+    with TestClient(create_app(settings)) as client:
+        device = enrol(client)
+        accepted = ask(client, device.headers, schedule_request(graph, memory_budget=60_000_000, runtime_budget=1.2))
+        started = time.monotonic()
+        status = wait_for_solve(client, accepted["request_id"], device.headers, timeout=60)
+        assert status["status"] == "timed_out" and status["schedule_id"] is None
+        assert "time limit of 0.5 s" in status["error"] and "stopped" in status["error"]
+        assert 1.5 <= status["solve_seconds"] < 10 and time.monotonic() - started < 30
+        # the killed worker was replaced: the next request is solved
+        after = ask(client, device.headers, schedule_request())
+        assert wait_for_solve(client, after["request_id"], device.headers)["status"] == "done"
+        text = client.get("/metrics").text
+        assert metric(text, "poet_server_solve_seconds_count", status="timed_out") == 1
+
+
+def test_requests_queued_or_cut_short_when_the_server_stopped_are_solved_after_it_starts(settings) -> None:
+    db = open_database(settings)  # the server is not running
+    items = [parse_solve_input(**{k: v for k, v in schedule_request(memory_budget=budget).items()}, max_nodes=100)
+             for budget in (10**9, 10**8)]
+    waiting, _ = solve_requests.enqueue(db, items[0], time_limit=30, max_queued=10, now=time.time())
+    cut_short, _ = solve_requests.enqueue(db, items[1], time_limit=30, max_queued=10, now=time.time())
+    assert solve_requests.claim(db, cut_short.id, 30, time.time()) is not None  # solving when the server died
+    assert solve_requests.find(db, cut_short.id).status == "solving"
+    with TestClient(create_app(settings)) as client:
+        device = enrol(client)
+        for request_id in (waiting.id, cut_short.id):
+            assert wait_for_solve(client, request_id, device.headers)["status"] == "done"
+
+
+def test_bad_graphs_and_profiles_are_422_with_the_loaders_message(client, device) -> None:
+    body = schedule_request()
+    body["graph"]["edges"].append([0, 999])
+    response = client.post("/api/v1/schedule-requests", json=body, headers=device.headers)
+    assert response.status_code == 422 and response.json()["detail"].startswith("graph: ")
+    body = schedule_request()
+    body["device"]["pagein_bandwidth_bps"] = -5
+    response = client.post("/api/v1/schedule-requests", json=body, headers=device.headers)
+    assert response.status_code == 422 and "pagein_bandwidth_bps" in response.json()["detail"]
+    body = schedule_request()
+    body["graph"] = {"nodes": "everything"}
+    assert client.post("/api/v1/schedule-requests", json=body, headers=device.headers).status_code == 422
+    for budget in (0, -1, "1MB", 1.5, None):
+        body = {**schedule_request(), "memory_budget": budget}
+        response = client.post("/api/v1/schedule-requests", json=body, headers=device.headers)
+        assert response.status_code == 422 and "memory_budget" in response.json()["detail"], budget
+    assert solve_requests.count_by_status(client.app.state.server.db)["queued"] == 0
+
+
+def test_a_graph_over_the_node_limit_is_refused_before_it_is_queued(tmp_path) -> None:
+    client = TestClient(create_app(ServerSettings(data_dir=tmp_path / "s", max_graph_nodes=10)))
+    device = enrol(client)
+    response = client.post("/api/v1/schedule-requests", json=schedule_request(linear_graph(8)),
+                           headers=device.headers)
+    assert response.status_code == 422 and "at most 10" in response.json()["detail"]
+
+
+def test_a_full_queue_answers_503(tmp_path) -> None:
+    client = TestClient(create_app(ServerSettings(data_dir=tmp_path / "s", max_queued_solves=1)))  # no solving
+    device = enrol(client)
+    assert client.post("/api/v1/schedule-requests", json=schedule_request(memory_budget=10**9),
+                       headers=device.headers).status_code == 202
+    full = client.post("/api/v1/schedule-requests", json=schedule_request(memory_budget=10**8),
+                       headers=device.headers)
+    assert full.status_code == 503 and "waiting" in full.json()["detail"]
+
+
+def test_dedupe_key_is_the_graph_structure_profile_and_budgets() -> None:
+    body = schedule_request(linear_graph(6), memory_budget=5000)
+    base = parse_solve_input(**body, max_nodes=100)
+    retimed = TrainingGraph.from_dict(body["graph"])
+    retimed = retimed.with_nodes(node.__class__(**{**node.__dict__, "compute_ms": node.compute_ms * 2})
+                                 for node in retimed.nodes)
+    same_structure = parse_solve_input(**{**body, "graph": retimed.to_dict()}, max_nodes=100)
+    assert base.dedupe_key == same_structure.dedupe_key  # timings are not part of the graph's identity
+    other_device = parse_solve_input(**schedule_request(linear_graph(6), memory_budget=5000, device="rpi5"),
+                                     max_nodes=100)
+    other_budget = parse_solve_input(**{**body, "memory_budget": 5001}, max_nodes=100)
+    assert len({base.dedupe_key, other_device.dedupe_key, other_budget.dedupe_key}) == 3
+    assert canonical_json(base.device.to_dict()) == canonical_json(same_structure.device.to_dict())
