@@ -12,6 +12,9 @@ The tree, with each class's exit code (:class:`schedules.exit_codes.ExitCode`)::
         ├── CheckpointError               a checkpoint cannot be written, or none can be read  7 storage
         ├── MemoryBoundError              a step's peak memory went over the agent's bound  5 rejected
         ├── EnergyMeterError              an energy meter failed (:mod:`agent.energy.errors`)  8 meter
+        ├── FleetError                    the fleet server refused a request (:mod:`agent.daemon.fleet`)  2 usage
+        │   ├── FleetUnavailableError     unreachable, timed out, 5xx or 429 (cache or local solve)  2 usage
+        │   └── FleetAuthError            enrolment token refused, name taken, or the device revoked  5 rejected
         └── ExecutorError                 a training step cannot run as scheduled          5 rejected
             ├── StepCancelled             a step was cancelled between instructions (rolled back)  130 interrupted
             ├── ScheduleRefusedError      the schedule is for another model/graph or breaks its budget  5 rejected
@@ -128,5 +131,30 @@ class CheckpointError(AgentError):
 
 class MemoryBoundError(AgentError):
     """A training step's peak memory went over the agent's own bound (fixed memory + budget + slack)."""
+
+    exit_code = ExitCode.REJECTED
+
+
+class FleetError(AgentError):
+    """The fleet server refused a request; ``status`` is its HTTP status when it answered."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class FleetUnavailableError(FleetError):
+    """The fleet server cannot be used now (connection, timeout, 5xx, 429); ``retry_after`` in seconds if said.
+
+    The agent then trains on its cached schedule or solves locally, and its heartbeats wait on disk.
+    """
+
+    def __init__(self, message: str, status: int | None = None, retry_after: float | None = None) -> None:
+        super().__init__(message, status)
+        self.retry_after = retry_after
+
+
+class FleetAuthError(FleetError):
+    """This device has no token the fleet server accepts: enrolment refused, name taken, or revoked."""
 
     exit_code = ExitCode.REJECTED

@@ -46,6 +46,7 @@ def add_commands(subparsers: Any) -> None:
 def run_agent(args: argparse.Namespace) -> int:
     """Run the daemon until SIGTERM."""
     from agent.daemon.config import load_config
+    from agent.daemon.sources import NoReporter
     from agent.daemon.supervisor import Daemon, configure_logging
 
     config = load_config(args.config)
@@ -56,7 +57,16 @@ def run_agent(args: argparse.Namespace) -> int:
         from agent.daemon.metrics import AgentMetrics
 
         metrics = AgentMetrics.serve(config.metrics.prometheus)
-    return Daemon(config, metrics=metrics).run()
+    reporter: Any = NoReporter()
+    if config.server.url:  # a device outside any fleet does not load the HTTP client
+        from agent.daemon.fleet import reporter_from_config
+
+        reporter = reporter_from_config(config)
+    try:
+        return Daemon(config, metrics=metrics, reporter=reporter).run()
+    finally:
+        if hasattr(reporter, "close"):
+            reporter.close()  # the "stopped" heartbeat goes out, unless the server is being waited for
 
 
 def _check_writable_dirs(config: Any) -> None:

@@ -14,6 +14,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from agent.energy.detect import MeterConfig
 from agent.errors import ConfigError
@@ -107,6 +108,19 @@ class MetricsSection:
 
 
 @dataclass(frozen=True)
+class ServerSection:
+    """``[server]``: the fleet server this device reports to and gets schedules from; no ``url``, no fleet."""
+
+    url: str = ""  # "https://fleet.example:8080"
+    enrolment_token: str = ""  # exchanged once for the device token (kept in state_dir/fleet/device-token)
+    public_key: Path | None = None  # the server's pinned Ed25519 public key (PEM): required with url
+    heartbeat_seconds: float = 30.0
+    queue_limit: int = 1000  # heartbeats kept on disk while the server is unreachable (oldest dropped)
+    timeout_seconds: float = 10.0
+    ca_file: Path | None = None  # a private CA's certificate (PEM) for the server's TLS
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     """The whole config file, validated."""
 
@@ -119,6 +133,7 @@ class AgentConfig:
     eligibility: EligibilitySection = field(default_factory=EligibilitySection)
     energy: MeterConfig = field(default_factory=MeterConfig)
     metrics: MetricsSection = field(default_factory=MetricsSection)
+    server: ServerSection = field(default_factory=ServerSection)
 
     @property
     def swap_dir(self) -> Path:
@@ -130,12 +145,23 @@ class AgentConfig:
         """The daemon's status file, read by ``poet-edge agent status``."""
         return self.device.state_dir / "status.json"
 
+    @property
+    def fleet_dir(self) -> Path:
+        """The fleet's files on the device: the device token, the heartbeat queue, downloaded schedules."""
+        return self.device.state_dir / "fleet"
+
+    @property
+    def device_token_path(self) -> Path:
+        """This device's token from the fleet server (mode 0600), written at enrolment."""
+        return self.fleet_dir / "device-token"
+
 
 _SECTIONS: dict[str, type] = {
     "device": DeviceSection, "workload": WorkloadSection, "data": DataSection, "training": TrainingSection,
     "schedule": ScheduleSection, "eligibility": EligibilitySection, "energy": MeterConfig, "metrics": MetricsSection,
+    "server": ServerSection,
 }
-_PATHS = {"state_dir", "swap_dir", "sysfs_root", "path", "file", "public_key"}
+_PATHS = {"state_dir", "swap_dir", "sysfs_root", "path", "file", "public_key", "ca_file"}
 _SIZES = {"memory_budget"}
 
 
@@ -286,4 +312,36 @@ def _check(c: AgentConfig) -> list[str]:
     if c.metrics.prometheus and not re.fullmatch(r"[\w.\-\[\]:]+:\d{1,5}", c.metrics.prometheus):
         found.append(f"metrics.prometheus = {c.metrics.prometheus!r}: expected HOST:PORT, e.g. 127.0.0.1:9101")
     found += c.energy.problems()
+    found += _server_problems(c)
     return found
+
+
+def _server_problems(c: AgentConfig) -> list[str]:
+    """``[server]``: checked only with a url (without one the device is outside any fleet)."""
+    s = c.server
+    found = [f"server.{key} must be positive" for key, value in (
+        ("heartbeat_seconds", s.heartbeat_seconds), ("timeout_seconds", s.timeout_seconds),
+        ("queue_limit", s.queue_limit)) if value <= 0]
+    if not s.url:
+        return found
+    if not _valid_url(s.url):
+        found.append(f"server.url = {s.url!r}: expected http(s)://HOST[:PORT][/PATH], e.g. https://fleet.example:8080")
+    if s.public_key is None:
+        found.append("server.url needs server.public_key: the fleet server's Ed25519 public key (PEM), copied to "
+                     "the device by the operator; the agent never trusts a key it got over the network")
+    for key, p in (("server.public_key", s.public_key), ("server.ca_file", s.ca_file)):
+        if p is not None and not p.is_file():
+            found.append(f"{key} = {str(p)!r}: no such file")
+    if not s.enrolment_token and not c.device_token_path.is_file():
+        found.append("server.enrolment_token is required until this device has enrolled: ask the operator for "
+                     "one (`poet-edge server enrol-token`)")
+    return found
+
+
+def _valid_url(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  # raises ValueError for a port that is not a number in 0..65535
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname) and not parts.query and not parts.fragment

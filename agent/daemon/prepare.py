@@ -5,8 +5,9 @@ The first time a workload runs on a device it is profiled there (as
 ``state_dir/prepared/KEY/``, KEY naming the model, input, seed, node bound and
 PyTorch version.  Later starts cut the model again without timing anything
 (:func:`agent.extract.segments_matching`) and check the cut still gives the
-cached graph.  The schedule comes from the configured source through the
-verified cache of :mod:`agent.daemon.sources`.
+cached graph.  The schedule comes from the configured source (a signed file,
+the fleet server with a local solve while it is unreachable, or a local solve)
+through the verified cache of :mod:`agent.daemon.sources`.
 """
 
 from __future__ import annotations
@@ -60,11 +61,25 @@ def build_workload(config: AgentConfig) -> Workload:
     return load_workload(config.workload.model, shape, seed=config.workload.seed)
 
 
-def schedule_source(config: AgentConfig) -> ScheduleSource:
-    """The configured source: the operator's signed file, else a local solve."""
+def schedule_source(config: AgentConfig, say: Callable[[str], None] = log.info) -> ScheduleSource:
+    """The configured source: the operator's signed file; else the fleet server, falling back to a local solve
+    while it is unreachable (``say`` tells why); else a local solve."""
     if config.schedule.file is not None:
         return FileScheduleSource(config.schedule.file, config.schedule.public_key)
-    return LocalSolveSource(config.schedule.solve_time_limit)
+    local = LocalSolveSource(config.schedule.solve_time_limit)
+    if config.server.url:
+        from agent.daemon.fleet import FallbackSource, ServerScheduleSource
+
+        return FallbackSource([ServerScheduleSource.from_config(config), local], say=say)
+    return local
+
+
+def trusted_key(config: AgentConfig) -> Path | None:
+    """The key the schedule cache trusts beside the agent's own: the key of whoever signs this device's
+    schedules (the operator's for a schedule file, else the fleet server's)."""
+    if config.schedule.file is None and config.server.url:
+        return config.server.public_key
+    return config.schedule.public_key
 
 
 def prepare(config: AgentConfig, say: Callable[[str], None] = log.info,
@@ -97,10 +112,9 @@ def prepare(config: AgentConfig, say: Callable[[str], None] = log.info,
         workload = build_workload(config)  # profiling ran steps: start again from the initial weights
         segments = segments_matching(workload, graph, config.workload.max_nodes)
     request = Request(graph, device, config.training.memory_budget, config.training.runtime_budget)
-    chosen = source or schedule_source(config)
-    trusted = config.schedule.public_key
+    chosen = source or schedule_source(config, say)
     say(f"getting a schedule for {config.training.memory_budget:,} B from {chosen.description}")
-    schedule, origin = get_schedule(chosen, ScheduleCache(directory, trusted), request)
+    schedule, origin = get_schedule(chosen, ScheduleCache(directory, trusted_key(config)), request)
     return Prepared(key, workload, graph, device, segments, schedule, origin, profiled)
 
 

@@ -15,6 +15,10 @@ pipe, so a waiting agent costs the device little memory.
 
 systemd: ``READY=1`` once running, ``STATUS=`` at every state change,
 ``WATCHDOG=1`` at half the watchdog interval, ``STOPPING=1`` on the way out.
+
+The reporter (the fleet's heartbeats, :mod:`agent.daemon.fleet`) gets the
+status at every state change and every ``server.heartbeat_seconds``; it only
+queues, so it never holds up this loop.
 """
 
 from __future__ import annotations
@@ -137,6 +141,8 @@ class Daemon:
         self._last_poll = -1e18
         self._last_watchdog = -1e18
         self._last_write = -1e18
+        self._last_report = -1e18
+        self._reporter_problem: str | None = None
         self._window_stop_reason = ""
 
     # -- the loop --------------------------------------------------------------------
@@ -178,6 +184,7 @@ class Daemon:
         wait = self._last_poll + poll - now
         if self.notifier.watchdog_interval:
             wait = min(wait, self._last_watchdog + self.notifier.watchdog_interval - now)
+        wait = min(wait, self._last_report + self.config.server.heartbeat_seconds - now)
         return max(0.0, min(wait, poll))
 
     def _poll_interval(self) -> float:
@@ -188,6 +195,8 @@ class Daemon:
         if self.notifier.watchdog_interval and now - self._last_watchdog >= self.notifier.watchdog_interval:
             self.notifier.watchdog()
             self._last_watchdog = now
+        if now - self._last_report >= self.config.server.heartbeat_seconds:
+            self._report(now)  # periodic too: a training device's steps reach the fleet between state changes
         if now - self._last_poll < self._poll_interval():
             return
         self._last_poll = now
@@ -319,8 +328,17 @@ class Daemon:
             self.status["state"], self.status["since"] = state, time.time()
             log.info("%s -> %s: %s", old, state, reason)
             self.notifier.status(self._status_line())
-            self.reporter.report(dict(self.status))
+            self._report(self.clock())
             self._write(self.clock())
+
+    def _report(self, now: float) -> None:
+        """Hand the status to the reporter; a problem the reporter has (revoked by the fleet) becomes last_error."""
+        problem = getattr(self.reporter, "problem", None)
+        if problem and problem != self._reporter_problem:
+            self._reporter_problem = self.status["last_error"] = problem
+            self._write(now)
+        self.reporter.report(dict(self.status))
+        self._last_report = now
 
     def _status_line(self) -> str:
         return f"{self.status['state']}: {self.status['reason']} ({self.status['steps_done']} steps)"
