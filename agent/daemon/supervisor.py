@@ -205,6 +205,8 @@ class Daemon:
         self.status["eligible"] = decision.eligible
         self.status["eligibility"] = [{"name": v.name, "eligible": v.eligible, "reason": v.reason}
                                       for v in decision.verdicts]
+        for verdict in decision.verdicts:
+            self.status.update(verdict.readings)
         if self.worker is None:
             self._between_windows(now, decision)
         else:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -20,11 +20,16 @@ class Verdict:
         True when this condition allows training now.
     reason:
         What was seen, for a person: ``"on battery 43%"``, ``"cpu-thermal 78 C > 70 C"``.
+    readings:
+        What was measured, for the fleet's dashboard (status fields of :mod:`agent.daemon.status`):
+        ``power_source``, ``charging``, ``battery_percent``, ``under_voltage`` (power), ``temperature_c``
+        (thermal), ``cpu_load`` (idle: foreground CPU percent). ``None`` where the device has no such sensor.
     """
 
     name: str
     eligible: bool
     reason: str
+    readings: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
 @runtime_checkable

@@ -100,12 +100,14 @@ class IdleMonitor:
         self._eligible = not busy and stretch >= self.idle_seconds
         # The threshold that decided: with hysteresis for an eligible device above the plain threshold.
         threshold = self._threshold_text(hysteresis=was_eligible and percent > self.max_foreground_percent)
+        measured = {"cpu_load": round(percent, 1)}
         if busy:
-            return Verdict(self.name, False, f"foreground CPU {round(percent, 1):g}% > {threshold} for {stretch:.0f} s")
+            return Verdict(self.name, False, f"foreground CPU {round(percent, 1):g}% > {threshold} for {stretch:.0f} s",
+                           measured)
         reason = f"foreground CPU {round(percent, 1):g}% <= {threshold} for {stretch:.0f} s"
         if not self._eligible:
             reason += f", needs {self.idle_seconds:g} s"
-        return Verdict(self.name, self._eligible, reason)
+        return Verdict(self.name, self._eligible, reason, measured)
 
     def _threshold_text(self, hysteresis: bool) -> str:
         if not hysteresis:

@@ -107,6 +107,7 @@ class _PowerState:
     charging: bool  # on external power (charging, full, or held by a charge threshold), or no battery at all
     reason: str
     capacity: int | None
+    source: str | None = None  # "mains", "usb", "battery"...; None where the kernel does not say
 
 
 def _state_from_sysfs(supplies: list[PowerSupply]) -> _PowerState:
@@ -115,7 +116,7 @@ def _state_from_sysfs(supplies: list[PowerSupply]) -> _PowerState:
     if not batteries:
         if external:
             kind = "mains" if any(s.type == "Mains" for s in external) else external[0].type
-            return _PowerState(True, f"{kind} power, no battery", None)
+            return _PowerState(True, f"{kind} power, no battery", None, kind.lower())
         # Nothing can be discharging; a Pi UPS HAT, which registers no supply, is invisible here.
         return _PowerState(True, "no battery reported", None)
     capacity = min((b.capacity for b in batteries if b.capacity is not None), default=None)
@@ -123,13 +124,14 @@ def _state_from_sysfs(supplies: list[PowerSupply]) -> _PowerState:
     statuses = {b.status for b in batteries}
     plugged = bool(external)
     if not all(b.status in ("Charging", "Full") or (plugged and b.status in _PLUGGED_STATUSES) for b in batteries):
-        return _PowerState(False, f"on battery{percent}", capacity)
+        return _PowerState(False, f"on battery{percent}", capacity, "battery")
     if statuses == {"Full"}:
         word = "battery full"
     else:
         word = "charging" if "Charging" in statuses else "plugged in, not charging"
     sources = "+".join(sorted({s.type for s in external}))
-    return _PowerState(True, f"{word}{percent}" + (f" ({sources})" if sources else ""), capacity)
+    source = "mains" if any(s.type == "Mains" for s in external) else external[0].type.lower() if external else None
+    return _PowerState(True, f"{word}{percent}" + (f" ({sources})" if sources else ""), capacity, source)
 
 
 def _state_from_psutil() -> _PowerState:
@@ -142,10 +144,10 @@ def _state_from_psutil() -> _PowerState:
         return _PowerState(True, "no battery reported", None)
     capacity = round(battery.percent)
     if battery.power_plugged:
-        return _PowerState(True, f"plugged in {capacity}%", capacity)
+        return _PowerState(True, f"plugged in {capacity}%", capacity, "mains")
     if battery.power_plugged is None:
         return _PowerState(False, f"battery {capacity}%, power source unknown", capacity)
-    return _PowerState(False, f"on battery {capacity}%", capacity)
+    return _PowerState(False, f"on battery {capacity}%", capacity, "battery")
 
 
 class PowerMonitor:
@@ -196,7 +198,9 @@ class PowerMonitor:
         under_voltage_now, note = self._throttled()
         if note:
             (failing if under_voltage_now else notes).append(note)
-        return Verdict(self.name, not failing, ", ".join(failing + notes))
+        readings = {"power_source": state.source, "charging": state.charging, "battery_percent": state.capacity,
+                    "under_voltage": under_voltage_now if self._run is not None else None}
+        return Verdict(self.name, not failing, ", ".join(failing + notes), readings)
 
     def _throttled(self) -> tuple[bool, str | None]:
         """(under-voltage now, what to say) from ``vcgencmd get_throttled``; a failing tool is only reported."""

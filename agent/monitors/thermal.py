@@ -113,15 +113,16 @@ class ThermalMonitor:
         readings = read_thermal_zones(self.sysfs_root) or _read_psutil(self._sensors)
         if not readings:
             self._too_hot = False
-            return Verdict(self.name, True, "no temperature sensor")
+            return Verdict(self.name, True, "no temperature sensor", {"temperature_c": None})
         hottest = max(readings, key=lambda t: t.celsius)
         here = f"{hottest.name} {round(hottest.celsius, 1):g} C"  # 70.4 must not print as 70
+        measured = {"temperature_c": round(hottest.celsius, 1)}
         if hottest.celsius > self.limit_c:
             self._too_hot = True
-            return Verdict(self.name, False, f"{here} > {self.limit_c:g} C")
+            return Verdict(self.name, False, f"{here} > {self.limit_c:g} C", measured)
         resume = self.limit_c - self.hysteresis_c
         if self._too_hot and hottest.celsius >= resume:
             hysteresis = f"{self.limit_c:g} C - {self.hysteresis_c:g} C hysteresis"
-            return Verdict(self.name, False, f"{here}, cooling to below {resume:g} C ({hysteresis})")
+            return Verdict(self.name, False, f"{here}, cooling to below {resume:g} C ({hysteresis})", measured)
         self._too_hot = False
-        return Verdict(self.name, True, f"{here} <= {self.limit_c:g} C")
+        return Verdict(self.name, True, f"{here} <= {self.limit_c:g} C", measured)

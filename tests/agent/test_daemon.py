@@ -89,6 +89,8 @@ def test_plugging_in_starts_training_and_unplugging_stops_it_at_a_step_boundary(
         waiting = wait_for(lambda: (s := read_status(tmp)).get("state") == "waiting" and "battery" in s["reason"]
                            and s, 60, "waiting on battery", agent)
         assert "43%" in waiting["reason"]
+        assert (waiting["power_source"], waiting["charging"], waiting["battery_percent"]) == ("battery", False, 43)
+        assert waiting["temperature_c"] == 45.0 and waiting["cpu_load"] >= 0
         device.plug()
         wait_for(lambda: read_status(tmp).get("steps_done", 0) >= 3, 60, "training steps", agent)
         status = read_status(tmp)

@@ -241,6 +241,25 @@ def test_under_voltage_now_blocks_training(tmp_path: Path) -> None:
     assert kwargs["timeout"] == 2.0
 
 
+@pytest.mark.parametrize(
+    ("ac_online", "status", "readings"),
+    [
+        (1, "Charging", {"power_source": "mains", "charging": True, "battery_percent": 43}),
+        (0, "Discharging", {"power_source": "battery", "charging": False, "battery_percent": 43}),
+    ],
+)
+def test_the_power_verdict_carries_what_the_dashboard_shows(
+    tmp_path: Path, ac_online: int, status: str, readings: dict[str, Any]
+) -> None:
+    laptop(tmp_path, ac_online=ac_online, status=status, capacity=43)
+    verdict = PowerMonitor(tmp_path, run=FakeVcgencmd("throttled=0x50005\n")).check(0.0)
+    assert verdict.readings == {**readings, "under_voltage": True}
+    usb_only = tmp_path / "usb"
+    supply(usb_only, "usb", "USB", online=1)
+    assert PowerMonitor(usb_only, vcgencmd="/nonexistent/vcgencmd").check(0.0).readings == {
+        "power_source": "usb", "charging": True, "battery_percent": None, "under_voltage": None}
+
+
 def test_under_voltage_since_boot_is_only_mentioned(tmp_path: Path) -> None:
     supply(tmp_path, "usb", "USB", online=1)
     verdict = PowerMonitor(tmp_path, run=FakeVcgencmd("throttled=0x50000\n")).check(0.0)
@@ -296,6 +315,7 @@ def test_idle_needs_the_whole_duration() -> None:
     assert (first.eligible, first.reason) == (False, "foreground CPU 3% <= 20% for 0 s, needs 60 s")
     assert (second.eligible, second.reason) == (False, "foreground CPU 3% <= 20% for 30 s, needs 60 s")
     assert (third.eligible, third.reason) == (True, "foreground CPU 3% <= 20% for 60 s")
+    assert third.readings == {"cpu_load": 3.0}
 
 
 def test_busy_cpu_restarts_the_idle_clock_from_the_sample_it_covers() -> None:
@@ -357,6 +377,7 @@ def test_the_hottest_zone_decides(tmp_path: Path) -> None:
     zone(tmp_path, 2, "board", 30_000)
     verdict = ThermalMonitor(limit_c=70, sysfs_root=tmp_path).check(0.0)
     assert (verdict.name, verdict.eligible, verdict.reason) == ("thermal", False, "gpu-thermal 78 C > 70 C")
+    assert verdict.readings == {"temperature_c": 78.0}
 
 
 def test_thermal_hysteresis(tmp_path: Path) -> None:
@@ -396,7 +417,8 @@ def test_psutil_sensors_are_the_fallback_without_zones(tmp_path: Path) -> None:
 
 def test_no_sensor_at_all_is_eligible(tmp_path: Path) -> None:
     verdict = ThermalMonitor(sysfs_root=tmp_path, sensors=dict).check(0.0)
-    assert (verdict.eligible, verdict.reason) == (True, "no temperature sensor")
+    assert (verdict.eligible, verdict.reason, verdict.readings) == (True, "no temperature sensor",
+                                                                    {"temperature_c": None})
 
 
 # --- quiet hours ------------------------------------------------------------------------------------------------
