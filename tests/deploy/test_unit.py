@@ -132,3 +132,25 @@ def test_settings_the_agent_relies_on() -> None:
     assert "ProcSubset" not in found
     assert "PrivateDevices" not in found
     assert {"char-ttyUSB rw", "char-rfcomm rw", "char-i2c rw"} <= set(found["DeviceAllow"])
+
+
+# -- the fleet server's unit --------------------------------------------------------------------------------------
+SERVER_UNIT = REPO / "deploy" / "poet-server.service"
+
+
+def test_the_server_unit_verifies_and_is_locked_down(tmp_path: Path) -> None:
+    unit = unit_copy(tmp_path, SERVER_UNIT.read_text(), name="poet-server.service")
+    done = verify(unit)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert unit.name not in done.stdout + done.stderr
+    done, exposure = security(unit)
+    assert exposure <= MAX_EXPOSURE, done.stdout
+
+
+def test_the_server_unit_runs_the_server_as_its_own_user_on_its_state_directory() -> None:
+    found = settings(SERVER_UNIT.read_text())
+    command = found["ExecStart"][-1].split()
+    assert command[1:3] == ["server", "run"]
+    assert command[command.index("--data-dir") + 1] == "/var/lib/" + found["StateDirectory"][-1]
+    assert found["ReadWritePaths"] == ["/var/lib/poet-server"] and found["User"] == ["poet-server"]
+    assert found["KillMode"] == ["mixed"] and found["Restart"] == ["on-failure"]
