@@ -1,4 +1,4 @@
-"""``poet-edge server run | enrol-token | revoke``: the fleet server and its operator commands.
+"""``poet-edge server run | enrol-token | revoke | operator``: the fleet server and its operator commands.
 
 ::
 
@@ -6,6 +6,9 @@
                          [--solve-time-limit S]
     poet-edge server enrol-token [--expires 24h]     # prints a single-use enrolment token
     poet-edge server revoke NAME                     # the device's token is refused from now on
+    poet-edge server operator add NAME [--password-stdin]     # a dashboard account (password asked twice)
+    poet-edge server operator passwd NAME [--password-stdin]  # a new password; the operator's sessions end
+    poet-edge server operator list
 
 Registered in the ``poet_edge.commands`` entry-point group (see
 :mod:`schedules.cli`).  Importing this module is cheap: the web framework and
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import getpass
 import logging
 import re
 import signal
@@ -37,8 +41,8 @@ MAX_TOKEN_LIFETIME = 365 * 86400
 
 
 def add_commands(subparsers: Any) -> None:
-    """Register ``server`` with its ``run``, ``enrol-token`` and ``revoke`` subcommands."""
-    p = subparsers.add_parser("server", help="the fleet server: device API, schedule registry, metrics",
+    """Register ``server`` with its ``run``, ``enrol-token``, ``revoke`` and ``operator`` subcommands."""
+    p = subparsers.add_parser("server", help="the fleet server: device API, schedule registry, dashboard, metrics",
                               description="The fleet server: enrols devices, takes their heartbeats, plans and "
                                           "signs schedules for them (docs/api.md).")
     commands = p.add_subparsers(dest="server_command", metavar="COMMAND", required=True)
@@ -66,6 +70,26 @@ def add_commands(subparsers: Any) -> None:
     _storage_options(revoke)
     revoke.add_argument("name", help="the device's name")
     revoke.set_defaults(handler=revoke_device)
+    _add_operator_commands(commands)
+
+
+def _add_operator_commands(commands: Any) -> None:
+    p = commands.add_parser("operator", help="dashboard accounts: add, passwd, list",
+                            description="Operators sign in to the dashboard (the server's web pages) with a "
+                                        "password, stored as an argon2 hash.")
+    sub = p.add_subparsers(dest="operator_command", metavar="COMMAND", required=True)
+    for name, handler, text in (("add", add_operator, "add an operator"),
+                                ("passwd", change_password, "set an operator's password (its sessions end)")):
+        command = sub.add_parser(name, help=text, description=f"{text[0].upper()}{text[1:]}. The password is asked "
+                                 "twice on a terminal; otherwise one line is read from standard input.")
+        _storage_options(command)
+        command.add_argument("name", help="the operator's name (1-64 characters of A-Z a-z 0-9 . _ @ -)")
+        command.add_argument("--password-stdin", action="store_true",
+                             help="read the password as one line from standard input, even on a terminal")
+        command.set_defaults(handler=handler)
+    listing = sub.add_parser("list", help="list the operators", description="List the dashboard's operators.")
+    _storage_options(listing)
+    listing.set_defaults(handler=list_operators)
 
 
 def _storage_options(p: argparse.ArgumentParser) -> None:
@@ -131,6 +155,62 @@ def revoke_device(args: argparse.Namespace) -> int:
     else:
         print(f"{args.name} was revoked already")
     return ExitCode.OK
+
+
+def add_operator(args: argparse.Namespace) -> int:
+    """Create a dashboard operator with a password read as :func:`read_password` reads it."""
+    from server.dashboard.operators import add_operator as add, check_operator_name
+    from server.datadir import open_database
+
+    check_operator_name(args.name)
+    password = read_password(args.password_stdin)
+    add(open_database(settings_from(args)), args.name, password, time.time())
+    print(f"added operator {args.name}: sign in to the dashboard at http://HOST:PORT/login")
+    return ExitCode.OK
+
+
+def change_password(args: argparse.Namespace) -> int:
+    """Set an operator's password; its sessions end."""
+    from server.dashboard.operators import check_operator_name, set_password
+    from server.datadir import open_database
+
+    check_operator_name(args.name)
+    set_password(open_database(settings_from(args)), args.name, read_password(args.password_stdin))
+    print(f"changed the password of {args.name}; its dashboard sessions have ended")
+    return ExitCode.OK
+
+
+def list_operators(args: argparse.Namespace) -> int:
+    """Print each operator and when it was added."""
+    from server.dashboard.operators import list_operators as operators
+    from server.datadir import open_database
+
+    for operator in operators(open_database(settings_from(args))):
+        added = datetime.datetime.fromtimestamp(operator.created_at).strftime("%Y-%m-%d %H:%M:%S")
+        print(f"{operator.username}\tadded {added}")
+    return ExitCode.OK
+
+
+def read_password(from_stdin: bool) -> str:
+    """The new password: typed twice without echo on a terminal, else one line of standard input.
+
+    Raises
+    ------
+    PasswordRejectedError
+        The two typings differ, or standard input is empty; too short or too long.
+    """
+    from server.dashboard.errors import PasswordRejectedError
+    from server.dashboard.operators import check_password
+
+    if from_stdin or not sys.stdin.isatty():
+        line = sys.stdin.readline()
+        if not line:
+            raise PasswordRejectedError("no password on standard input: pipe one line, or run on a terminal")
+        return check_password(line.rstrip("\r\n"))
+    first = check_password(getpass.getpass("password: "))
+    if getpass.getpass("password again: ") != first:
+        raise PasswordRejectedError("the two passwords differ; run the command again")
+    return first
 
 
 # -- helpers ----------------------------------------------------------------------------

@@ -26,6 +26,8 @@ docs/api.md describes every route, limit and status code.
 def create_app(settings: ServerSettings) -> FastAPI:
     """The application: data directory, database (migrated) and key are ready when this returns; solving starts
     with the app's lifespan (a TestClient block, or uvicorn's start)."""
+    from server.dashboard.routes import install_dashboard  # here: the dashboard's modules import server.api
+
     state = ServerState.open(settings)
 
     @asynccontextmanager
@@ -42,6 +44,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
     install_handlers(app)
     for router in (meta.router, enrolment.router, heartbeats.router, schedules.router):
         app.include_router(router)
+    install_dashboard(app)  # the operator's pages, beside the device API
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestLatency, metrics=state.metrics)  # outermost: times everything, 413s included
     return app

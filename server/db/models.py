@@ -13,6 +13,8 @@ migrations in ``server/db/migrations`` (a test checks the two agree).
     solve_requests      one per distinct (graph fingerprint, device profile, budgets): status, inputs, result
     schedules           signed schedules, by schedule id
     device_schedules    which schedule each device downloaded last
+    operators           dashboard accounts: a username and an argon2 password hash
+    operator_sessions   signed-in dashboard sessions: the SHA-256 of the session cookie, the CSRF token, expiry
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ NAMING_CONVENTION = {
 }
 
 DEVICE_NAME_LENGTH = 64
+OPERATOR_NAME_LENGTH = 64
 SOLVE_STATUSES = ("queued", "solving", "done", "failed", "timed_out")
 
 
@@ -144,3 +147,29 @@ class DeviceSchedule(Base):
     device_id: Mapped[int] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"), primary_key=True)
     schedule_id: Mapped[str] = mapped_column(ForeignKey("schedules.schedule_id"), index=True)
     downloaded_at: Mapped[float] = mapped_column(Float)
+
+
+class Operator(Base):
+    """A dashboard account.  ``password_hash`` is an argon2 hash in PHC string form (:mod:`server.dashboard.operators`)."""
+
+    __tablename__ = "operators"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    username: Mapped[str] = mapped_column(String(OPERATOR_NAME_LENGTH), unique=True)
+    password_hash: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class OperatorSession(Base):
+    """A signed-in dashboard session.  ``token_hash`` is the SHA-256 of the session cookie (:mod:`server.tokens`);
+    ``csrf_token`` is what every form of the session must send back."""
+
+    __tablename__ = "operator_sessions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    operator_id: Mapped[int] = mapped_column(ForeignKey("operators.id", ondelete="CASCADE"), index=True)
+    csrf_token: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float, index=True)
+    last_used: Mapped[float] = mapped_column(Float)

@@ -1,4 +1,5 @@
-"""Fixtures of the server tests: settings in a temporary data directory, apps, clients, enrolled devices.
+"""Fixtures of the server tests: settings in a temporary data directory, apps, clients, enrolled devices,
+a real server process, a client signed in to the dashboard.
 
 ``client`` serves requests without the app's lifespan (no planner processes
 start: most tests never solve); ``solving_client`` runs the lifespan, so
@@ -7,6 +8,7 @@ schedule requests are planned by real worker processes.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,13 +17,16 @@ from typing import Any, Iterator
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from httpx import Response
 
 from schedules.device import DeviceProfile
 from schedules.graph import TrainingGraph
 from server.api import create_app
 from server.config import ServerSettings
+from server.dashboard import operators
 from server.devices import create_enrolment_token
 from tests.schedules.graphs import linear_graph
+from tests.server.processes import ServerProcess, running_server
 
 
 @dataclass
@@ -113,3 +118,49 @@ def metric(text: str, name: str, **labels: str) -> float | None:
         if not line.startswith("#") and line.rsplit(" ", 1)[0] == wanted:
             return float(line.rsplit(" ", 1)[1])
     return None
+
+
+@pytest.fixture
+def server_process(tmp_path: Path) -> Iterator[ServerProcess]:
+    """``poet-edge server run --port 0`` without torch; unpacks as (process, base URL, data dir, key id, log)."""
+    with running_server(tmp_path, "--solve-time-limit", "20") as server:
+        yield server
+
+
+# -- the dashboard ------------------------------------------------------------------------
+OPERATOR, PASSWORD = "admin", "correct horse battery"
+_CSRF = re.compile(r'name="csrf_token" value="([^"]*)"')
+
+
+def add_operator(app: FastAPI, username: str = OPERATOR, password: str = PASSWORD) -> None:
+    """An operator account, made as ``poet-edge server operator add`` makes one."""
+    operators.add_operator(app.state.server.db, username, password, time.time())
+
+
+def csrf_token_in(html: str) -> str:
+    """The first form's CSRF token in a page."""
+    match = _CSRF.search(html)
+    assert match, "the page has no form with a CSRF token"
+    return match.group(1)
+
+
+def log_in(client: TestClient, username: str = OPERATOR, password: str = PASSWORD) -> Response:
+    """Submit the login form as a browser does (its CSRF token and cookie first); the response, not followed."""
+    token = csrf_token_in(client.get("/login").text)
+    return client.post("/login", data={"username": username, "password": password, "csrf_token": token},
+                       follow_redirects=False)
+
+
+@dataclass
+class Dashboard:
+    """A client signed in to the dashboard, and its session's CSRF token."""
+
+    client: TestClient
+    csrf: str
+
+
+@pytest.fixture
+def dashboard(client: TestClient) -> Dashboard:
+    add_operator(client.app)
+    assert log_in(client).status_code == 303
+    return Dashboard(client, csrf_token_in(client.get("/tokens").text))

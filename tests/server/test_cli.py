@@ -7,16 +7,10 @@ import json
 import re
 import signal
 import socket
-import subprocess
-import sys
 import threading
-import time
 import urllib.request
-from email.message import Message
-from pathlib import Path
 
 import psutil
-import pytest
 from fastapi.testclient import TestClient
 
 from schedules.cli import main
@@ -24,15 +18,7 @@ from schedules.exit_codes import ExitCode
 from server.api import create_app
 from server.config import ServerSettings
 from tests.server.conftest import heartbeat
-
-# The server as a server's install runs it: the device's libraries cannot be imported.
-WITHOUT_DEVICE_LIBRARIES = """
-import sys
-for name in ("torch", "torchvision", "transformers", "crc32c"):
-    sys.modules[name] = None
-from schedules.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
+from tests.server.processes import get, wait_until_serving
 
 
 def test_enrol_token_prints_a_token_a_device_can_use_once(tmp_path, capsys) -> None:
@@ -78,42 +64,6 @@ def test_bad_options_and_unusable_places_exit_with_one_line(tmp_path, capsys) ->
         code = main(["server", "run", "--data-dir", str(tmp_path / "d"), "--port", str(port)])
     err = capsys.readouterr().err
     assert code == ExitCode.USAGE and f"cannot listen on 127.0.0.1:{port}" in err and "Traceback" not in err
-
-
-@pytest.fixture
-def server_process(tmp_path):
-    """``poet-edge server run --port 0`` without torch; yields (process, base URL, data dir)."""
-    data, log = tmp_path / "server", tmp_path / "server.log"
-    with log.open("w") as stderr:
-        process = subprocess.Popen([sys.executable, "-c", WITHOUT_DEVICE_LIBRARIES, "server", "run", "--data-dir",
-                                    str(data), "--port", "0", "--solve-time-limit", "20"],
-                                   stdout=subprocess.PIPE, stderr=stderr, text=True,
-                                   cwd=Path(__file__).resolve().parents[2])
-    try:
-        line = process.stdout.readline()
-        match = re.search(r"listening on (http://127\.0\.0\.1:(\d+)); server key ([0-9a-f]{16})", line)
-        assert match, f"{line!r}; log: {log.read_text()}"
-        yield process, match.group(1), data, match.group(3), log
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=30)
-
-
-def get(url: str) -> tuple[int, Message, bytes]:
-    with urllib.request.urlopen(url, timeout=30) as response:
-        return response.status, response.headers, response.read()
-
-
-def wait_until_serving(url: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            get(url + "/api/v1/server-key")
-            return
-        except OSError:
-            assert time.monotonic() < deadline, "the server did not answer"
-            time.sleep(0.2)
 
 
 def test_server_run_serves_the_key_and_metrics_and_stops_on_sigterm(server_process) -> None:

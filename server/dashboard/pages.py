@@ -1,0 +1,118 @@
+"""The dashboard's pages: fleet (with its JSON for live refresh), a device, schedules, enrolment tokens."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Form, Query, Request
+from fastapi.responses import RedirectResponse, Response
+
+from server import devices
+from server.api.state import ServerState, server_state
+from server.dashboard import csrf, views
+from server.dashboard.auth import ApiOperator, PageOperator, local_path
+from server.dashboard.device_charts import device_charts
+from server.dashboard.render import render
+from server.dashboard.state import dashboard_state
+from server.errors import UnknownDeviceError
+
+router = APIRouter(include_in_schema=False)
+REFRESH_MS = 2000
+SCHEDULE_ID = re.compile(r"[0-9a-f]{16}")
+TOKEN_LIFETIMES = {"1h": 3600.0, "24h": 86400.0, "7d": 7 * 86400.0}
+FormText = Annotated[str, Form(max_length=1024)]
+StateFilter = Annotated[str, Query(max_length=32)]
+TIMELINE_POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"  # matplotlib's SVG, as an image
+
+
+def _state_filter(state: str) -> str:
+    return state if state in views.FILTERS else ""
+
+
+def _fleet(state: ServerState, only: str) -> list[dict[str, Any]]:
+    return views.fleet_rows(state.db, time.time(), state.settings.online_seconds, only or None)
+
+
+@router.get("/")
+def fleet_page(request: Request, operator: PageOperator, state: StateFilter = "") -> Response:
+    """The fleet table; its script refreshes it from :func:`fleet_json`."""
+    only = _state_filter(state)
+    return render(request, "fleet.html", operator, page="fleet", rows=_fleet(server_state(request), only),
+                  columns=views.COLUMNS, filters=views.FILTERS, state=only, refresh_ms=REFRESH_MS)
+
+
+@router.get("/dashboard/fleet.json")
+def fleet_json(request: Request, operator: ApiOperator, state: StateFilter = "") -> dict[str, Any]:
+    """The fleet table's rows (only those in ``state`` when given), for the page's live refresh."""
+    server = server_state(request)
+    return {"updated": time.strftime("%H:%M:%S"), "online_seconds": server.settings.online_seconds,
+            "devices": _fleet(server, _state_filter(state))}
+
+
+@router.get("/devices/{name}")
+def device_page(request: Request, name: str, operator: PageOperator) -> Response:
+    """One device: its figures, charts over its recent heartbeats, its schedule's timeline, a revoke button."""
+    server = server_state(request)
+    view = views.device_view(server.db, name, time.time(), server.settings.online_seconds)
+    if view is None:
+        return render(request, "message.html", operator, status=404, title="No such device",
+                      message=f"No device is named {name!r}.")
+    return render(request, "device.html", operator, page="fleet", view=view, charts=device_charts(view.history))
+
+
+@router.post("/devices/{name}/revoke")
+def revoke_device(request: Request, name: str, operator: PageOperator, csrf_token: FormText = "",
+                  next: FormText = "") -> Response:
+    """Revoke the device: its token is refused from now on."""
+    csrf.check_form(request, operator.csrf_token, csrf_token)
+    try:
+        devices.revoke(server_state(request).db, name, time.time())
+    except UnknownDeviceError as exc:
+        return render(request, "message.html", operator, status=404, title="No such device", message=str(exc))
+    return RedirectResponse(local_path(next, f"/devices/{name}"), status_code=303)
+
+
+@router.get("/schedules")
+def schedules_page(request: Request, operator: PageOperator) -> Response:
+    """Every stored schedule, and the schedule requests that have none (yet)."""
+    db = server_state(request).db
+    return render(request, "schedules.html", operator, page="schedules", rows=views.schedule_rows(db),
+                  requests=views.open_solve_requests(db))
+
+
+@router.get("/schedules/{schedule_id}/timeline.svg")
+def schedule_timeline(request: Request, schedule_id: str, operator: PageOperator) -> Response:
+    """The schedule's stage x node timeline picture (SVG), drawn once per schedule."""
+    found = views.graph_for(server_state(request).db, schedule_id) if SCHEDULE_ID.fullmatch(schedule_id) else None
+    picture = dashboard_state(request).timelines.get(schedule_id, *found) if found else None
+    if picture is None:
+        return Response("no timeline for this schedule", status_code=404, media_type="text/plain")
+    return Response(picture, media_type="image/svg+xml",
+                    headers={"Content-Security-Policy": TIMELINE_POLICY, "Cache-Control": "private, max-age=86400"})
+
+
+@router.get("/tokens")
+def tokens_page(request: Request, operator: PageOperator) -> Response:
+    """Enrolment tokens (never the tokens themselves) and the devices, each with a revoke button."""
+    return _tokens(request, operator)
+
+
+@router.post("/tokens")
+def create_token(request: Request, operator: PageOperator, csrf_token: FormText = "",
+                 lifetime: FormText = "24h") -> Response:
+    """Make an enrolment token and show it, this once."""
+    csrf.check_form(request, operator.csrf_token, csrf_token)
+    seconds = TOKEN_LIFETIMES.get(lifetime, TOKEN_LIFETIMES["24h"])
+    now = time.time()
+    token = devices.create_enrolment_token(server_state(request).db, seconds, now)
+    return _tokens(request, operator, new_token=token, new_token_expires=now + seconds, status=201)
+
+
+def _tokens(request: Request, operator: Any, status: int = 200, **shown: Any) -> Response:
+    server = server_state(request)
+    now = time.time()
+    return render(request, "tokens.html", operator, page="tokens", status=status, lifetimes=TOKEN_LIFETIMES,
+                  tokens=views.token_rows(server.db, now),
+                  devices=views.fleet_rows(server.db, now, server.settings.online_seconds), **shown)

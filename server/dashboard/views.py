@@ -1,0 +1,158 @@
+"""What each dashboard page shows, read from the database and written out for display (:mod:`.display`).
+
+The fleet table's rows are plain dictionaries of strings, so the page's
+first render (Jinja) and its live refresh (``/dashboard/fleet.json``, drawn by
+the page's script with ``textContent``) show exactly the same thing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select
+
+from server.dashboard import display
+from server.db.engine import Database
+from server.db.models import Device, DeviceSchedule, EnrolmentToken, Heartbeat, SolveRequest, StoredSchedule
+
+STATES = ("waiting", "preparing", "training", "backing off", "stopped")
+FILTERS = (*STATES, "revoked")
+# The fleet table's columns: (key in a row's cells, heading).
+COLUMNS = (
+    ("online", "Online"), ("state", "State"), ("reason", "Reason"), ("power", "Charging / battery"),
+    ("temperature", "Temp."), ("memory", "Memory peak / budget"), ("steps", "Steps"), ("loss", "Loss"),
+    ("accuracy", "Held-out acc."), ("energy", "Energy"), ("error", "Last error"),
+)
+HISTORY = 500  # heartbeats drawn on a device's charts
+
+
+def fleet_rows(db: Database, now: float, online_seconds: float, state: str | None = None) -> list[dict[str, Any]]:
+    """One row per device, by name; only devices in ``state`` (a state, or ``revoked``) when given."""
+    with db.read() as session:
+        devices = session.scalars(select(Device).order_by(Device.name)).all()
+    rows = [fleet_row(device, now, online_seconds) for device in devices]
+    return [row for row in rows if row["state"] == state] if state else rows
+
+
+def fleet_row(device: Device, now: float, online_seconds: float) -> dict[str, Any]:
+    """The fleet table's row for one device."""
+    beat = device.last_heartbeat or {}
+    revoked = device.revoked_at is not None
+    online = not revoked and device.last_seen is not None and now - device.last_seen <= online_seconds
+    status = "revoked" if revoked else "online" if online else "offline"
+    cells = {
+        "online": f"{status}, {display.age(device.last_seen, now)}" if device.last_seen else status,
+        "state": device.state or display.DASH,
+        "reason": beat.get("reason") or display.DASH,
+        "power": display.power(beat),
+        "temperature": display.temperature(beat.get("temperature_c")),
+        "memory": display.memory(beat.get("memory_budget_bytes"), beat.get("peak_bytes")),
+        "steps": display.count(device.steps_done),
+        "loss": display.number(beat.get("loss")),
+        "accuracy": display.percent(beat.get("holdout_accuracy")),
+        "energy": display.joules(device.energy_j),
+        "error": beat.get("last_error") or display.DASH,
+    }
+    return {"name": device.name, "url": f"/devices/{device.name}", "state": "revoked" if revoked else device.state or "",
+            "status": status, "last_seen": display.clock(device.last_seen), "cells": cells}
+
+
+@dataclass(frozen=True)
+class DeviceView:
+    """A device's page: its row, its latest heartbeat's fields, its history and its schedule."""
+
+    device: Device
+    row: dict[str, Any]
+    fields: list[tuple[str, str]]
+    history: list[Heartbeat]
+    schedule: StoredSchedule | None
+    schedule_downloaded_at: float | None
+
+
+def device_view(db: Database, name: str, now: float, online_seconds: float) -> DeviceView | None:
+    """The device page's data, or ``None`` when no device has that name."""
+    with db.read() as session:
+        device = session.scalar(select(Device).where(Device.name == name))
+        if device is None:
+            return None
+        history = list(reversed(session.scalars(select(Heartbeat).where(Heartbeat.device_id == device.id)
+                                                .order_by(Heartbeat.id.desc()).limit(HISTORY)).all()))
+        used = session.get(DeviceSchedule, device.id)
+        schedule = _schedule_summary(session, used.schedule_id) if used is not None else None
+    fields = [(key, _field_text(value)) for key, value in sorted((device.last_heartbeat or {}).items())
+              if key != "eligibility"]
+    return DeviceView(device, fleet_row(device, now, online_seconds), fields, history, schedule,
+                      used.downloaded_at if used is not None else None)
+
+
+def _field_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value) if display.present(value) else display.DASH
+
+
+def _schedule_summary(session: Any, schedule_id: str) -> StoredSchedule | None:
+    return session.scalar(select(StoredSchedule).where(StoredSchedule.schedule_id == schedule_id))
+
+
+@dataclass(frozen=True)
+class ScheduleRow:
+    """A stored schedule with the solve that made it and how many devices use it."""
+
+    schedule: StoredSchedule
+    solve_status: str
+    solve_seconds: float | None
+    devices: int
+
+
+def schedule_rows(db: Database) -> list[ScheduleRow]:
+    """Every stored schedule, newest first."""
+    with db.read() as session:
+        users = (select(DeviceSchedule.schedule_id, func.count().label("devices"))
+                 .group_by(DeviceSchedule.schedule_id).subquery())
+        rows = session.execute(select(StoredSchedule, func.coalesce(users.c.devices, 0))
+                               .outerjoin(users, users.c.schedule_id == StoredSchedule.schedule_id)
+                               .order_by(StoredSchedule.created_at.desc())).all()
+        solves: dict[str, tuple[str, float | None]] = {}
+        for schedule_id, status, solve_seconds in session.execute(
+                select(SolveRequest.schedule_id, SolveRequest.status, SolveRequest.solve_seconds)
+                .where(SolveRequest.schedule_id.is_not(None)).order_by(SolveRequest.created_at)):
+            solves.setdefault(schedule_id, (status, solve_seconds))
+    return [ScheduleRow(schedule, *solves.get(schedule.schedule_id, ("stored", None)), devices)
+            for schedule, devices in rows]
+
+
+def open_solve_requests(db: Database, limit: int = 100) -> list[SolveRequest]:
+    """Schedule requests without a schedule (queued, solving, failed, timed out), newest first."""
+    with db.read() as session:
+        return list(session.scalars(select(SolveRequest).where(SolveRequest.schedule_id.is_(None))
+                                    .order_by(SolveRequest.created_at.desc()).limit(limit)))
+
+
+def graph_for(db: Database, schedule_id: str) -> tuple[bytes, bytes] | None:
+    """A stored schedule's document and the training graph it was planned for (canonical JSON), or ``None``."""
+    with db.read() as session:
+        document = session.scalar(select(StoredSchedule.document).where(StoredSchedule.schedule_id == schedule_id))
+        graph = session.scalar(select(SolveRequest.graph).where(SolveRequest.schedule_id == schedule_id).limit(1))
+    return (document, graph) if document is not None and graph is not None else None
+
+
+@dataclass(frozen=True)
+class TokenRow:
+    """An enrolment token as listed: never the token itself."""
+
+    created_at: float
+    expires_at: float
+    status: str
+    used_by: str | None
+    used_at: float | None
+
+
+def token_rows(db: Database, now: float, limit: int = 200) -> list[TokenRow]:
+    """The newest enrolment tokens, with whether each is valid, used or expired."""
+    with db.read() as session:
+        tokens = session.scalars(select(EnrolmentToken).order_by(EnrolmentToken.id.desc()).limit(limit)).all()
+    return [TokenRow(t.created_at, t.expires_at,
+                     "used" if t.used_at is not None else "expired" if t.expires_at <= now else "valid",
+                     t.used_by, t.used_at) for t in tokens]
