@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test test-all bench lock
+.PHONY: demo test test-all bench lock system-packages
 
 # Everything (planner, device, zoo models, test tools) at the versions in constraints.txt.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -14,11 +14,15 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 demo: $(VENV)/.installed
 	$(PY) -m schedules.demo
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed system-packages
 	$(PY) -m pytest -q
 
-test-all: $(VENV)/.installed
+test-all: $(VENV)/.installed system-packages
 	$(PY) -m pytest -q -m ''
+
+# Debian's systemd, postgresql, chromium and chromium-driver, which the tests run for real (where missing).
+system-packages:
+	@scripts/system-packages.sh
 
 bench: $(VENV)/.installed
 	$(PY) -m benchmarks.solver

@@ -4,10 +4,19 @@ Every schedule the server stores is signed with it; devices pin its public key
 (``GET /api/v1/server-key``, also returned at enrolment) and refuse any
 schedule that does not verify (:func:`schedules.signing.verify_document`).
 The private key file is mode 0600 and never leaves the data directory.
+
+Several server processes serving one fleet (PostgreSQL, :mod:`server.db`) must
+sign with one key, since each device pins one: start them all with the same
+``--data-dir`` (its ``keys/`` holds the pair; the first process to start makes
+it, under a lock, and the others load it), or, on separate machines, copy
+``keys/server-signing.key`` (mode 0600) into each machine's data directory
+before its first start.  A process that made its own key would sign schedules
+its devices refuse.
 """
 
 from __future__ import annotations
 
+import fcntl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +29,7 @@ from schedules.signing import generate_keypair, key_id, load_private_key, sign
 from server.errors import ServerKeyError
 
 KEY_NAME = "server-signing"
+LOCK_NAME = ".server-signing.lock"
 
 
 @dataclass(frozen=True)
@@ -56,9 +66,14 @@ def load_or_create(directory: Path) -> ServerKey:
     """
     private_path = directory / f"{KEY_NAME}.key"
     try:
-        if not private_path.exists():
-            generate_keypair(directory, KEY_NAME)
-        return ServerKey(load_private_key(private_path), private_path)
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Processes starting at once over one data directory: one makes the key, the others wait and load it
+        # (without the lock, a loader could read a half-written key file).
+        with (directory / LOCK_NAME).open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not private_path.exists():
+                generate_keypair(directory, KEY_NAME)
+            return ServerKey(load_private_key(private_path), private_path)
     except FileExistsError as exc:  # the .pub without the .key: someone moved the private key away
         raise ServerKeyError(f"{exc}; the server's private key {private_path} is missing beside it: restore it, "
                              "or move the .pub away to make a new key (devices must then pin the new one)") from exc

@@ -11,6 +11,14 @@ A request moves ``queued`` -> ``solving`` -> ``done`` | ``failed`` |
 to one that is ``done`` or ``failed`` (infeasible) gets that answer at once;
 one that ``timed_out`` is queued again only when the server's time limit has
 grown since.
+
+Several server processes may share the database (PostgreSQL), so every step
+is safe against another process doing the same at the same moment: identical
+requests inserted at once end as one row (the unique ``dedupe_key``; the loser
+of the insert takes the winner's row), a request is claimed by one atomic
+``UPDATE ... WHERE status = 'queued'``, and a ``solving`` request is taken
+back into the queue only when no live process can still be solving it (its
+time limit and margin are long past: :func:`requeue_abandoned`).
 """
 
 from __future__ import annotations
@@ -62,19 +70,37 @@ def parse_solve_input(graph: Any, device: Any, memory_budget: int, runtime_budge
     Raises
     ------
     RequestRejectedError
-        Either does not load (the loader's message, naming the part), or the graph has more than
-        ``max_nodes`` nodes, or a budget is not a positive finite number.
+        Either does not load (the loader's message, naming the part), holds a NUL character, or the graph
+        has more than ``max_nodes`` nodes, or a budget is not a positive finite number.
     """
     if memory_budget <= 0:
         raise RequestRejectedError(f"memory_budget must be > 0 bytes, got {memory_budget}")
     if runtime_budget is not None and not (math.isfinite(runtime_budget) and runtime_budget > 0):
         raise RequestRejectedError(f"runtime_budget must be a finite factor > 0 or null, got {runtime_budget}")
+    for part, data in (("graph", graph), ("device", device)):
+        if _holds_nul(data):  # PostgreSQL's text cannot store it (names reach text columns and error messages)
+            raise RequestRejectedError(f"{part}: text may not contain NUL characters")
     loaded_graph = _load("graph", TrainingGraph.from_dict, graph)
     if loaded_graph.size > max_nodes:
         raise RequestRejectedError(f"graph has {loaded_graph.size} nodes; this server plans graphs of at most "
                                    f"{max_nodes} (cut the model into fewer segments)")
     loaded_device = _load("device", DeviceProfile.from_dict, device)
     return SolveInput(loaded_graph, loaded_device, memory_budget, runtime_budget)
+
+
+def _holds_nul(data: Any) -> bool:
+    pending = [data]
+    while pending:  # a loop, not recursion: the body's nesting depth is the sender's choice
+        item = pending.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
 
 
 def _load(part: str, loader: Any, data: Any) -> Any:
@@ -108,9 +134,12 @@ def enqueue(db: Database, item: SolveInput, *, time_limit: float, max_queued: in
             row = _new_request(item, key, time_limit, now, requested_by)
             session.add(row)
             return row, True
-    except IntegrityError:  # an identical request was inserted at the same moment: share it
+    except IntegrityError:  # an identical request was inserted at the same moment (here or in another process)
         with db.read() as session:
-            return session.scalars(select(SolveRequest).where(SolveRequest.dedupe_key == key)).one(), False
+            existing = session.scalar(select(SolveRequest).where(SolveRequest.dedupe_key == key))
+        if existing is None:  # the conflict was not the dedupe key: not ours to hide
+            raise
+        return existing, False
 
 
 def _new_request(item: SolveInput, key: str, time_limit: float, now: float, requested_by: int | None) -> SolveRequest:
@@ -160,6 +189,14 @@ def claim(db: Database, request_id: str, time_limit: float, now: float) -> bytes
 def finish(db: Database, request_id: str, status: str, *, now: float, solve_seconds: float,
            error: str | None = None, schedule: Schedule | None = None) -> None:
     """Record a request's end; a ``done`` one with its (signed) schedule, stored once."""
+    try:
+        _finish(db, request_id, status, now, solve_seconds, error, schedule)
+    except IntegrityError:  # another process stored the same schedule at the same moment: now it is there to share
+        _finish(db, request_id, status, now, solve_seconds, error, schedule)
+
+
+def _finish(db: Database, request_id: str, status: str, now: float, solve_seconds: float, error: str | None,
+            schedule: Schedule | None) -> None:
     with db.write() as session:
         row = session.get(SolveRequest, request_id)
         if row is None:
@@ -170,12 +207,26 @@ def finish(db: Database, request_id: str, status: str, *, now: float, solve_seco
 
 
 def requeue(db: Database, request_ids: list[str] | None = None) -> int:
-    """Put ``solving`` requests back in the queue (all of them: at start, after the server stopped mid-solve)."""
+    """Put these ``solving`` requests back in the queue (this process stopped while solving them); all of them
+    when ``request_ids`` is ``None`` (safe only where no other process can be solving: see :mod:`server.solves`)."""
     query = update(SolveRequest).where(SolveRequest.status == SOLVING)
     if request_ids is not None:
         query = query.where(SolveRequest.id.in_(request_ids))
     with db.write() as session:
         return session.execute(query.values(status=QUEUED, started_at=None)).rowcount
+
+
+def requeue_abandoned(db: Database, now: float, grace: float) -> int:
+    """Queue again the ``solving`` requests no process can still be solving: claimed more than their time limit
+    plus ``grace`` seconds ago (a process that stopped mid-solve without handing them back: killed, or lost).
+
+    A live process stops each of its solves at the time limit and its margin, so ``grace`` at least that margin
+    (plus clock skew between machines) never takes a solve from under a running process.
+    """
+    abandoned = (SolveRequest.status == SOLVING) & (SolveRequest.started_at + SolveRequest.time_limit + grace < now)
+    with db.write() as session:
+        return session.execute(update(SolveRequest).where(abandoned).values(status=QUEUED, started_at=None)
+                               .execution_options(synchronize_session=False)).rowcount
 
 
 def count_by_status(db: Database) -> dict[str, int]:

@@ -17,10 +17,21 @@ left hanging.  A worker is warm before it is given work (its imports take
 seconds), so the deadline measures the solve, not the start-up.
 
 Finished plans are signed with the server key here, in the server process,
-and stored once.  At start, requests left ``solving`` by a server that stopped
-are queued again, and every queued request is solved.  (With several server
-processes on one database, each would requeue the others' running solves at
-start; the claim itself is atomic, so no request is solved twice at once.)
+and stored once.  A server that stops hands its running solves back to the
+queue.  A server killed mid-solve leaves its request ``solving``:
+
+- on SQLite, the embedded one-process deployment, the next start queues every
+  such request again at once;
+- on PostgreSQL several processes share the database and a ``solving``
+  request may be another process's running solve, so it is queued again (by
+  whichever process looks first) only once its time limit, margin and
+  :data:`ABANDON_GRACE` have passed (:func:`solve_requests.requeue_abandoned`:
+  only then can no live process still be solving it).  Every process looks at
+  start and every :data:`ABANDONED_SWEEP_SECONDS` (on SQLite too, for a
+  second process over the same file).
+
+Each process claims a request atomically, so no request is solved by two of
+them at once.
 """
 
 from __future__ import annotations
@@ -48,6 +59,8 @@ log = logging.getLogger("poet-server")
 
 IDLE_POLL_SECONDS = 1.0  # how often the dispatcher looks at the queue when nothing wakes it
 SLOT_RESTART_BACKOFF = 5.0  # seconds before a worker that failed to start is started again
+ABANDON_GRACE = 30.0  # seconds past a solve's time limit and margin before it counts as abandoned (clock skew)
+ABANDONED_SWEEP_SECONDS = 30.0  # how often the dispatcher looks for abandoned solves
 
 SolveObserver = Callable[[str, float], None]  # (final status, seconds) after each solve
 
@@ -95,13 +108,15 @@ class SolveService:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._next_sweep = 0.0  # time.monotonic() of the next look for abandoned solves
 
     # -- lifespan -------------------------------------------------------------------
     def start(self) -> None:
-        """Queue again what a stopped server left solving, start the workers and the dispatcher."""
-        resumed = solve_requests.requeue(self.db)
-        if resumed:
-            log.info("resuming %d schedule request(s) interrupted when the server stopped", resumed)
+        """Start the workers and the dispatcher; on SQLite, first queue again what a killed server left solving."""
+        if self.db.is_sqlite:  # one process: whatever is "solving" now was this server's (module docstring)
+            resumed = solve_requests.requeue(self.db)
+            if resumed:
+                log.info("resuming %d schedule request(s) interrupted when the server stopped", resumed)
         self._slots = [self._new_slot() for _ in range(self.settings.solve_workers)]
         self._thread = threading.Thread(target=self._run, name="poet-solve-dispatcher", daemon=True)
         self._thread.start()
@@ -129,6 +144,7 @@ class SolveService:
             try:
                 self._collect()
                 self._expire()
+                self._sweep_abandoned()
                 self._dispatch()
             except Exception:  # a database hiccup must not end dispatching for good
                 log.exception("the solve dispatcher failed; retrying")
@@ -141,6 +157,15 @@ class SolveService:
         if not deadlines:
             return IDLE_POLL_SECONDS
         return min(max(min(deadlines) - time.monotonic(), 0.0), IDLE_POLL_SECONDS)
+
+    def _sweep_abandoned(self) -> None:
+        if time.monotonic() < self._next_sweep:
+            return
+        self._next_sweep = time.monotonic() + ABANDONED_SWEEP_SECONDS
+        grace = self.settings.solve_timeout_margin + ABANDON_GRACE
+        resumed = solve_requests.requeue_abandoned(self.db, time.time(), grace)
+        if resumed:
+            log.info("resuming %d schedule request(s) abandoned by a server that stopped mid-solve", resumed)
 
     def _new_slot(self) -> _Slot:
         executor = ProcessPoolExecutor(max_workers=1, mp_context=self._context,

@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException
 
 from server.errors import AuthenticationError, RateLimitedError, ServerError
@@ -32,6 +32,7 @@ def install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(RecursionError, on_too_deep)
     app.add_exception_handler(OperationalError, on_database_busy)
+    app.add_exception_handler(DataError, on_unstorable)
     app.add_exception_handler(Exception, on_unexpected)
 
 
@@ -82,6 +83,11 @@ async def on_too_deep(request: Request, exc: Exception) -> JSONResponse:
 async def on_database_busy(request: Request, exc: Exception) -> JSONResponse:
     log.warning("database error on %s %s: %s", request.method, request.url.path, exc)
     return error(503, "the server's database is busy; retry shortly", {"Retry-After": "1"})
+
+
+async def on_unstorable(request: Request, exc: Exception) -> JSONResponse:
+    log.warning("value refused by the database on %s %s: %s", request.method, request.url.path, exc)
+    return error(422, "the request holds a value the database cannot store (out of range, or a NUL character)")
 
 
 async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:

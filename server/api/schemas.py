@@ -1,7 +1,8 @@
 """Request and response bodies of the device API (pydantic), and so of ``/openapi.json``.
 
 Types are strict (a string is not a number, ``1`` is not ``true``), numbers
-finite, strings bounded.  Heartbeat fields the server does not know are
+finite, strings bounded and free of NUL characters (PostgreSQL's text cannot
+hold them: without the rule a NUL would be a 500 there and fine on SQLite).  Heartbeat fields the server does not know are
 ignored (an older server keeps working with a newer agent); the known ones are
 the agent's status object (:data:`agent.daemon.status.FIELDS`) and the fleet's
 device figures.
@@ -22,8 +23,9 @@ Number = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 NonNegative = Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)]
 Count = Annotated[StrictInt, Field(ge=0, le=2**63 - 1)]
 Bytes = Annotated[StrictInt, Field(ge=0, le=2**63 - 1)]
-Line = Annotated[str, Field(max_length=200)]
-Text = Annotated[str, Field(max_length=2000)]
+NO_NUL = r"^[^\x00]*$"
+Line = Annotated[str, Field(max_length=200, pattern=NO_NUL)]
+Text = Annotated[str, Field(max_length=2000, pattern=NO_NUL)]
 
 
 class _Body(BaseModel):
@@ -87,7 +89,7 @@ class Heartbeat(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     sent_at: NonNegative = Field(description="Unix time the agent made this heartbeat")
-    software_version: Annotated[str, Field(max_length=64)] | None = None
+    software_version: Annotated[str, Field(max_length=64, pattern=NO_NUL)] | None = None
     state: Literal[STATES]  # type: ignore[valid-type]
     reason: Text | None = None
     steps_done: Count = 0
@@ -100,7 +102,7 @@ class Heartbeat(BaseModel):
     loss: Number | None = None
     holdout_loss: Number | None = None
     holdout_accuracy: Annotated[float, Strict(), Field(ge=0, le=1, allow_inf_nan=False)] | None = None
-    schedule_id: Annotated[str, Field(max_length=64)] | None = None
+    schedule_id: Annotated[str, Field(max_length=64, pattern=NO_NUL)] | None = None
     schedule_from: Line | None = None
     memory_budget_bytes: Bytes | None = None
     peak_bytes: Bytes | None = None

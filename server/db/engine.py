@@ -7,6 +7,10 @@ driver: :meth:`Database.write` begins ``IMMEDIATE`` (takes the write lock up
 front, so two writers queue instead of one of them failing half way when it
 upgrades a read to a write), :meth:`Database.read` a plain deferred ``BEGIN``.
 Other databases (PostgreSQL) use the driver's own transactions.
+
+Several server processes may migrate one PostgreSQL database at the same
+start; :func:`lock_for_migration` makes them take turns, so the first
+migrates and the others find the schema current.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -23,6 +27,7 @@ from server.errors import DatabaseError
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 _BEGIN_OPTION = "poet_sqlite_begin"
+MIGRATION_LOCK_KEY = 0x706F6574_6D696772  # "poetmigr": the PostgreSQL advisory lock the migrations hold
 
 
 def make_engine(url: str) -> Engine:
@@ -86,6 +91,16 @@ class Database:
     def dispose(self) -> None:
         """Close every pooled connection."""
         self.engine.dispose()
+
+
+def lock_for_migration(connection: Connection) -> None:
+    """Wait until no other process migrates this database; held until ``connection``'s transaction ends.
+
+    PostgreSQL: a transaction-scoped advisory lock.  SQLite needs none: the
+    migration's ``BEGIN IMMEDIATE`` transaction already holds the write lock.
+    """
+    if connection.dialect.name == "postgresql":
+        connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})")
 
 
 def check_reachable(database: Database) -> None:

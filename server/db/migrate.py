@@ -19,7 +19,7 @@ from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
 from sqlalchemy.exc import SQLAlchemyError
 
-from server.db.engine import Database
+from server.db.engine import Database, lock_for_migration
 from server.errors import DatabaseError
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
@@ -46,6 +46,7 @@ def upgrade(database: Database) -> str:
     head = ScriptDirectory.from_config(config).get_current_head()
     try:
         with database.writer.begin() as connection:
+            lock_for_migration(connection)  # another server process may be migrating the same database now
             _refuse_unknown_revision(connection, config)
             config.attributes["connection"] = connection
             command.upgrade(config, "head")
