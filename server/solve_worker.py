@@ -20,9 +20,11 @@ worker).
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
+import sys
 from typing import Any
 
 from schedules.canonical import canonical_json
@@ -31,10 +33,29 @@ from schedules.errors import PlannerError
 from schedules.graph import TrainingGraph
 from schedules.plan import plan
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
-def initialise() -> None:
-    """Worker start: leave Ctrl-C to the server, which stops its workers itself."""
+
+def initialise(server_pid: int) -> None:
+    """Worker start: leave Ctrl-C to the server, which stops its workers itself; die with the server.
+
+    A server killed outright (SIGKILL, the OOM killer) cannot stop its workers, so on Linux each asks the
+    kernel for SIGKILL when its parent dies, instead of lingering as an orphan holding a core.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with(server_pid)
+
+
+def _die_with(server_pid: int) -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != server_pid:  # the server died before the request took effect
+        os._exit(1)
 
 
 def ready() -> int:

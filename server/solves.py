@@ -169,7 +169,7 @@ class SolveService:
 
     def _new_slot(self) -> _Slot:
         executor = ProcessPoolExecutor(max_workers=1, mp_context=self._context,
-                                       initializer=solve_worker.initialise)
+                                       initializer=solve_worker.initialise, initargs=(os.getpid(),))
         slot = _Slot(executor, executor.submit(solve_worker.ready))
         slot.ready.add_done_callback(lambda _: self._wake.set())
         return slot

@@ -8,6 +8,7 @@ import re
 import signal
 import socket
 import threading
+import time
 import urllib.request
 
 import psutil
@@ -130,3 +131,16 @@ def test_concurrent_heartbeats_over_the_wire_all_succeed(server_process, capsys)
     assert codes == [204] * 160
     _, _, body = get(url + "/metrics")
     assert "poet_server_heartbeats_received_total 160.0" in body.decode()
+
+
+def test_a_server_killed_outright_takes_its_planner_processes_with_it(server_process) -> None:
+    process, url, _, _, _ = server_process
+    wait_until_serving(url)
+    deadline = time.monotonic() + 30
+    while not (workers := psutil.Process(process.pid).children(recursive=True)):
+        assert time.monotonic() < deadline, "no planner process started"
+        time.sleep(0.1)
+    process.kill()  # SIGKILL: the server cannot stop them itself
+    process.wait(timeout=30)
+    _, alive = psutil.wait_procs(workers, timeout=15)
+    assert alive == [], f"orphaned: {[p.cmdline() for p in alive]}"
