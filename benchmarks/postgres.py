@@ -32,11 +32,13 @@ def postgres_bin() -> Path | None:
 class TemporaryPostgres:
     """``with TemporaryPostgres() as pg: pg.url`` -- a fresh cluster with an empty database ``poet``."""
 
-    def __init__(self, database: str = "poet") -> None:
+    def __init__(self, database: str = "poet", durable: bool = True) -> None:
         self.bin = postgres_bin()
         if self.bin is None:
             raise RuntimeError("PostgreSQL is not installed (Debian: apt-get install postgresql)")
         self.database = database
+        self.durable = durable
+        """False: ``fsync=off`` (tests: nothing to keep, and faster); True: PostgreSQL's defaults (benchmarks)."""
         self.root = Path(tempfile.mkdtemp(prefix="poet-pg-"))
         self.data = self.root / "data"
         self.port = _free_port()
@@ -71,8 +73,11 @@ class TemporaryPostgres:
             if os.geteuid() == 0:
                 shutil.chown(self.root, "postgres")
             self._run(str(self.bin / "initdb"), "-D", str(self.data), "-A", "trust", "-U", self.user, "-E", "UTF8")
+            options = f"-k {self.root} -p {self.port} -c listen_addresses=127.0.0.1"
+            if not self.durable:
+                options += " -c fsync=off"
             self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-w", "-l", str(self.root / "log"),
-                      "-o", f"-k {self.root} -p {self.port} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
+                      "-o", options, "start")
             self.create_database(self.database)
         except BaseException:
             self.stop()

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import bindparam, delete, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from server.db.engine import Database
@@ -110,9 +110,8 @@ def authenticate(db: Database, device_token: str) -> DeviceIdentity:
     """
     if not device_token or len(device_token) > MAX_TOKEN_LENGTH:
         raise AuthenticationError("unknown device token; enrol the device with an enrolment token")
-    with db.read() as session:
-        row = session.execute(select(Device.id, Device.name, Device.token_hash, Device.revoked_at)
-                              .where(Device.token_hash == token_hash(device_token))).first()
+    with db.engine.connect() as connection:  # a plain connection: every request pays for this lookup
+        row = connection.execute(_BY_TOKEN_HASH, {"hash": token_hash(device_token)}).first()
     if row is None or not hashes_match(row.token_hash, device_token):
         raise AuthenticationError("unknown device token; enrol the device with an enrolment token")
     if row.revoked_at is not None:
@@ -144,32 +143,43 @@ def record_heartbeats(db: Database, device_id: int, beats: Sequence[dict[str, An
 
     A queued heartbeat that arrives late (``sent_at`` older than the newest one
     received) goes into the history but does not replace the device's latest
-    state.
+    state.  Core statements in one transaction, not ORM objects: this runs for
+    every heartbeat of the fleet, and the unit of work costs more than the SQL.
     """
     if not beats:
         return
     newest = max(beats, key=lambda beat: beat["sent_at"])
     with db.write() as session:
-        session.add_all(Heartbeat(device_id=device_id, received_at=received_at, sent_at=beat["sent_at"], payload=beat)
-                        for beat in beats)
-        device = session.get(Device, device_id)
-        device.last_seen = received_at
-        if device.last_sent_at is None or newest["sent_at"] >= device.last_sent_at:
-            _take_latest(device, newest)
-        session.flush()
-        _prune(session, device_id, keep)
+        connection = session.connection()
+        connection.execute(_HEARTBEAT, [{"device_id": device_id, "received_at": received_at,
+                                                "sent_at": beat["sent_at"], "payload": beat} for beat in beats])
+        connection.execute(_DEVICE, {"device": device_id, "last_seen": received_at})
+        connection.execute(_DEVICE_UNLESS_NEWER, {"device": device_id, "sent": newest["sent_at"], **_latest(newest)})
+        _prune(connection, device_id, keep)
 
 
-def _take_latest(device: Device, beat: dict[str, Any]) -> None:
-    device.last_heartbeat, device.last_sent_at = beat, beat["sent_at"]
-    device.state = beat.get("state")
-    device.steps_done = beat.get("steps_done")
-    device.energy_j = beat.get("energy_j")
-    device.software_version = beat.get("software_version")
+def _latest(beat: dict[str, Any]) -> dict[str, Any]:
+    """The device's columns that follow its newest heartbeat."""
+    return {"last_heartbeat": beat, "last_sent_at": beat["sent_at"], "state": beat.get("state"),
+            "steps_done": beat.get("steps_done"), "energy_j": beat.get("energy_j"),
+            "software_version": beat.get("software_version")}
 
 
-def _prune(session: Any, device_id: int, keep: int) -> None:
-    oldest_kept = session.scalar(select(Heartbeat.id).where(Heartbeat.device_id == device_id)
-                                 .order_by(Heartbeat.id.desc()).offset(keep - 1).limit(1))
+def _prune(connection: Any, device_id: int, keep: int) -> None:
+    oldest_kept = connection.scalar(_NTH_NEWEST_HEARTBEAT, {"device": device_id, "skip": keep - 1})
     if oldest_kept is not None:
-        session.execute(delete(Heartbeat).where(Heartbeat.device_id == device_id, Heartbeat.id < oldest_kept))
+        connection.execute(_HEARTBEATS_BEFORE, {"device": device_id, "oldest_kept": oldest_kept})
+
+
+# The statements every heartbeat runs, built once (building them costs more than SQLite running them); the SET
+# columns of the updates come from the parameters' keys.
+_BY_TOKEN_HASH = (select(Device.id, Device.name, Device.token_hash, Device.revoked_at)
+                  .where(Device.token_hash == bindparam("hash")))
+_HEARTBEAT = insert(Heartbeat)
+_DEVICE = update(Device).where(Device.id == bindparam("device"))
+_DEVICE_UNLESS_NEWER = update(Device).where(Device.id == bindparam("device"),
+                                            or_(Device.last_sent_at.is_(None), Device.last_sent_at <= bindparam("sent")))
+_NTH_NEWEST_HEARTBEAT = (select(Heartbeat.id).where(Heartbeat.device_id == bindparam("device"))
+                         .order_by(Heartbeat.id.desc()).offset(bindparam("skip")).limit(1))
+_HEARTBEATS_BEFORE = delete(Heartbeat).where(Heartbeat.device_id == bindparam("device"),
+                                             Heartbeat.id < bindparam("oldest_kept"))

@@ -57,7 +57,7 @@ def postgres() -> Iterator[TemporaryPostgres]:
     if postgres_bin() is None:
         pytest.skip("PostgreSQL is not installed (/usr/lib/postgresql/*/bin/initdb; Debian: apt-get install "
                     "postgresql, as .ci/run does)")
-    with TemporaryPostgres() as cluster:
+    with TemporaryPostgres(durable=False) as cluster:
         yield cluster
 
 

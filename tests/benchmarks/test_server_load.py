@@ -1,0 +1,18 @@
+"""``benchmarks.server_load --quick``: a real server process under simulated devices yields figures, no errors."""
+
+from __future__ import annotations
+
+import re
+
+from benchmarks.server_load import main
+
+
+def test_a_quick_sqlite_run_prints_figures_with_zero_errors(capsys) -> None:
+    assert main(["--quick", "--backends", "sqlite", "--knee-max", "40"]) == 0  # the main window only
+    out = capsys.readouterr().out
+    rate = float(re.search(r"^requests per second\s+([0-9.]+)", out, re.M).group(1))
+    p99 = float(re.search(r"^p99 latency \(ms\)\s+([0-9.]+)", out, re.M).group(1))
+    assert rate > 10 and 0 < p99 < 10_000
+    assert re.search(r"^errors\s+0 met", out, re.M), out
+    assert re.search(r"^server RSS growth \(MB\)\s+[-+][0-9.]+ ", out, re.M), out
+    assert "WARNING" not in out
