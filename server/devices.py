@@ -22,7 +22,8 @@ from server.db.models import DEVICE_NAME_LENGTH, Device, EnrolmentToken, Heartbe
 from server.errors import AuthenticationError, DeviceNameTakenError, EnrolmentRefusedError, UnknownDeviceError
 from server.tokens import MAX_TOKEN_LENGTH, hashes_match, new_token, token_hash
 
-DEVICE_NAME_PATTERN = rf"^[A-Za-z0-9._-]{{1,{DEVICE_NAME_LENGTH}}}$"
+# Not starting with a dot: "." and ".." would be path steps in the dashboard's /devices/NAME links.
+DEVICE_NAME_PATTERN = rf"^[A-Za-z0-9_-][A-Za-z0-9._-]{{0,{DEVICE_NAME_LENGTH - 1}}}$"
 ENROLMENT_REFUSED = "enrolment token refused: it is wrong, already used or expired; ask the operator for a new one"
 
 
@@ -46,7 +47,7 @@ def check_device_name(name: str) -> str:
     """``name`` if it is 1-64 characters of ``A-Z a-z 0-9 . _ -``; raises :class:`UnknownDeviceError` otherwise."""
     if not re.fullmatch(DEVICE_NAME_PATTERN, name):
         raise UnknownDeviceError(f"{name!r} is not a device name (1-{DEVICE_NAME_LENGTH} characters of A-Z a-z "
-                                 "0-9 . _ -)")
+                                 "0-9 . _ -, not starting with a dot)")
     return name
 
 

@@ -60,7 +60,7 @@ class EnrolRequest(_Body):
     """A device's one-time exchange of an enrolment token for its own token."""
 
     enrolment_token: Annotated[str, Field(min_length=1, max_length=256)]
-    device_name: Annotated[str, Field(pattern=DEVICE_NAME_PATTERN, description="1-64 characters: A-Z a-z 0-9 . _ -")]
+    device_name: Annotated[str, Field(pattern=DEVICE_NAME_PATTERN, description="1-64 characters: A-Z a-z 0-9 . _ -, not starting with a dot")]
 
 
 class EnrolResponse(BaseModel):

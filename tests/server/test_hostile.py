@@ -80,6 +80,13 @@ def test_sql_metacharacters_in_names_are_refused_and_in_text_stored_verbatim(cli
     assert client.post("/api/v1/enrol", json=token).status_code == 401
 
 
+def test_names_that_are_path_steps_are_refused_and_dots_inside_a_name_are_fine(client) -> None:
+    for name, status in ((".", 422), ("..", 422), (".hidden", 422), ("pi.kitchen-2", 201)):
+        response = client.post("/api/v1/enrol", json={"enrolment_token": enrolment_token(client.app),
+                                                      "device_name": name})
+        assert response.status_code == status, (name, response.text)
+
+
 def test_an_unexpected_error_is_a_plain_500_and_logged_not_shown(app, caplog) -> None:
     def explode() -> None:
         raise RuntimeError("secret internals at /srv/poet/server.py line 42")
