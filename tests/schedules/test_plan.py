@@ -233,9 +233,14 @@ def test_the_time_limit_is_the_whole_calls_replanning_included():
     result = plan(graph, slow, memory_budget=required_bytes(graph), runtime_budget=1.5, gap=0.0, time_limit=limit)
     wall = time.monotonic() - started
     checked(graph, result)
-    assert result.feasible and result.timeline_ms > 1.5 * graph.total_compute_ms
     assert wall <= 1.05 * limit + 0.3 and result.solve_seconds <= wall
-    assert result.stop_reason == "time limit" and "the time limit (2 s) ended the replanning" in result.message
+    assert result.feasible and result.stop_reason == "time limit"
+    # On a quiet machine the first plan misses the I/O timeline and the limit cuts the replanning short; with
+    # less CPU the first solve may end at a plan that fits, and then nothing is replanned.
+    if result.timeline_ms > 1.5 * graph.total_compute_ms:
+        assert "the time limit (2 s) ended the replanning" in result.message
+    else:
+        assert result.replans == 0 and "replanning" not in result.message
 
 
 def test_settings_come_as_keywords_or_as_options_not_both():
