@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 # Everything (planner, device, zoo models, test tools) at the versions in constraints.txt.
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q -c constraints.txt -e '.[device,zoo,server,postgres,dev]'
+	$(VENV)/bin/pip install -q -c constraints.txt -e '.[device,zoo,server,postgres,sim,dev]'
 	touch $@
 
 demo: $(VENV)/.installed

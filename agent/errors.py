@@ -11,7 +11,9 @@ The tree, with each class's exit code (:class:`schedules.exit_codes.ExitCode`)::
         ├── ConfigError                   the agent's config file has problems (all listed)  3 bad file
         ├── CheckpointError               a checkpoint cannot be written, or none can be read  7 storage
         ├── MemoryBoundError              a step's peak memory went over the agent's bound  5 rejected
+        ├── FederationError               a federated round cannot run here (:mod:`agent.fedtask`)  2 usage
         ├── EnergyMeterError              an energy meter failed (:mod:`agent.energy.errors`)  8 meter
+        ├── SuperNodeKeyError             the Flower SuperNode's key cannot be read or made  7 storage
         ├── FleetError                    the fleet server refused a request (:mod:`agent.daemon.fleet`)  2 usage
         │   ├── FleetUnavailableError     unreachable, timed out, 5xx or 429 (cache or local solve)  2 usage
         │   └── FleetAuthError            enrolment token refused, name taken, or the device revoked  5 rejected
@@ -133,6 +135,16 @@ class MemoryBoundError(AgentError):
     """A training step's peak memory went over the agent's own bound (fixed memory + budget + slack)."""
 
     exit_code = ExitCode.REJECTED
+
+
+class FederationError(AgentError):
+    """A federated round cannot run on this device: unknown setting, no schedule fits its budget, bad weights."""
+
+
+class SuperNodeKeyError(AgentError):
+    """The SuperNode's authentication key (``[flower] auth_key``) cannot be read, or made in the state directory."""
+
+    exit_code = ExitCode.STORAGE
 
 
 class FleetError(AgentError):

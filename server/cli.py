@@ -3,12 +3,15 @@
 ::
 
     poet-edge server run [--data-dir D] [--database URL] [--host H] [--port P] [--solve-workers N]
-                         [--solve-time-limit S]
+                         [--solve-time-limit S] [--flower [--flower-tls-dir DIR] [--flower-host H]
+                         [--flower-port P] [--no-flower-auth]]
     poet-edge server enrol-token [--expires 24h]     # prints a single-use enrolment token
     poet-edge server revoke NAME                     # the device's token is refused from now on
     poet-edge server operator add NAME [--password-stdin]     # a dashboard account (password asked twice)
     poet-edge server operator passwd NAME [--password-stdin]  # a new password; the operator's sessions end
     poet-edge server operator list
+    poet-edge server supernode register NAME KEY.pub  # admit a device's Flower SuperNode (prints its node id)
+    poet-edge server supernode list                   # the SuperLink's nodes, online or not, with device names
 
 Registered in the ``poet_edge.commands`` entry-point group (see
 :mod:`schedules.cli`).  Importing this module is cheap: the web framework and
@@ -32,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from schedules.exit_codes import ExitCode
-from server.config import DEFAULT_DATA_DIR, ServerSettings
+from server.config import DEFAULT_DATA_DIR, FlowerSettings, ServerSettings
 from server.errors import ServerStartError
 
 DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)\s*$")
@@ -56,6 +59,7 @@ def add_commands(subparsers: Any) -> None:
                      help="planner processes solving at once (default: %(default)s)")
     run.add_argument("--solve-time-limit", type=_positive_float, default=60.0, metavar="S",
                      help="seconds each solve may search (default: %(default)s)")
+    _flower_options(run)
     run.set_defaults(handler=run_server)
     token = commands.add_parser("enrol-token", help="print a new single-use enrolment token",
                                 description="Make a single-use enrolment token; a device exchanges it once for "
@@ -71,6 +75,40 @@ def add_commands(subparsers: Any) -> None:
     revoke.add_argument("name", help="the device's name")
     revoke.set_defaults(handler=revoke_device)
     _add_operator_commands(commands)
+    _add_supernode_commands(commands)
+
+
+def _flower_options(run: argparse.ArgumentParser) -> None:
+    group = run.add_argument_group("Flower", "federated rounds: the server supervises a Flower SuperLink "
+                                             "(deploy/README.md, TLS and SuperNode authentication)")
+    group.add_argument("--flower", action="store_true", help="start and supervise flower-superlink")
+    group.add_argument("--flower-tls-dir", type=Path, metavar="DIR",
+                       help="folder with ca.crt, server.pem, server.key; without it the SuperLink runs without "
+                            "TLS (a trusted lab network only, with --no-flower-auth)")
+    group.add_argument("--flower-host", default="127.0.0.1", metavar="H",
+                       help="address the SuperLink listens on (default: %(default)s)")
+    group.add_argument("--flower-port", type=_port, default=9092, metavar="P",
+                       help="the SuperLink's one port: Fleet, Control and Runtime APIs (default: %(default)s)")
+    group.add_argument("--no-flower-auth", dest="flower_auth", action="store_false",
+                       help="admit SuperNodes without a registered key (default: only registered keys)")
+
+
+def _add_supernode_commands(commands: Any) -> None:
+    p = commands.add_parser("supernode", help="devices' Flower SuperNode keys: register, list",
+                            description="With SuperNode authentication the SuperLink admits only registered "
+                                        "keys; each key gets a node id that stays the same across restarts.")
+    sub = p.add_subparsers(dest="supernode_command", metavar="COMMAND", required=True)
+    register = sub.add_parser("register", help="register a device's SuperNode public key",
+                              description="Register the device's public key (STATE_DIR/flower/supernode.key.pub "
+                                          "on the device) with the running SuperLink under the device's name.")
+    _storage_options(register)
+    register.add_argument("name", help="the device's name, as in its agent.toml [device] name")
+    register.add_argument("public_key", type=Path, help="the device's ECDSA P-384 OpenSSH public key file")
+    register.set_defaults(handler=register_supernode)
+    listing = sub.add_parser("list", help="list the SuperLink's nodes with their device names",
+                             description="Each node: id, device name, status (registered, online, offline).")
+    _storage_options(listing)
+    listing.set_defaults(handler=list_supernodes)
 
 
 def _add_operator_commands(commands: Any) -> None:
@@ -104,6 +142,9 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
     for name in ("host", "port", "solve_workers", "solve_time_limit"):
         if hasattr(args, name):
             options[name] = getattr(args, name)
+    if getattr(args, "flower", False):
+        options["flower"] = FlowerSettings(host=args.flower_host, port=args.flower_port, tls_dir=args.flower_tls_dir,
+                                           supernode_auth=args.flower_auth)
     return ServerSettings(**options)
 
 
@@ -128,8 +169,35 @@ def run_server(args: argparse.Namespace) -> int:
     # before it started: a no-op one here, so a requested stop exits 0 (what systemd and the shell expect).
     for stop_signal in (signal.SIGTERM, signal.SIGINT):
         signal.signal(stop_signal, lambda *_: None)
-    uvicorn.Server(config).run(sockets=[listener])
+    superlink = start_superlink(settings)
+    try:
+        uvicorn.Server(config).run(sockets=[listener])
+    finally:
+        if superlink is not None:
+            superlink.stop()
     return ExitCode.OK
+
+
+def start_superlink(settings: ServerSettings) -> Any:
+    """The supervised Flower SuperLink when the settings ask for one (ready to take SuperNodes), else ``None``."""
+    if settings.flower is None:
+        return None
+    from server.superlink import CONNECTION, SuperLink
+
+    # the ServerApps the SuperLink starts record their rounds in this server's store
+    superlink = SuperLink(settings, {"POET_EDGE_DATA_DIR": str(settings.data_dir.resolve()),
+                                     "POET_EDGE_DATABASE_URL": settings.database_url})
+    superlink.start()
+    try:
+        superlink.wait_ready()
+    except BaseException:
+        superlink.stop()
+        raise
+    print(f"poet-edge server: Flower SuperLink on {settings.flower.address} "
+          f"({'TLS' if settings.flower.tls_dir else 'no TLS'}, SuperNode authentication "
+          f"{'on' if settings.flower.node_auth else 'off'}); `flwr run APP {CONNECTION}` with "
+          f"FLWR_HOME={superlink.home.resolve()}", flush=True)
+    return superlink
 
 
 def make_enrolment_token(args: argparse.Namespace) -> int:
@@ -188,6 +256,24 @@ def list_operators(args: argparse.Namespace) -> int:
     for operator in operators(open_database(settings_from(args))):
         added = datetime.datetime.fromtimestamp(operator.created_at).strftime("%Y-%m-%d %H:%M:%S")
         print(f"{operator.username}\tadded {added}")
+    return ExitCode.OK
+
+
+def register_supernode(args: argparse.Namespace) -> int:
+    """Register a device's SuperNode key with the running SuperLink; print the node id."""
+    from server.supernodes import register
+
+    node_id = register(settings_from(args), args.name, args.public_key)
+    print(f"registered {args.name}: node id {node_id}; its SuperNode may connect from now on")
+    return ExitCode.OK
+
+
+def list_supernodes(args: argparse.Namespace) -> int:
+    """Print the SuperLink's nodes: node id, device name, status."""
+    from server.supernodes import list_nodes
+
+    for node in list_nodes(settings_from(args)):
+        print(f"{node['node-id']}\t{node['device'] or '-'}\t{node['status']}")
     return ExitCode.OK
 
 

@@ -16,6 +16,48 @@ from server.errors import ServerConfigError
 
 DEFAULT_DATA_DIR = Path("poet-server")
 MEBIBYTE = 1024 * 1024
+TLS_FILES = ("ca.crt", "server.pem", "server.key")  # what a Flower TLS directory holds (deploy/README.md)
+
+
+@dataclass(frozen=True)
+class FlowerSettings:
+    """The Flower SuperLink the server supervises (:mod:`server.superlink`).
+
+    Attributes
+    ----------
+    host, port:
+        Where the SuperLink serves its Fleet, Control and Runtime APIs (one HTTP port since Flower 1.40).
+    tls_dir:
+        Folder holding ``ca.crt``, ``server.pem`` and ``server.key``; ``None`` runs the SuperLink without TLS
+        (a trusted lab network only).
+    supernode_auth:
+        Only SuperNodes whose public key was registered (``poet-edge server supernode register``) may connect.
+        Needs ``tls_dir``: Flower refuses node authentication without TLS.
+    simulation:
+        Run Flower's simulation engine (``--simulation``): no SuperNode connects; each run brings its own
+        virtual SuperNodes on Ray (``flwr run --federation-config num-supernodes=N``; ``poet-edge simulate``).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 9092
+    tls_dir: Path | None = None
+    supernode_auth: bool = True
+    simulation: bool = False
+
+    def __post_init__(self) -> None:
+        if self.tls_dir is not None:
+            object.__setattr__(self, "tls_dir", Path(self.tls_dir))
+
+    @property
+    def address(self) -> str:
+        """``HOST:PORT`` as SuperNodes and the ``flwr`` CLI dial it (a wildcard host becomes loopback)."""
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
+        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+
+    @property
+    def node_auth(self) -> bool:
+        """Whether ``--enable-supernode-auth`` is passed (only with TLS)."""
+        return self.supernode_auth and self.tls_dir is not None
 
 
 @dataclass(frozen=True)
@@ -67,6 +109,7 @@ class ServerSettings:
     online_seconds: float = 60.0
     enrol_per_minute: int = 10
     auth_failures_per_minute: int = 30
+    flower: FlowerSettings | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))
@@ -78,6 +121,11 @@ class ServerSettings:
     def database_url(self) -> str:
         """The SQLAlchemy URL: ``database`` or the SQLite file in the data directory."""
         return self.database or f"sqlite:///{self.data_dir.resolve() / 'server.db'}"
+
+    @property
+    def flower_dir(self) -> Path:
+        """The SuperLink's files: its state database, ``FLWR_HOME``, its log, the SuperNode names."""
+        return self.data_dir / "flower"
 
     @property
     def keys_dir(self) -> Path:
@@ -110,4 +158,20 @@ def _problems(s: ServerSettings) -> list[str]:
     if s.database is not None and "://" not in s.database:
         problems.append(f"database {s.database!r} is not a database URL (sqlite:///PATH or "
                         "postgresql+psycopg://USER@HOST/NAME)")
+    if s.flower is not None:
+        problems += _flower_problems(s.flower, s.port)
+    return problems
+
+
+def _flower_problems(f: FlowerSettings, api_port: int) -> list[str]:
+    problems = []
+    if not 1 <= f.port <= 65535:
+        problems.append(f"flower port {f.port} is not in 1..65535")
+    elif f.port == api_port:
+        problems.append(f"flower port {f.port} is the device API's port; pick another --flower-port")
+    if not f.host:
+        problems.append("flower host is empty")
+    if f.supernode_auth and f.tls_dir is None:
+        problems.append("SuperNode authentication needs TLS: give --flower-tls-dir (or --no-flower-auth on a "
+                        "trusted lab network)")
     return problems

@@ -16,7 +16,9 @@ request can meet, the HTTP status the API answers with::
         ├── AuthenticationError        a device token is missing, unknown or revoked       5 rejected  401
         ├── RateLimitedError           too many attempts from one address; retry later     5 rejected  429
         ├── RequestRejectedError       a request the server cannot take as sent            3 bad file  422
-        └── SolveQueueFullError        too many schedule requests wait already             4 solver    503
+        ├── SolveQueueFullError        too many schedule requests wait already             4 solver    503
+        └── FlowerError                the Flower SuperLink cannot be started or asked     2 usage
+            └── SuperNodeRegistrationError  a SuperNode key the SuperLink did not register  5 rejected
 
 ``http_status`` is what :mod:`server.api` answers for the error; the message
 is the response's ``detail`` (it says what to do next and never holds a
@@ -119,3 +121,13 @@ class SolveQueueFullError(ServerError):
 
     exit_code = ExitCode.SOLVER_FAILED
     http_status = 503
+
+
+class FlowerError(ServerError):
+    """The Flower SuperLink cannot be started (binary or TLS files missing, never healthy) or cannot be asked."""
+
+
+class SuperNodeRegistrationError(FlowerError):
+    """A SuperNode's public key is not registered: not an ECDSA P-384 OpenSSH key, in use already, or refused."""
+
+    exit_code = ExitCode.REJECTED

@@ -121,6 +121,17 @@ class ServerSection:
 
 
 @dataclass(frozen=True)
+class FlowerSection:
+    """``[flower]``: the Flower SuperNode the agent runs while the device is eligible (:mod:`agent.daemon.supernode`)."""
+
+    enabled: bool = False
+    superlink: str = ""  # the fleet's SuperLink, HOST:PORT: "fleet.example:9092"
+    root_certificates: Path | None = None  # the CA that signed the SuperLink's certificate (default: system CAs)
+    auth_key: Path | None = None  # ECDSA P-384 OpenSSH private key; default state_dir/flower/supernode.key (made)
+    runtime_port: int = 9094  # the SuperNode's local port for its ClientApps (127.0.0.1)
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     """The whole config file, validated."""
 
@@ -134,6 +145,7 @@ class AgentConfig:
     energy: MeterConfig = field(default_factory=MeterConfig)
     metrics: MetricsSection = field(default_factory=MetricsSection)
     server: ServerSection = field(default_factory=ServerSection)
+    flower: FlowerSection = field(default_factory=FlowerSection)
 
     @property
     def swap_dir(self) -> Path:
@@ -151,6 +163,16 @@ class AgentConfig:
         return self.device.state_dir / "fleet"
 
     @property
+    def flower_dir(self) -> Path:
+        """The SuperNode's files on the device: its key, its log, its ``FLWR_HOME``."""
+        return self.device.state_dir / "flower"
+
+    @property
+    def supernode_key_path(self) -> Path:
+        """The SuperNode's private key: ``[flower] auth_key``, else ``flower_dir/supernode.key``."""
+        return self.flower.auth_key or self.flower_dir / "supernode.key"
+
+    @property
     def device_token_path(self) -> Path:
         """This device's token from the fleet server (mode 0600), written at enrolment."""
         return self.fleet_dir / "device-token"
@@ -159,9 +181,10 @@ class AgentConfig:
 _SECTIONS: dict[str, type] = {
     "device": DeviceSection, "workload": WorkloadSection, "data": DataSection, "training": TrainingSection,
     "schedule": ScheduleSection, "eligibility": EligibilitySection, "energy": MeterConfig, "metrics": MetricsSection,
-    "server": ServerSection,
+    "server": ServerSection, "flower": FlowerSection,
 }
-_PATHS = {"state_dir", "swap_dir", "sysfs_root", "path", "file", "public_key", "ca_file"}
+_PATHS = {"state_dir", "swap_dir", "sysfs_root", "path", "file", "public_key", "ca_file", "root_certificates",
+          "auth_key"}
 _SIZES = {"memory_budget"}
 
 
@@ -313,6 +336,28 @@ def _check(c: AgentConfig) -> list[str]:
         found.append(f"metrics.prometheus = {c.metrics.prometheus!r}: expected HOST:PORT, e.g. 127.0.0.1:9101")
     found += c.energy.problems()
     found += _server_problems(c)
+    found += _flower_problems(c)
+    return found
+
+
+def _flower_problems(c: AgentConfig) -> list[str]:
+    """``[flower]``: checked only when enabled."""
+    f = c.flower
+    if not f.enabled:
+        return []
+    found = []
+    if not re.fullmatch(r"[\w.\-]+:\d{1,5}|\[[0-9a-fA-F:.]+\]:\d{1,5}", f.superlink):
+        found.append(f"flower.superlink = {f.superlink!r}: expected the SuperLink's HOST:PORT, e.g. "
+                     "fleet.example:9092 (no https://)")
+    if not 1 <= f.runtime_port <= 65535:
+        found.append(f"flower.runtime_port must be in 1..65535, not {f.runtime_port}")
+    if f.root_certificates is not None and not f.root_certificates.is_file():
+        found.append(f"flower.root_certificates = {str(f.root_certificates)!r}: no such file")
+    key = c.supernode_key_path
+    if key.exists() and not key.is_file():
+        found.append(f"flower.auth_key = {str(key)!r}: not a file")
+    elif f.auth_key is not None and not key.exists() and not key.parent.is_dir():
+        found.append(f"flower.auth_key = {str(key)!r}: its folder does not exist (the agent makes the key there)")
     return found
 
 

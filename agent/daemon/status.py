@@ -47,6 +47,8 @@ FIELDS: dict[str, str] = {
     "last_error": "the last error's message, or null",
     "step_seconds": "how long the last step took",
     "last_checkpoint_seconds": "how long the last checkpoint took",
+    "supernode": "the Flower SuperNode: running, stopped (and why) or refused by the SuperLink (null without "
+                 "[flower])",
     "last_stop_after_step_seconds": "from the end of the last step to the training process's stop (checkpoint "
                                     "included), the last time training stopped",
 }

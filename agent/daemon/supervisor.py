@@ -13,6 +13,10 @@ same and then the daemon exits, well within systemd's stop timeout.  This
 process never imports torch: it holds monitors, the status and the worker's
 pipe, so a waiting agent costs the device little memory.
 
+With ``[flower] enabled`` the device's Flower SuperNode follows the same
+checks (:mod:`agent.daemon.supernode`): it runs while the device is eligible
+and is stopped, its whole process group, as soon as a check says it is not.
+
 systemd: ``READY=1`` once running, ``STATUS=`` at every state change,
 ``WATCHDOG=1`` at half the watchdog interval, ``STOPPING=1`` on the way out.
 
@@ -37,6 +41,7 @@ from agent.daemon.config import AgentConfig
 from agent.daemon.notify import Notifier
 from agent.daemon.sources import NoReporter, Reporter
 from agent.daemon.status import initial_status, write_status
+from agent.daemon.supernode import SuperNode
 from agent.monitors import Decision, Eligibility
 
 log = logging.getLogger("poet-agent")
@@ -133,6 +138,7 @@ class Daemon:
         self.clock = clock
         self.metrics = metrics
         self.status = initial_status(config.device.name)
+        self.supernode = SuperNode(config) if config.flower.enabled else None
         self.worker: Worker | None = None
         self.next_window_at = 0.0
         self.backoff_seconds = config.training.backoff_seconds
@@ -207,6 +213,9 @@ class Daemon:
                                       for v in decision.verdicts]
         for verdict in decision.verdicts:
             self.status.update(verdict.readings)
+        if self.supernode is not None:
+            self.supernode.follow(decision.eligible, now)
+            self.status["supernode"] = self.supernode.state
         if self.worker is None:
             self._between_windows(now, decision)
         else:
@@ -309,6 +318,9 @@ class Daemon:
 
     def _shutdown(self, selector: selectors.BaseSelector) -> None:
         self.notifier.stopping("stopping: " + ("checkpointing the training window" if self.worker else "idle"))
+        if self.supernode is not None:
+            self.supernode.stop("stopped with the agent")
+            self.status["supernode"] = self.supernode.state
         worker = self.worker
         if worker is not None:
             log.info("stop requested: the training process checkpoints after the step in progress")

@@ -1,4 +1,4 @@
-"""The dashboard's pages: fleet (with its JSON for live refresh), a device, schedules, enrolment tokens."""
+"""The dashboard's pages: fleet (with its JSON for live refresh), a device, schedules, rounds, enrolment tokens."""
 
 from __future__ import annotations
 
@@ -80,6 +80,13 @@ def schedules_page(request: Request, operator: PageOperator) -> Response:
     db = server_state(request).db
     return render(request, "schedules.html", operator, page="schedules", rows=views.schedule_rows(db),
                   requests=views.open_solve_requests(db))
+
+
+@router.get("/rounds")
+def rounds_page(request: Request, operator: PageOperator, run: Annotated[str, Query(max_length=20)] = "") -> Response:
+    """Federated rounds: a row per device per round of one run (the newest unless ``run`` names another)."""
+    view = views.rounds_view(server_state(request).db, int(run) if run.isdigit() else None)
+    return render(request, "rounds.html", operator, page="rounds", view=view, columns=views.ROUND_COLUMNS)
 
 
 @router.get("/schedules/{schedule_id}/timeline.svg")

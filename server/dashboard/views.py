@@ -15,6 +15,7 @@ from sqlalchemy import func, select
 from server.dashboard import display
 from server.db.engine import Database
 from server.db.models import Device, DeviceSchedule, EnrolmentToken, Heartbeat, SolveRequest, StoredSchedule
+from server.rounds import RoundRow, round_rows, run_ids
 
 STATES = ("waiting", "preparing", "training", "backing off", "stopped")
 FILTERS = (*STATES, "revoked")
@@ -156,3 +157,39 @@ def token_rows(db: Database, now: float, limit: int = 200) -> list[TokenRow]:
     return [TokenRow(t.created_at, t.expires_at,
                      "used" if t.used_at is not None else "expired" if t.expires_at <= now else "valid",
                      t.used_by, t.used_at) for t in tokens]
+
+
+# The rounds table's columns: (metric key, heading, display function).
+ROUND_COLUMNS = (
+    ("accuracy", "Held-out acc.", display.percent), ("eval-loss", "Held-out loss", display.number),
+    ("train-loss", "Train loss", display.number), ("steps", "Steps", display.count),
+    ("num-examples", "Examples", display.count), ("energy-j", "Energy", display.joules),
+    ("seconds", "Time", display.seconds),
+)
+
+
+@dataclass(frozen=True)
+class RoundsView:
+    """The rounds page: the runs stored, the one shown, and its rows (a dict of strings per device per round)."""
+
+    runs: list[int]
+    run_id: int | None
+    rows: list[dict[str, Any]]
+
+
+def rounds_view(db: Database, run_id: int | None = None) -> RoundsView:
+    """The rows of run ``run_id`` (the newest run when ``None``), newest round first."""
+    runs = run_ids(db)
+    shown = run_id if run_id in runs else (runs[0] if runs else None)
+    rows = round_rows(db, shown) if shown is not None else []
+    return RoundsView(runs, shown, [_round_cells(r) for r in rows])
+
+
+def _round_cells(row: RoundRow) -> dict[str, Any]:
+    m = {k: (None if isinstance(v, (int, float)) and v == -1 else v) for k, v in row.metrics.items()}
+    cells = {key: show(m.get(key)) for key, _, show in ROUND_COLUMNS}
+    cells["memory"] = display.memory(m.get("budget-bytes"), m.get("peak-bytes"))
+    if "personal-accuracy" in m:
+        cells["accuracy"] = f"{display.percent(m.get('global-accuracy'))} → {display.percent(m['personal-accuracy'])}"
+    return {"round": row.round, "phase": row.phase, "device": row.device_name, "node_id": str(row.node_id),
+            "schedule_id": row.schedule_id, "cells": cells}

@@ -15,6 +15,7 @@ migrations in ``server/db/migrations`` (a test checks the two agree).
     device_schedules    which schedule each device downloaded last
     operators           dashboard accounts: a username and an argon2 password hash
     operator_sessions   signed-in dashboard sessions: the SHA-256 of the session cookie, the CSRF token, expiry
+    rounds              one row per device per federated round and phase (train, evaluate, personalize)
 """
 
 from __future__ import annotations
@@ -173,3 +174,24 @@ class OperatorSession(Base):
     created_at: Mapped[float] = mapped_column(Float)
     expires_at: Mapped[float] = mapped_column(Float, index=True)
     last_used: Mapped[float] = mapped_column(Float)
+
+
+class FederatedRound(Base):
+    """One device's reply in one federated round (:mod:`server.rounds`, written by :mod:`server.flower`).
+
+    Flower's run and node ids are unsigned 64-bit, beyond a signed BIGINT: they are kept as decimal text.
+    ``metrics`` is the reply's ``MetricRecord`` as sent (every device sends the same keys).
+    """
+
+    __tablename__ = "rounds"
+    __table_args__ = (Index("ix_rounds_run_id_round", "run_id", "round"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(20))
+    round: Mapped[int] = mapped_column(Integer)
+    phase: Mapped[str] = mapped_column(String(16))
+    node_id: Mapped[str] = mapped_column(String(20), index=True)
+    device_name: Mapped[str] = mapped_column(String(DEVICE_NAME_LENGTH))
+    schedule_id: Mapped[str | None] = mapped_column(String(16))
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
+    recorded_at: Mapped[float] = mapped_column(Float)

@@ -18,6 +18,7 @@ from server.dashboard.operators import verify_login
 from server.dashboard.state import STATIC
 from server.db.models import Device, EnrolmentToken, OperatorSession
 from server.ratelimit import RateLimiter
+from server.rounds import RoundRow, record_rounds
 from tests.server.conftest import (OPERATOR, PASSWORD, Dashboard, add_operator, csrf_token_in, enrol, heartbeat,
                                    log_in, schedule_request, wait_for_solve)
 
@@ -300,6 +301,30 @@ def test_the_schedules_page_lists_a_solved_schedule_with_its_devices(solving_cli
     assert timeline.status_code == 200 and timeline.headers["content-type"] == "image/svg+xml"
     assert b"<svg" in timeline.content[:2000] and b"<script" not in timeline.content
     assert solving_client.get("/schedules/0000000000000000/timeline.svg").status_code == 404
+
+
+def round_row(run_id: int, round_: int, phase: str, device: str, **metrics) -> RoundRow:
+    values = {"num-examples": 48.0, "train-loss": 1.25, "eval-loss": 1.5, "accuracy": 0.625, "steps": 3.0,
+              "peak-bytes": 594432.0, "budget-bytes": 605337.0, "energy-j": 0.4, "seconds": 0.1, **metrics}
+    return RoundRow(run_id, round_, phase, 2**63 + round_, device, values, "0123456789abcdef")
+
+
+def test_the_rounds_page_lists_a_row_per_device_per_round_of_the_chosen_run(dashboard: Dashboard) -> None:
+    client = dashboard.client
+    assert 'href="/rounds"' in client.get("/").text  # in the navigation
+    assert 'id="no-rounds"' in client.get("/rounds").text
+    record_rounds(db(client), [round_row(7, r, "train", d, accuracy=0.1 * r) for r in (1, 2) for d in ("pi-1", "pi-2")]
+                  + [round_row(7, 3, "personalize", "pi-1", **{"global-accuracy": 0.5, "personal-accuracy": 0.75}),
+                     round_row(7, 1, "evaluate", f"pi-{XSS}", **{"budget-bytes": -1.0, "train-loss": -1.0})])
+    record_rounds(db(client), [round_row(8, 1, "train", "pi-9")])
+    html = client.get("/rounds?run=7").text
+    rows = re.findall(r'<tr class="round-row" data-round="(\d+)" data-phase="(\w+)" data-device="([^"]+)"', html)
+    assert ("2", "train", "pi-1") in rows and ("1", "train", "pi-2") in rows and len(rows) == 6
+    assert "50.0 % → 75.0 %" in html  # global, then personalized accuracy
+    assert "594 kB / 605 kB" in html  # peak against budget
+    assert XSS not in html and "&lt;script&gt;" in html
+    assert str(2**63 + 1) in html  # node ids beyond a signed 64-bit integer survive
+    assert "pi-9" not in html and "pi-9" in client.get("/rounds?run=8").text
 
 
 # -- enrolment tokens and revocation ----------------------------------------------------------

@@ -1,0 +1,182 @@
+"""The device's Flower SuperNode: running while the device is eligible, stopped (whole group) when it is not.
+
+The SuperLink samples only connected SuperNodes, so a device that is not
+eligible (unplugged, busy, hot, outside quiet hours) must not be connected.
+:meth:`SuperNode.follow` is called at every eligibility check: it starts
+``flower-supernode`` in its own process group when the device becomes
+eligible and stops the group when it no longer is.  Stopping is SIGTERM to
+the group and to every process the SuperNode started (its SuperExec detaches
+into a session of its own), then SIGKILL after :data:`STOP_SECONDS`.  A
+SuperNode stopped in the middle of a round has its message answered with an
+error at once, so the round goes on with the others instead of waiting.
+
+Files, under ``state_dir/flower``: ``supernode.key`` (ECDSA P-384, OpenSSH,
+mode 0600; made on first use unless ``[flower] auth_key`` names one) with its
+``supernode.key.pub`` for the operator to register (``poet-edge server
+supernode register NAME KEY.pub``), ``supernode.log`` (the SuperNode's
+output), ``home/`` (its ``FLWR_HOME``).  The key gives the node a stable id
+across restarts.  Flower is run as a program, never imported here: this
+module lives in the daemon's small process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from agent.daemon.config import AgentConfig
+from agent.errors import SuperNodeKeyError
+from schedules.process_tree import stop_tree
+
+log = logging.getLogger("poet-agent")
+
+FLOWER_ENVIRONMENT = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
+STOP_SECONDS = 10.0
+RETRY_FIRST_SECONDS = 5.0
+RETRY_MAX_SECONDS = 300.0
+REFUSED_MARK = "Exit Code: 305"  # Flower's code for a SuperNode the SuperLink would not activate
+
+
+def ensure_key(path: Path) -> Path:
+    """The SuperNode's private key at ``path``, made (ECDSA P-384, OpenSSH, 0600) when absent; returns the
+    public key's path (``path`` + ``.pub``), written beside it whenever missing."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    public = path.with_name(path.name + ".pub")
+    try:
+        if path.exists():
+            key = serialization.load_ssh_private_key(path.read_bytes(), password=None)
+        else:
+            key = ec.generate_private_key(ec.SECP384R1())
+            path.parent.mkdir(parents=True, exist_ok=True)
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "wb") as out:
+                out.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                            serialization.NoEncryption()))
+        if not isinstance(key, ec.EllipticCurvePrivateKey) or key.curve.name != "secp384r1":
+            raise SuperNodeKeyError(f"{path}: Flower takes ECDSA P-384 keys (ssh-keygen -t ecdsa -b 384 -m "
+                                    "OpenSSH), or remove the file and the agent makes one")
+        if not public.exists():
+            public.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                                             serialization.PublicFormat.OpenSSH) + b"\n")
+    except (OSError, ValueError, TypeError) as exc:
+        raise SuperNodeKeyError(f"{path}: cannot read or make the SuperNode key: {exc}") from exc
+    return public
+
+
+def flower_binary(name: str) -> Path:
+    """The Flower program ``name`` beside this Python (the agent's virtual environment), else on ``PATH``."""
+    beside = Path(sys.executable).parent / name
+    if beside.is_file():
+        return beside
+    found = shutil.which(name)
+    if found is None:
+        raise SuperNodeKeyError(f"{name} not found beside {sys.executable} or on PATH: install the agent with "
+                                "pip install 'poet-edge[device]' (it brings Flower)")
+    return Path(found)
+
+
+def supernode_command(config: AgentConfig) -> list[str]:
+    """The ``flower-supernode`` command line for this device."""
+    f = config.flower
+    node_config = f'device-name="{config.device.name}" agent-config="{config.path.resolve()}"'
+    command = [str(flower_binary("flower-supernode")), "--superlink", f.superlink, "--port", str(f.runtime_port),
+               "--auth-supernode-private-key", str(config.supernode_key_path.resolve()),
+               "--node-config", node_config]
+    if f.root_certificates is not None:
+        command += ["--root-certificates", str(f.root_certificates.resolve())]
+    return command
+
+
+class SuperNode:
+    """The SuperNode process, following the device's eligibility (see the module docstring).
+
+    A SuperNode that exits by itself while the device is eligible is started again after 5 s, doubling up to
+    5 minutes; one the SuperLink refused (an unregistered key) says so in :attr:`state`.
+    """
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.process: subprocess.Popen | None = None
+        self.state = "stopped: not eligible"
+        self.retry_at = 0.0
+        self.retry_seconds = RETRY_FIRST_SECONDS
+        self._log_offset = 0
+        self.public_key = ensure_key(config.supernode_key_path)
+        log.info("Flower SuperNode key %s: the operator registers it with `poet-edge server supernode register "
+                 "%s %s`", config.supernode_key_path, config.device.name, self.public_key)
+
+    @property
+    def running(self) -> bool:
+        """Whether the SuperNode process is alive."""
+        return self.process is not None and self.process.poll() is None
+
+    def follow(self, eligible: bool, now: float) -> None:
+        """Start or stop the SuperNode so that it runs exactly while ``eligible``."""
+        if self.process is not None and self.process.poll() is not None:
+            self._exited(now)
+        if eligible and self.process is None and now >= self.retry_at:
+            self._start()
+        elif not eligible and self.process is not None:
+            self.stop("stopped: not eligible")
+        elif not eligible:
+            self.retry_at, self.retry_seconds = 0.0, RETRY_FIRST_SECONDS
+            if not self.state.startswith("refused"):
+                self.state = "stopped: not eligible"
+
+    def _start(self) -> None:
+        f = self.config.flower
+        self.config.flower_dir.mkdir(parents=True, exist_ok=True)
+        environment = {**os.environ, **FLOWER_ENVIRONMENT, "FLWR_HOME": str(self.config.flower_dir / "home"),
+                       "PATH": f"{flower_binary('flower-supernode').parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        with open(self.log_path, "ab") as output:
+            self._log_offset = output.tell()  # this run's output starts here: an exit is read from its own lines
+            self.process = subprocess.Popen(supernode_command(self.config), env=environment, stdin=subprocess.DEVNULL,
+                                            stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
+                                            cwd=self.config.flower_dir)
+        self.state = f"running (pid {self.process.pid}), connected to {f.superlink}"
+        log.info("Flower SuperNode started (pid %d) for %s; output in %s", self.process.pid, f.superlink,
+                 self.log_path)
+
+    def _exited(self, now: float) -> None:
+        code = self.process.returncode
+        self.process = None
+        if REFUSED_MARK in _read_from(self.log_path, self._log_offset):
+            self.state = (f"refused by the SuperLink: its key is not registered (poet-edge server supernode "
+                          f"register {self.config.device.name} {self.public_key})")
+            self.retry_seconds = RETRY_MAX_SECONDS
+        else:
+            self.state = f"exited with {code}; starting again in {self.retry_seconds:.0f} s"
+        log.warning("Flower SuperNode %s (see %s)", self.state, self.log_path)
+        self.retry_at = now + self.retry_seconds
+        self.retry_seconds = min(RETRY_MAX_SECONDS, 2 * self.retry_seconds)
+
+    @property
+    def log_path(self) -> Path:
+        """The SuperNode's output, appended across starts."""
+        return self.config.flower_dir / "supernode.log"
+
+    def stop(self, state: str = "stopped") -> None:
+        """Stop the SuperNode and every process it started (SIGTERM, then SIGKILL after :data:`STOP_SECONDS`)."""
+        process, self.process = self.process, None
+        self.state = state
+        if process is None or process.poll() is not None:
+            return
+        if not stop_tree(process, STOP_SECONDS):
+            log.warning("Flower SuperNode did not stop within %g s: killed", STOP_SECONDS)
+        log.info("Flower SuperNode %s", state)
+
+
+def _read_from(path: Path, offset: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+

@@ -1,0 +1,173 @@
+"""What a federated round asks of a device, with no Flower in it: train under the device's schedule, evaluate.
+
+:class:`Task` holds one model, its training graph and segments (extracted once
+per process) and the POET schedules planned for it, one per device profile and
+memory budget (planned once, then cached).  :meth:`Task.train` loads the
+weights it is given, runs ``steps`` optimizer steps through the executor under
+the device's schedule on the device's :class:`agent.data.LocalDataset`, and
+returns the new weights with what the steps measured.  The schedule changes
+which activations stay resident, never the arithmetic: with the same weights,
+data and seed the trained weights are bit-identical with and without a memory
+budget (the executor's parity guarantee).
+
+Personal layers (:func:`personal_keys`) name state-dict entries a device keeps
+to itself: ``fedper`` its head (the last module with parameters), ``fedbn`` its
+BatchNorm statistics and affine parameters.  :mod:`agent.flower` keeps them in
+the device's state and sends only the rest.
+
+Every report carries the same keys (:data:`METRIC_KEYS`, -1 where unknown):
+FedAvg refuses a round whose replies differ in keys.
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from agent.data import LocalDataset
+from agent.errors import FederationError
+from agent.executor import Executor
+from agent.zoo import Workload
+from schedules.device import DeviceProfile
+from schedules.schedule import Schedule
+
+UNKNOWN = -1
+METRIC_KEYS = ("num-examples", "train-loss", "eval-loss", "accuracy", "steps", "peak-bytes", "budget-bytes",
+               "energy-j", "seconds")
+PERSONALIZATIONS = ("none", "finetune", "fedper", "fedbn")
+PLAN_TIME_LIMIT = 30.0  # seconds for one schedule; the digits model's MILP takes well under one
+
+
+def metric_values(**known: float) -> dict[str, float]:
+    """Every key of :data:`METRIC_KEYS`, ``-1`` where not given; unknown keys are refused."""
+    extra = set(known) - set(METRIC_KEYS)
+    if extra:
+        raise FederationError(f"unknown metric keys {sorted(extra)}; every device must send exactly {METRIC_KEYS}")
+    return {key: float(known.get(key, UNKNOWN)) for key in METRIC_KEYS}
+
+
+def personal_keys(model: nn.Module, personalization: str) -> frozenset[str]:
+    """State-dict keys that never leave the device under ``personalization`` (empty for none/finetune)."""
+    if personalization not in PERSONALIZATIONS:
+        raise FederationError(f"personalization {personalization!r} unknown; use one of {', '.join(PERSONALIZATIONS)}")
+    keys: set[str] = set()
+    if personalization == "fedper":
+        last = [name for name, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))][-1]
+        keys = {k for k in model.state_dict() if k.startswith(f"{last}.")}
+    elif personalization == "fedbn":
+        for name, module in model.named_modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                keys |= {f"{name}.{k}" for k in module.state_dict()}
+    return frozenset(keys)
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """A device's schedule and what it was planned for."""
+
+    profile: str
+    budget_bytes: int | None  # None: no limit (the plain, store-all peak)
+    schedule: Schedule
+
+
+@dataclass(frozen=True)
+class TrainOutcome:
+    """What :meth:`Task.train` did: the new weights and the measured figures."""
+
+    weights: dict[str, torch.Tensor]
+    loss: float
+    steps: int
+    examples: int
+    peak_bytes: int
+    seconds: float
+    energy_j: float
+    position: tuple[int, int]
+
+
+@dataclass
+class Task:
+    """One model's graph, segments and schedules in this process; see the module docstring."""
+
+    workload: Workload
+    swap_dir: Path | None = None
+    _plans: dict[tuple[str, int | None], DevicePlan] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        from agent.extract import extract
+
+        self.model = self.workload.model
+        self.initial = {k: v.clone() for k, v in self.model.state_dict().items()}
+        # one timing repeat: the planner needs node times, which barely move a model this small
+        self.graph, self.segments = extract(self.model, self.workload.example, self.workload.loss_fn, repeats=1,
+                                            segments=self.workload.segments)
+        self.model.load_state_dict(self.initial)  # extraction ran the model: start from the seeded weights
+        if self.swap_dir is None:
+            self.swap_dir = Path(tempfile.mkdtemp(prefix="poet-fed-swap-"))
+            atexit.register(shutil.rmtree, self.swap_dir, True)  # ours: gone with the process
+
+    @property
+    def plain_peak_bytes(self) -> int:
+        """The activation peak of a plain step (store-all): what budget fractions are fractions of."""
+        return self.plan("rpi4", None).schedule.predicted_peak_bytes
+
+    def budget_for(self, fraction: float | None) -> int | None:
+        """``fraction`` of the plain peak in bytes; ``None`` or 1 or more means no limit."""
+        return None if fraction is None or fraction >= 1 else int(fraction * self.plain_peak_bytes)
+
+    def plan(self, profile: str, budget_bytes: int | None) -> DevicePlan:
+        """The POET schedule for ``profile`` (a built-in device name) within ``budget_bytes``, cached."""
+        from schedules.plan import plan
+
+        key = (profile, budget_bytes)
+        if key not in self._plans:
+            device = DeviceProfile.builtin(profile)
+            result = plan(self.graph, device, memory_budget=budget_bytes, method="poet" if budget_bytes else
+                          "store-all", time_limit=PLAN_TIME_LIMIT)
+            if not result.feasible or result.schedule is None:
+                raise FederationError(
+                    f"no schedule fits {budget_bytes:,} B on {profile} for this model (plain peak "
+                    f"{self.plan(profile, None).schedule.predicted_peak_bytes:,} B): raise the device's budget")
+            self._plans[key] = DevicePlan(profile, budget_bytes, result.schedule)
+        return self._plans[key]
+
+    def train(self, weights: dict[str, torch.Tensor], data: LocalDataset, device: DevicePlan, *, steps: int,
+              lr: float, position: tuple[int, int] = (0, 0)) -> TrainOutcome:
+        """``steps`` SGD steps from ``weights`` on ``data`` through the executor under ``device.schedule``."""
+        self.model.load_state_dict(weights)
+        self.model.train()
+        optimizer = torch.optim.SGD([p for p in self.model.parameters() if p.requires_grad], lr=lr, momentum=0.9)
+        started, losses, peak = time.perf_counter(), [], 0
+        with Executor(self.model, self.segments, self.graph, device.schedule, self.swap_dir,
+                      measure_rss=False) as executor:
+            for _ in range(steps):
+                inputs, targets = data.batch(*position)
+                self.model.zero_grad(set_to_none=True)
+                losses.append(float(executor.step(inputs, targets)))
+                peak = max(peak, executor.last_stats.peak_with_inflight_bytes)
+                optimizer.step()
+                position = data.position_after(*position)
+        self.model.zero_grad(set_to_none=True)
+        weights_out = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        return TrainOutcome(weights_out, sum(losses) / max(len(losses), 1), steps, steps * data.batch_size, peak,
+                            time.perf_counter() - started, steps * device.schedule.predicted_energy_j, position)
+
+    def evaluate(self, weights: dict[str, torch.Tensor], data: LocalDataset) -> tuple[float, float, int]:
+        """``(loss, accuracy, samples)`` of ``weights`` on ``data``'s held-out samples (eval mode)."""
+        self.model.load_state_dict(weights)
+        self.model.eval()
+        total, correct, count = 0.0, 0, 0
+        with torch.no_grad():
+            for inputs, targets in data.holdout_batches():
+                output = self.model(inputs)
+                total += float(self.workload.loss_fn(output, targets)) * len(targets)
+                correct += int((output.argmax(dim=1) == targets).sum())
+                count += len(targets)
+        self.model.train()
+        return (total / count, correct / count, count) if count else (float(UNKNOWN), float(UNKNOWN), 0)

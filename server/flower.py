@@ -1,0 +1,189 @@
+"""The fleet's Flower ``ServerApp`` (``server.flower:app``): weighted FedAvg that records every device's reply.
+
+:class:`RecordingFedAvg` is Flower's ``FedAvg`` (``flwr.serverapp.strategy``) that,
+before aggregating, turns each reply into a :class:`server.rounds.RoundRow`
+(node id from ``metadata.src_node_id``, device name and schedule id from the
+reply's ``device`` ConfigRecord, metrics from its MetricRecord) and hands the
+rows to a recorder: the rounds table when the run config names a database.
+
+:func:`run_federation` is the whole run, in three phases:
+
+1. ``query.initial`` to one node: the model's initial shared weights (the server
+   builds no model: it imports no torch);
+2. ``rounds`` of FedAvg (train, then evaluate on the devices' held-out data);
+3. personalization (unless ``personalization = "none"``): ``train.personalize``
+   to every node with the final global weights; each device reports the global
+   model's accuracy on its own data and the accuracy after fine-tuning under its
+   schedule.  Which layers stay on the device (``fedper``: the head, ``fedbn``:
+   BatchNorm) is the devices' business (:mod:`agent.flower`): they never send
+   them, so the global model is made of the shared layers only.  Its rows carry
+   round number ``num-server-rounds + 1``.
+
+Run config keys (``[tool.flwr.app.config]``, ``flwr run -c``): ``num-server-rounds``, ``fraction-train``,
+``fraction-evaluate``, ``min-nodes``, ``round-timeout`` (s), ``local-steps``, ``lr``,
+``personalization``, ``finetune-steps``, ``database-url`` (empty: record nothing); the devices also read
+``personalization``, ``seed``, ``device-classes`` and ``skew`` (:mod:`agent.virtual`).
+
+The same app runs in a deployment (real SuperNodes) and in Flower's simulation
+engine (``poet-edge simulate``: virtual SuperNodes on Ray); it uses Flower's
+public API only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg, Result
+
+from server.errors import ServerConfigError, ServerError
+from server.rounds import RoundRow, open_store, record_rounds
+
+log = logging.getLogger("poet-server")
+Recorder = Callable[[list[RoundRow]], None]
+PERSONALIZATIONS = ("none", "finetune", "fedper", "fedbn")
+
+app = ServerApp()
+
+
+@dataclass(frozen=True)
+class FederationConfig:
+    """The run's settings, from the run config; see the module docstring for the keys."""
+
+    rounds: int = 3
+    fraction_train: float = 1.0
+    fraction_evaluate: float = 1.0
+    min_nodes: int = 2
+    round_timeout: float = 600.0
+    local_steps: int = 10
+    lr: float = 0.05
+    personalization: str = "finetune"
+    finetune_steps: int = 30
+    database_url: str = ""
+
+    @classmethod
+    def from_run_config(cls, run: Mapping[str, Any]) -> FederationConfig:
+        """Read and check every key; all problems are reported at once."""
+        d = cls()
+        try:
+            config = cls(int(run.get("num-server-rounds", d.rounds)), float(run.get("fraction-train", d.fraction_train)),
+                         float(run.get("fraction-evaluate", d.fraction_evaluate)), int(run.get("min-nodes", d.min_nodes)),
+                         float(run.get("round-timeout", d.round_timeout)), int(run.get("local-steps", d.local_steps)),
+                         float(run.get("lr", d.lr)), str(run.get("personalization", d.personalization)),
+                         int(run.get("finetune-steps", d.finetune_steps)), str(run.get("database-url", "")))
+        except (TypeError, ValueError) as exc:
+            raise ServerConfigError(f"run config has a value of the wrong type: {exc}") from exc
+        config.check()
+        return config
+
+    def check(self) -> None:
+        """Raise :class:`ServerConfigError` listing every out-of-range setting."""
+        problems = [text for bad, text in (
+            (self.rounds < 1, "num-server-rounds must be 1 or more"),
+            (not 0 < self.fraction_train <= 1, "fraction-train must be in (0, 1]"),
+            (not 0 <= self.fraction_evaluate <= 1, "fraction-evaluate must be in [0, 1]"),
+            (self.min_nodes < 1, "min-nodes must be 1 or more"),
+            (self.round_timeout <= 0, "round-timeout must be positive"),
+            (self.local_steps < 1, "local-steps must be 1 or more"),
+            (self.lr <= 0, "lr must be positive"),
+            (self.personalization not in PERSONALIZATIONS,
+             f"personalization must be one of {', '.join(PERSONALIZATIONS)}"),
+            (self.finetune_steps < 0, "finetune-steps must be 0 or more")) if bad]
+        if problems:
+            raise ServerConfigError("federation settings: " + "; ".join(problems))
+
+
+def reply_row(msg: Message, phase: str, server_round: int, run_id: int) -> RoundRow:
+    """The stored row for one device's reply (error replies carry no metrics: callers skip them)."""
+    info = msg.content["device"] if "device" in msg.content else ConfigRecord()
+    metrics = next(iter(msg.content.metric_records.values()), {})
+    node = msg.metadata.src_node_id
+    return RoundRow(run_id, server_round, phase, node, str(info.get("device-name", f"node-{node}")),
+                    {k: v for k, v in metrics.items()}, str(info["schedule-id"]) if "schedule-id" in info else None)
+
+
+class RecordingFedAvg(FedAvg):
+    """Weighted FedAvg that records a row per device per round before aggregating (module docstring)."""
+
+    def __init__(self, recorder: Recorder, run_id: int, **fedavg: Any) -> None:
+        super().__init__(**fedavg)
+        self.recorder, self.run_id = recorder, run_id
+
+    def _record(self, phase: str, server_round: int, replies: list[Message]) -> None:
+        rows = [reply_row(m, phase, server_round, self.run_id) for m in replies if not m.has_error()]
+        if rows:
+            self.recorder(rows)
+
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, Any]:
+        replies = list(replies)
+        self._record("train", server_round, replies)
+        return super().aggregate_train(server_round, replies)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Any:
+        replies = list(replies)
+        self._record("evaluate", server_round, replies)
+        return super().aggregate_evaluate(server_round, replies)
+
+
+def initial_arrays(grid: Grid, config: FederationConfig) -> ArrayRecord:
+    """Ask one device for the model's initial shared weights (``query.initial``)."""
+    nodes = sorted(grid.get_node_ids())
+    if not nodes:
+        raise ServerError("no device is connected: start SuperNodes (or agents) before the run")
+    ask = Message(RecordDict({"config": ConfigRecord()}), dst_node_id=nodes[0], message_type="query.initial")
+    replies = [m for m in grid.send_and_receive([ask], timeout=config.round_timeout) if not m.has_error()]
+    if not replies or "arrays" not in replies[0].content:
+        raise ServerError(f"node {nodes[0]} sent no initial weights: check its log (flwr log RUN_ID)")
+    return replies[0].content["arrays"]
+
+
+def personalize(grid: Grid, arrays: ArrayRecord, config: FederationConfig, recorder: Recorder,
+                server_round: int) -> list[RoundRow]:
+    """Phase 3: every device evaluates the global model and fine-tunes it; their rows, recorded."""
+    content = RecordDict({"arrays": arrays, "config": ConfigRecord({"finetune-steps": config.finetune_steps,
+                                                                     "lr": config.lr})})
+    asks = [Message(content, dst_node_id=node, message_type="train.personalize") for node in grid.get_node_ids()]
+    replies = grid.send_and_receive(asks, timeout=config.round_timeout)
+    rows = [reply_row(m, "personalize", server_round, grid.run.run_id) for m in replies if not m.has_error()]
+    if rows:
+        recorder(rows)
+    return rows
+
+
+def run_federation(grid: Grid, config: FederationConfig, recorder: Recorder) -> Result:
+    """The whole run (module docstring): initial weights, FedAvg rounds, personalization."""
+    strategy = RecordingFedAvg(recorder, grid.run.run_id, fraction_train=config.fraction_train,
+                               fraction_evaluate=config.fraction_evaluate, min_train_nodes=config.min_nodes,
+                               min_evaluate_nodes=config.min_nodes if config.fraction_evaluate else 0,
+                               min_available_nodes=config.min_nodes)
+    result = strategy.start(grid=grid, initial_arrays=initial_arrays(grid, config), num_rounds=config.rounds,
+                            timeout=config.round_timeout,
+                            train_config=ConfigRecord({"local-steps": config.local_steps, "lr": config.lr}))
+    if config.personalization != "none":
+        personalize(grid, result.arrays, config, recorder, config.rounds + 1)
+    return result
+
+
+def store_recorder(database_url: str) -> Recorder:
+    """A recorder writing to the server's database at ``database_url``; one that only logs for ``""``."""
+    if not database_url:
+        return lambda rows: log.info("round rows (not stored: no database-url): %d", len(rows))
+    database = open_store(database_url)
+
+    def record(rows: list[RoundRow]) -> None:
+        record_rounds(database, rows)
+
+    return record
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """The ServerApp: settings from the run config, rows into the server's store."""
+    config = FederationConfig.from_run_config(context.run_config)
+    run_federation(grid, config, store_recorder(config.database_url))
+

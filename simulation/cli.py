@@ -1,0 +1,67 @@
+"""``poet-edge simulate``: a fleet of virtual devices of several memory classes, federated and personalized.
+
+::
+
+    poet-edge simulate --devices 20 --rounds 5 --json sim.json --plot sim.png
+
+Registered in the ``poet_edge.commands`` entry-point group; cheap to import.  The
+run happens in Flower's simulation engine (:mod:`simulation.engine`; needs
+``pip install 'poet-edge[sim]'``, which brings Ray).  Exit 0 when the run completes, whether or
+not the printed targets are met.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from schedules.cli import positive_int
+from simulation.fleet import parse_classes
+
+PERSONALIZATIONS = ("none", "finetune", "fedper", "fedbn")
+
+
+def add_commands(subparsers: Any) -> None:
+    """Register ``simulate``."""
+    p = subparsers.add_parser("simulate", help="federate a fleet of virtual devices with Flower (digits)",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("--devices", type=positive_int, default=20, help="virtual devices (default 20)")
+    p.add_argument("--classes", type=parse_classes, metavar="PROFILE:FRACTION,...",
+                   help="device classes: a built-in profile and the activation budget as a fraction of the "
+                        "model's plain peak (default rpi4:0.75,rpi5:0.85,jetson-orin-nano:1)")
+    p.add_argument("--rounds", type=positive_int, default=5, help="federated rounds (default 5)")
+    p.add_argument("--local-steps", type=positive_int, default=10, help="steps per device per round (default 10)")
+    p.add_argument("--finetune-steps", type=int, default=30, help="personalization steps per device (default 30)")
+    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default 0.05)")
+    p.add_argument("--personalization", choices=PERSONALIZATIONS, default="finetune",
+                   help="finetune: FedAvg then local fine-tuning; fedper: heads stay on the devices; fedbn: "
+                        "BatchNorm stays on the devices; none (default finetune)")
+    p.add_argument("--skew", type=float, default=0.0, help="label skew in [0, 1) (default 0: natural mix)")
+    p.add_argument("--seed", type=int, default=0, help="seed of weights, split and batches (default 0)")
+    p.add_argument("--cpus-per-device", type=positive_int, default=1, metavar="N",
+                   help="cores Ray reserves for each virtual device; devices train at once = cores / N (default 1)")
+    p.add_argument("--database", metavar="URL", default="",
+                   help="record the rounds in this server database (default: a temporary SQLite file)")
+    p.add_argument("--json", type=Path, metavar="FILE", help="write the per-round and per-device figures")
+    p.add_argument("--plot", type=Path, metavar="PNG", help="draw accuracy, memory and energy")
+    p.set_defaults(handler=run_simulate)
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    """Run the simulation, print the figures, write JSON and the plot when asked."""
+    from simulation.fleet import DEFAULT_CLASSES
+    from simulation.report import plot_report, print_report
+    from simulation.run import SimulationSettings, simulate
+
+    settings = SimulationSettings(args.devices, args.classes or DEFAULT_CLASSES, args.rounds, args.local_steps,
+                                  args.finetune_steps, args.lr, args.personalization, args.skew, args.seed,
+                                  args.database, args.cpus_per_device)
+    report = simulate(settings)
+    print_report(report, sys.stdout)
+    if args.json:
+        report.save_json(args.json)
+    if args.plot:
+        plot_report(report, args.plot)
+    return 0

@@ -1,0 +1,60 @@
+"""Device classes and the virtual fleet's node configs (what ``flower-supernode --node-config`` would carry).
+
+The classes reach the ClientApps as one run config value (:func:`classes_config`); each virtual device derives
+its own node config from its partition id with :func:`agent.virtual.virtual_node_config`, the function
+:func:`fleet_node_configs` calls too, so the report names devices exactly as the devices name themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from agent.virtual import format_device_classes, virtual_node_config
+from schedules.errors import CommandError
+from schedules.exit_codes import ExitCode
+
+
+@dataclass(frozen=True)
+class DeviceClass:
+    """Devices of one kind: a built-in device profile and an activation budget as a fraction of the plain peak."""
+
+    name: str
+    profile: str
+    budget_fraction: float  # 1 or more: no limit
+
+    def describe(self) -> str:
+        limit = "no limit" if self.budget_fraction >= 1 else f"{self.budget_fraction:.0%} of the plain peak"
+        return f"{self.name} ({self.profile}, {limit})"
+
+
+DEFAULT_CLASSES = (DeviceClass("small", "rpi4", 0.75), DeviceClass("medium", "rpi5", 0.85),
+                   DeviceClass("large", "jetson-orin-nano", 1.0))
+
+
+def parse_classes(text: str) -> tuple[DeviceClass, ...]:
+    """``PROFILE:FRACTION,...`` (e.g. ``rpi4:0.75,rpi5:0.85,jetson-orin-nano:1``) as classes named c0, c1, ..."""
+    classes = []
+    for i, part in enumerate(p.strip() for p in text.split(",") if p.strip()):
+        profile, _, fraction = part.partition(":")
+        try:
+            value = float(fraction) if fraction else 1.0
+        except ValueError as exc:
+            raise CommandError(f"--classes: {part!r} is not PROFILE:FRACTION", ExitCode.USAGE) from exc
+        if value <= 0:
+            raise CommandError(f"--classes: the fraction in {part!r} must be positive", ExitCode.USAGE)
+        classes.append(DeviceClass(f"c{i}", profile, value))
+    if not classes:
+        raise CommandError("--classes names no class; e.g. rpi4:0.75,rpi5:0.85", ExitCode.USAGE)
+    return tuple(classes)
+
+
+def classes_config(classes: tuple[DeviceClass, ...]) -> str:
+    """The run config's ``device-classes``: ``NAME=PROFILE:FRACTION,...``."""
+    return format_device_classes([(c.name, c.profile, c.budget_fraction) for c in classes])
+
+
+def fleet_node_configs(devices: int, classes: tuple[DeviceClass, ...], skew: float = 0.0) -> list[dict[str, Any]]:
+    """Device ``i`` is of class ``i mod len(classes)`` and holds digits partition ``i`` of ``devices``."""
+    text = classes_config(classes)
+    return [virtual_node_config(i, devices, text, skew) for i in range(devices)]

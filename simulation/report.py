@@ -1,0 +1,182 @@
+"""The simulation's figures, built from the rounds the server stored: per round, per device, and the targets."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from server.rounds import RoundRow
+
+GAP_TARGET_POINTS = 5.0  # personalized accuracy must beat the global model's by this much on average
+TIME_TARGET_S = 600.0  # 20 devices must finish within this
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """One federated round across the fleet."""
+
+    round: int
+    global_accuracy: float  # the aggregated model on every device's held-out data, weighted by samples
+    train_loss: float  # mean over the devices that trained
+    seconds: float  # wall time of the round (train and evaluate); round 1 from the run's submission
+
+
+@dataclass(frozen=True)
+class DeviceResult:
+    """One virtual device over the whole run."""
+
+    name: str
+    device_class: str
+    profile: str
+    schedule_id: str | None
+    budget_bytes: int | None
+    peak_bytes: int
+    energy_j: float  # train and fine-tune steps, as the device's schedule predicts them on its profile
+    global_accuracy: float  # the final global model on its own held-out data
+    personal_accuracy: float  # after fine-tuning (and with its personal layers)
+
+    @property
+    def within_budget(self) -> bool:
+        return self.budget_bytes is None or self.peak_bytes <= self.budget_bytes
+
+
+@dataclass
+class SimulationReport:
+    """Everything ``poet-edge simulate`` prints, writes as JSON and plots."""
+
+    settings: dict[str, Any]
+    rounds: list[RoundResult]
+    devices: list[DeviceResult]
+    seconds: float
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def mean_global(self) -> float:
+        return _mean([d.global_accuracy for d in self.devices])
+
+    @property
+    def mean_personal(self) -> float:
+        return _mean([d.personal_accuracy for d in self.devices])
+
+    @property
+    def gap_points(self) -> float:
+        """Personalized minus global accuracy, in percentage points, averaged over the devices."""
+        return 100 * (self.mean_personal - self.mean_global)
+
+    @property
+    def seconds_per_round(self) -> float:
+        """Mean wall time of a round after the first (the first also waits for the engine: Ray, torch imports)."""
+        return _mean([r.seconds for r in self.rounds[1:] or self.rounds])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": "poet-edge/simulation", "version": 1, "settings": self.settings, "seconds": self.seconds,
+                "seconds_per_round": self.seconds_per_round,
+                "mean_global_accuracy": self.mean_global, "mean_personal_accuracy": self.mean_personal,
+                "gap_points": self.gap_points, "rounds": [asdict(r) for r in self.rounds],
+                "devices": [{**asdict(d), "within_budget": d.within_budget} for d in self.devices], **self.meta}
+
+    def save_json(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+
+
+def build_report(rows: list[RoundRow], node_configs: list[dict[str, Any]], settings: dict[str, Any],
+                 started: float, finished: float) -> SimulationReport:
+    """The report from the stored rows of one run and the fleet that produced them."""
+    by_phase: dict[str, list[RoundRow]] = defaultdict(list)
+    for row in rows:
+        by_phase[row.phase].append(row)
+    rounds = _rounds(by_phase, started)
+    classes = {n["device-name"]: n for n in node_configs}
+    devices = [_device(name, classes[name], [r for r in rows if r.device_name == name], rounds)
+               for name in sorted(classes)]
+    return SimulationReport(settings, rounds, devices, finished - started)
+
+
+def _rounds(by_phase: dict[str, list[RoundRow]], started: float) -> list[RoundResult]:
+    results, previous = [], started
+    for number in sorted({r.round for r in by_phase["train"]}):
+        train = [r for r in by_phase["train"] if r.round == number]
+        evaluate = [r for r in by_phase["evaluate"] if r.round == number]
+        ended = max(r.recorded_at for r in evaluate or train)
+        weights = sum(r.metrics["num-examples"] for r in evaluate)
+        accuracy = sum(r.metrics["accuracy"] * r.metrics["num-examples"] for r in evaluate) / weights if weights else -1
+        results.append(RoundResult(number, accuracy, _mean([r.metrics["train-loss"] for r in train]),
+                                   ended - previous))
+        previous = ended
+    return results
+
+
+def _device(name: str, node: dict[str, Any], rows: list[RoundRow], rounds: list[RoundResult]) -> DeviceResult:
+    trained = [r for r in rows if r.phase in ("train", "personalize")]
+    final = next((r for r in rows if r.phase == "personalize"), None)
+    last_eval = max((r for r in rows if r.phase == "evaluate"), key=lambda r: r.round, default=None)
+    budget = int(trained[0].metrics["budget-bytes"]) if trained else -1
+    global_accuracy = (final.metrics["global-accuracy"] if final else
+                       last_eval.metrics["accuracy"] if last_eval else -1.0)
+    return DeviceResult(name, str(node.get("device-class", "")), str(node.get("device-profile", "")),
+                        trained[0].schedule_id if trained else None, None if budget < 0 else budget,
+                        int(max((r.metrics["peak-bytes"] for r in trained), default=-1)),
+                        sum(max(r.metrics["energy-j"], 0.0) for r in trained), float(global_accuracy),
+                        float(final.metrics["personal-accuracy"]) if final else float(global_accuracy))
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def print_report(report: SimulationReport, out: TextIO) -> None:
+    """Per round, per device, then the targets, as plain text."""
+    out.write(f"{'round':>5} {'global acc.':>11} {'train loss':>10} {'seconds':>8}\n")
+    for r in report.rounds:
+        out.write(f"{r.round:>5} {r.global_accuracy:>10.1%} {r.train_loss:>10.3f} {r.seconds:>8.2f}\n")
+    out.write(f"\n{'device':<14} {'class':<7} {'profile':<17} {'peak / budget (B)':>22} {'energy J':>9} "
+              f"{'global':>7} {'personal':>8}\n")
+    for d in report.devices:
+        budget = f"{d.budget_bytes:,}" if d.budget_bytes is not None else "no limit"
+        out.write(f"{d.name:<14} {d.device_class:<7} {d.profile:<17} {f'{d.peak_bytes:,} / {budget}':>22} "
+                  f"{d.energy_j:>9.2f} {d.global_accuracy:>6.1%} {d.personal_accuracy:>8.1%}\n")
+    over = [d.name for d in report.devices if not d.within_budget]
+    out.write(f"\npersonalized {report.mean_personal:.1%} vs global {report.mean_global:.1%} on average: "
+              f"{report.gap_points:+.1f} points (target >= {GAP_TARGET_POINTS:.0f}: "
+              f"{'met' if report.gap_points >= GAP_TARGET_POINTS else 'NOT met'})\n")
+    out.write(f"peak within budget on {len(report.devices) - len(over)} of {len(report.devices)} devices"
+              + (f" (over: {', '.join(over)})" if over else "") + "\n")
+    first = report.rounds[0].seconds if report.rounds else float("nan")
+    out.write(f"{len(report.devices)} devices, {len(report.rounds)} rounds: {report.seconds:.1f} s "
+              f"({report.seconds_per_round:.2f} s per round after the first; the first {first:.1f} s, "
+              "starting the engine included)\n")
+
+
+def plot_report(report: SimulationReport, path: Path) -> None:
+    """Four panels in one PNG: global accuracy per round, accuracy per device, peak vs budget, energy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    names = [d.name for d in report.devices]
+    x = range(len(names))
+    fig, ax = plt.subplots(2, 2, figsize=(13, 8))
+    ax[0][0].plot([r.round for r in report.rounds], [100 * r.global_accuracy for r in report.rounds], marker="o")
+    ax[0][0].set(title="Global model, held-out accuracy", xlabel="round", ylabel="%")
+    ax[0][0].xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax[0][1].bar([i - 0.2 for i in x], [100 * d.global_accuracy for d in report.devices], 0.4, label="global")
+    ax[0][1].bar([i + 0.2 for i in x], [100 * d.personal_accuracy for d in report.devices], 0.4, label="personalized")
+    ax[0][1].set(title="Accuracy on each device's own data", ylabel="%")
+    ax[0][1].legend()
+    ax[1][0].bar(x, [d.peak_bytes / 1024 for d in report.devices], label="peak")
+    ax[1][0].scatter(x, [(d.budget_bytes or d.peak_bytes) / 1024 for d in report.devices], color="red", marker="_",
+                     s=200, label="budget (none: peak)")
+    ax[1][0].set(title="Activation peak against budget", ylabel="KiB")
+    ax[1][0].legend()
+    ax[1][1].bar(x, [d.energy_j for d in report.devices])
+    ax[1][1].set(title="Training energy per device (schedule's prediction)", ylabel="J")
+    for a in (ax[0][1], ax[1][0], ax[1][1]):
+        a.set_xticks(list(x), names, rotation=90, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

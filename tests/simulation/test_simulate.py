@@ -1,0 +1,42 @@
+"""``poet-edge simulate`` end to end on a small fleet in Flower's simulation engine: figures, JSON, picture."""
+
+from __future__ import annotations
+
+import json
+
+import psutil
+import pytest
+
+from schedules.cli import main
+from schedules.errors import CommandError
+from simulation.fleet import DEFAULT_CLASSES, classes_config, fleet_node_configs, parse_classes
+
+
+def test_a_small_fleet_prints_accuracy_memory_and_energy_and_writes_json_and_png(tmp_path, capsys) -> None:
+    out, png = tmp_path / "sim.json", tmp_path / "sim.png"
+    before = {p.pid for p in psutil.Process().children(recursive=True)}  # earlier tests' helpers, not ours
+    code = main(["simulate", "--devices", "3", "--rounds", "2", "--local-steps", "3", "--finetune-steps", "5",
+                 "--json", str(out), "--plot", str(png), "--database", f"sqlite:///{tmp_path / 'server.db'}"])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "personalized" in text and "within budget on 3 of 3 devices" in text
+    report = json.loads(out.read_text())
+    assert report["format"] == "poet-edge/simulation" and len(report["rounds"]) == 2
+    assert [d["device_class"] for d in report["devices"]] == ["large", "medium", "small"]
+    assert all(d["within_budget"] and d["energy_j"] > 0 for d in report["devices"])
+    assert len({d["budget_bytes"] for d in report["devices"]}) == 3  # each class its own budget (None: no limit)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    left = {p.pid for p in psutil.Process().children(recursive=True)} - before
+    assert not left  # the SuperLink, SuperExec and Ray are gone
+
+
+def test_classes_parse_and_devices_cycle_through_them() -> None:
+    classes = parse_classes("rpi4:0.6, rpi5")
+    assert [(c.profile, c.budget_fraction) for c in classes] == [("rpi4", 0.6), ("rpi5", 1.0)]
+    assert classes_config(classes) == "c0=rpi4:0.6,c1=rpi5:1.0"  # what the ClientApps read from the run config
+    nodes = fleet_node_configs(5, DEFAULT_CLASSES)
+    assert [n["device-class"] for n in nodes] == ["small", "medium", "large", "small", "medium"]
+    assert [n["device-name"] for n in nodes][:2] == ["small-000", "medium-001"]
+    assert len({n["partition-id"] for n in nodes}) == 5
+    with pytest.raises(CommandError):
+        parse_classes("rpi4:zero")

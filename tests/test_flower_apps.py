@@ -1,0 +1,153 @@
+"""The Flower apps: ``agent.flower:app`` on virtual devices, ``server.flower:app`` over them.
+
+The round trip runs in Flower's simulation engine (a SuperLink with ``--simulation``, virtual SuperNodes on
+Ray; :mod:`simulation.engine`).  The other tests hand the ClientApp messages directly, as the SuperNode
+would, and inspect exactly what it replies: a reply is what leaves the device.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, Metadata, RecordDict  # noqa: E402
+
+from agent import flower as client  # noqa: E402
+from agent.fedtask import METRIC_KEYS, personal_keys  # noqa: E402
+from agent.parity import bits_equal  # noqa: E402
+from server.errors import ServerConfigError  # noqa: E402
+from server.flower import FederationConfig  # noqa: E402
+from server.rounds import open_store, round_rows  # noqa: E402
+from simulation.engine import run_on_engine  # noqa: E402
+from simulation.fleet import DEFAULT_CLASSES, classes_config, fleet_node_configs  # noqa: E402
+
+SUPERLINK_NODE_ID = 0  # the source of every instruction a SuperNode receives
+
+
+def run_config(**changes) -> dict:
+    config = {"num-server-rounds": 2, "min-nodes": 3, "local-steps": 3, "finetune-steps": 4, "lr": 0.05,
+              "personalization": "finetune", "seed": 0, "database-url": "",
+              "device-classes": classes_config(DEFAULT_CLASSES), "skew": 0.0}
+    return {**config, **changes}
+
+
+def test_a_round_trip_in_the_simulation_engine_stores_a_row_per_device_per_round(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'server.db'}"
+    scratch = tmp_path / "engine"
+    scratch.mkdir()
+    before = {p.pid for p in psutil.Process().children(recursive=True)}  # earlier tests' helpers, not ours
+    run_id = run_on_engine(run_config(**{"database-url": url}), devices=3, cpus_per_device=1, scratch=scratch)
+    rows = round_rows(open_store(url), run_id)
+    counts = {(phase, r): sum(1 for x in rows if (x.phase, x.round) == (phase, r))
+              for phase, r in [("train", 1), ("evaluate", 1), ("train", 2), ("evaluate", 2), ("personalize", 3)]}
+    assert set(counts.values()) == {3}, counts
+    assert {r.device_name for r in rows} == {n["device-name"] for n in fleet_node_configs(3, DEFAULT_CLASSES)}
+    nodes = {r.node_id for r in rows}  # src_node_id of each reply: one per virtual SuperNode, not the SuperLink's
+    assert len(nodes) == 3 and SUPERLINK_NODE_ID not in nodes
+    trained = [r for r in rows if r.phase == "train"]
+    assert all(r.schedule_id and r.metrics["steps"] == 3 for r in trained)
+    for r in trained:
+        if r.metrics["budget-bytes"] > 0:
+            assert 0 < r.metrics["peak-bytes"] <= r.metrics["budget-bytes"]
+    final = [r for r in rows if r.phase == "personalize"]
+    assert all(0 <= r.metrics["global-accuracy"] <= 1 and 0 <= r.metrics["personal-accuracy"] <= 1 for r in final)
+    # nothing outlives the run: no SuperLink, SuperExec, Ray raylet or gcs_server
+    assert not {p.pid for p in psutil.Process().children(recursive=True)} - before
+    assert not [p.pid for p in psutil.process_iter(["cmdline"]) if str(scratch) in " ".join(p.info["cmdline"] or ())]
+
+
+class Device:
+    """One virtual device as Flower's simulation engine runs it: its node config and the state it keeps."""
+
+    def __init__(self, partition: int, partitions: int = 3, **run_changes) -> None:
+        self.node_id = 1000 + partition
+        self.context = Context(run_id=1, node_id=self.node_id, state=RecordDict(), run_config=run_config(**run_changes),
+                               node_config={"partition-id": partition, "num-partitions": partitions})
+
+    def ask(self, message_type: str, content: RecordDict) -> Message:
+        """The device's reply to one instruction from the server (built as the SuperNode delivers it)."""
+        metadata = Metadata(run_id=1, message_id=uuid.uuid4().hex, src_node_id=SUPERLINK_NODE_ID,
+                            dst_node_id=self.node_id, reply_to_message_id="", group_id="1", created_at=time.time(),
+                            ttl=3600.0, message_type=message_type)
+        reply = client.app(Message(content=content, metadata=metadata), self.context)
+        assert not reply.has_error(), reply.error
+        return reply
+
+
+def weights_message(arrays: ArrayRecord, **config) -> RecordDict:
+    return RecordDict({"arrays": arrays, "config": ConfigRecord({"local-steps": 3, "lr": 0.05, **config})})
+
+
+def test_metric_keys_are_the_same_from_devices_of_every_budget() -> None:
+    initial = ArrayRecord(client.task_for(0).initial)
+    devices = [Device(i) for i in range(3)]
+    replies = [d.ask(phase, weights_message(initial)) for d in devices for phase in ("train", "evaluate")]
+    assert all(tuple(m.content["metrics"].keys()) == METRIC_KEYS for m in replies)
+    budgets = {m.content["metrics"]["budget-bytes"] for m in replies}
+    assert len(budgets) == 3 and -1 in budgets  # three classes: two budgets and no limit (-1)
+    names = {str(m.content["device"]["device-name"]) for m in replies}
+    assert names == {n["device-name"] for n in fleet_node_configs(3, DEFAULT_CLASSES)}  # derived as the report does
+
+
+@pytest.mark.parametrize("personalization", ["fedper", "fedbn"])
+def test_personal_layers_never_appear_in_a_message(personalization) -> None:
+    personal = personal_keys(client.task_for(0).model, personalization)
+    assert personal and all(k.startswith("head.") for k in personal) == (personalization == "fedper")
+    devices = [Device(i, personalization=personalization) for i in range(2)]
+    sent = [devices[0].ask("query.initial", RecordDict({"config": ConfigRecord()}))]
+    weights = sent[0].content["arrays"]
+    for _ in range(2):  # two rounds; the devices keep their personal layers between them
+        replies = [d.ask("train", weights_message(weights)) for d in devices]
+        sent += replies
+        weights = replies[0].content["arrays"]  # stands in for the aggregate: shared layers only
+    sent += [d.ask("train.personalize", weights_message(weights, **{"finetune-steps": 4})) for d in devices]
+    records = [a for m in sent for a in m.content.array_records.values()]
+    assert len(records) == 5  # initial weights, 2 rounds x 2 train replies; personalize sends metrics only
+    for record in records:
+        assert not personal & set(record.keys()), sorted(personal & set(record.keys()))
+    kept = [d.context.state[client.PERSONAL] for d in devices]
+    assert all(set(r.keys()) == personal for r in kept)  # ... and each device holds its own
+    heads = [r.to_torch_state_dict() for r in kept]
+    assert any(not bits_equal(heads[0][k], heads[1][k]) for k in personal)  # trained apart, so they differ
+
+
+def train_reply(budget_fraction: float) -> dict:
+    """Device 0's weights after one train message, as sent, under ``budget_fraction`` of the plain peak."""
+    device = Device(0, personalization="none", **{"device-classes": f"c=rpi4:{budget_fraction}"})
+    reply = device.ask("train", weights_message(ArrayRecord(client.task_for(0).initial), **{"local-steps": 6}))
+    return {"weights": reply.content["arrays"].to_torch_state_dict(), "metrics": dict(reply.content["metrics"]),
+            "schedule": reply.content["device"]["schedule-id"]}
+
+
+def test_the_same_seed_trains_bit_identical_weights_with_and_without_a_memory_budget() -> None:
+    free, bounded = train_reply(1.0), train_reply(0.75)
+    assert free["schedule"] != bounded["schedule"]  # a different schedule ...
+    assert bounded["metrics"]["peak-bytes"] < free["metrics"]["peak-bytes"]  # ... that holds less ...
+    assert bounded["metrics"]["peak-bytes"] <= bounded["metrics"]["budget-bytes"]
+    assert free["weights"].keys() == bounded["weights"].keys()
+    for key in free["weights"]:  # ... and the very same arithmetic
+        assert bits_equal(free["weights"][key], bounded["weights"][key]), key
+
+
+def test_the_server_refuses_bad_settings_listing_every_problem() -> None:
+    with pytest.raises(ServerConfigError) as caught:
+        FederationConfig.from_run_config({"num-server-rounds": 0, "fraction-train": 2.0, "personalization": "x"})
+    text = str(caught.value)
+    assert "num-server-rounds" in text and "fraction-train" in text and "personalization" in text
+
+
+def test_the_shipped_app_declares_every_run_config_key_the_simulation_sets() -> None:
+    import tomllib
+
+    from simulation.engine import APP_DIR
+    from simulation.run import SimulationSettings
+
+    declared = tomllib.loads((Path(APP_DIR) / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert set(SimulationSettings().run_config("sqlite://")) <= set(declared)  # flwr run overrides only these
