@@ -16,10 +16,11 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
+
+from schedules.programs import free_port
 
 
 def postgres_bin() -> Path | None:
@@ -41,7 +42,7 @@ class TemporaryPostgres:
         """False: ``fsync=off`` (tests: nothing to keep, and faster); True: PostgreSQL's defaults (benchmarks)."""
         self.root = Path(tempfile.mkdtemp(prefix="poet-pg-"))
         self.data = self.root / "data"
-        self.port = _free_port()
+        self.port = free_port()
         self.user = "postgres" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
 
     @property
@@ -101,8 +102,3 @@ class TemporaryPostgres:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import ssl
 import subprocess
@@ -36,13 +35,14 @@ import urllib.request
 from pathlib import Path
 
 from server.config import TLS_FILES, FlowerSettings, ServerSettings
+from schedules import programs
 from schedules.process_tree import signal_tree, stop_tree
+from schedules.programs import find_program
 from server.errors import FlowerError
 
 log = logging.getLogger("poet-edge.superlink")
 
 CONNECTION = "poet-edge"  # the SuperLink's name in FLWR_HOME/config.toml, for `flwr run . poet-edge`
-FLOWER_ENVIRONMENT = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
 BACKOFF_FIRST_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 60.0
 STABLE_SECONDS = 60.0  # a SuperLink that ran this long before dying starts the backoff over
@@ -50,23 +50,17 @@ STOP_SECONDS = 15.0  # the SuperLink's graceful shutdown waits for open connecti
 
 
 def flower_binary(name: str) -> Path:
-    """The Flower program ``name`` beside this Python (the same virtual environment), else on ``PATH``."""
-    beside = Path(sys.executable).parent / name
-    if beside.is_file():
-        return beside
-    found = shutil.which(name)
+    """The Flower program ``name`` (:func:`schedules.programs.find_program`), or a clear error."""
+    found = find_program(name)
     if found is None:
         raise FlowerError(f"{name} not found beside {sys.executable} or on PATH: install the server with "
                           "pip install 'poet-edge[server]' (it brings Flower)")
-    return Path(found)
+    return found
 
 
 def flower_environment(home: Path) -> dict[str, str]:
-    """The environment for a Flower program: ``FLWR_HOME``, telemetry off, its helper programs on ``PATH``."""
-    binaries = str(flower_binary("flower-superlink").parent)  # the SuperLink starts flower-superexec by name
-    path = os.environ.get("PATH", "")
-    return {**os.environ, **FLOWER_ENVIRONMENT, "FLWR_HOME": str(home),
-            "PATH": f"{binaries}{os.pathsep}{path}" if path else binaries}
+    """The environment for the server's Flower programs, with ``home`` as ``FLWR_HOME``."""
+    return programs.flower_environment(home, flower_binary("flower-superlink").parent)
 
 
 def tls_files(flower: FlowerSettings) -> dict[str, Path]:

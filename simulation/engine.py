@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -39,18 +38,13 @@ from typing import Any
 
 from server.config import FlowerSettings, ServerSettings
 from server.errors import FlowerError
+from schedules.programs import free_port
 from server.superlink import CONNECTION, SuperLink, flower_binary, flower_environment
 
 APP_DIR = Path(__file__).resolve().parent / "flwr_app"
 POLL_SECONDS = 1.0
 RAY_ENVIRONMENT = {"RAY_USAGE_STATS_ENABLED": "0"}  # Ray's own telemetry
 
-
-def free_port() -> int:
-    """A TCP port on loopback that nothing listens on now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def toml_value(value: Any) -> str:

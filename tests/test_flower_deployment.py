@@ -13,7 +13,6 @@ import ipaddress
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,7 +25,8 @@ from agent.daemon.config import load_config
 from agent.daemon.supernode import ensure_key, flower_binary
 from benchmarks.agent_rig import FakeDevice, agent_command, read_status, write_config
 from server.config import FlowerSettings, ServerSettings
-from server.superlink import FLOWER_ENVIRONMENT, SuperLink
+from schedules.programs import QUIET, flower_environment, free_port
+from server.superlink import SuperLink
 from server.supernodes import list_nodes
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -45,11 +45,6 @@ idle = [sys.executable, "-c", "import signal, sys; signal.signal(signal.SIGUSR1,
 sys.exit(Daemon(load_config(sys.argv[1]), worker_command=idle).run())
 """
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def make_tls(directory: Path) -> Path:
@@ -182,8 +177,7 @@ def test_an_unregistered_key_is_refused(fleet: Fleet, tmp_path: Path) -> None:
             [str(flower_binary("flower-supernode")), "--superlink", fleet.settings.flower.address,
              "--root-certificates", str(fleet.settings.flower.tls_dir / "ca.crt"),
              "--auth-supernode-private-key", str(key), "--port", str(free_port())],
-            env={**os.environ, **FLOWER_ENVIRONMENT, "FLWR_HOME": str(tmp_path / "home"),
-                 "PATH": f"{flower_binary('flower-supernode').parent}:{os.environ['PATH']}"},
+            env=flower_environment(tmp_path / "home", flower_binary("flower-supernode").parent),
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     below: set[Any] = set()
     try:
@@ -227,7 +221,7 @@ def test_two_rounds_complete_with_a_device_unplugged_mid_round(fleet: Fleet, tmp
     wait_for(lambda: fleet.online().keys() >= set(DEVICES), 120, "three online")
     out = tmp_path / "out"
     out.mkdir()
-    env = {**os.environ, **FLOWER_ENVIRONMENT, "FLWR_HOME": str(fleet.superlink.home)}
+    env = {**os.environ, **QUIET, "FLWR_HOME": str(fleet.superlink.home)}
     done = subprocess.run([str(flower_binary("flwr")), "run", str(APP), "poet-edge", "--format", "json",
                            "--run-config", f"out-dir='{out}' train-seconds=6.0"], env=env, capture_output=True,
                           text=True, timeout=120)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -31,10 +30,10 @@ from pathlib import Path
 from agent.daemon.config import AgentConfig
 from agent.errors import SuperNodeKeyError
 from schedules.process_tree import stop_tree
+from schedules.programs import find_program, flower_environment
 
 log = logging.getLogger("poet-agent")
 
-FLOWER_ENVIRONMENT = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
 STOP_SECONDS = 10.0
 RETRY_FIRST_SECONDS = 5.0
 RETRY_MAX_SECONDS = 300.0
@@ -70,15 +69,12 @@ def ensure_key(path: Path) -> Path:
 
 
 def flower_binary(name: str) -> Path:
-    """The Flower program ``name`` beside this Python (the agent's virtual environment), else on ``PATH``."""
-    beside = Path(sys.executable).parent / name
-    if beside.is_file():
-        return beside
-    found = shutil.which(name)
+    """The Flower program ``name`` (:func:`schedules.programs.find_program`), or a clear error."""
+    found = find_program(name)
     if found is None:
         raise SuperNodeKeyError(f"{name} not found beside {sys.executable} or on PATH: install the agent with "
                                 "pip install 'poet-edge[device]' (it brings Flower)")
-    return Path(found)
+    return found
 
 
 def supernode_command(config: AgentConfig) -> list[str]:
@@ -132,8 +128,7 @@ class SuperNode:
     def _start(self) -> None:
         f = self.config.flower
         self.config.flower_dir.mkdir(parents=True, exist_ok=True)
-        environment = {**os.environ, **FLOWER_ENVIRONMENT, "FLWR_HOME": str(self.config.flower_dir / "home"),
-                       "PATH": f"{flower_binary('flower-supernode').parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        environment = flower_environment(self.config.flower_dir / "home", flower_binary("flower-supernode").parent)
         with open(self.log_path, "ab") as output:
             self._log_offset = output.tell()  # this run's output starts here: an exit is read from its own lines
             self.process = subprocess.Popen(supernode_command(self.config), env=environment, stdin=subprocess.DEVNULL,

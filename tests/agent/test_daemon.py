@@ -20,6 +20,7 @@ from agent.daemon.prepare import prepare
 from agent.daemon.trainer import Trainer
 from agent.data import open_dataset
 from schedules.plan import plan
+from schedules.programs import free_port
 from schedules.schedule import Schedule
 from schedules.signing import generate_keypair, load_private_key, sign
 from tests.agent.daemon_helpers import (FakeDevice, agent_command, copy_prepared, read_status, start_agent, stop,
@@ -290,9 +291,7 @@ def test_the_example_config_is_valid_and_documents_every_key(tmp_path: Path) -> 
 
 def test_the_prometheus_endpoint_follows_the_status(rig) -> None:
     device, config, tmp = rig
-    with socket.socket() as probe:  # a free port on loopback
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     device.unplug()
     agent = start_agent(config(metrics_prometheus=f"127.0.0.1:{port}"))
     try:
