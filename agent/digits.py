@@ -118,3 +118,17 @@ def device_dataset(partition: int, partitions: int, *, angle: float | None = Non
 def _source(partition: int, partitions: int, degrees: float) -> Path:
     """A name for the share in logs (no file backs it)."""
     return Path(f"sklearn-digits/{partition}-of-{partitions}@{degrees:.0f}deg")
+
+
+def write_device_data(path: Path, partition: int, partitions: int, *, angle: float | None = None,
+                      skew: float = 0.0, seed: int = 0) -> Path:
+    """Device ``partition``'s digits (all of its share, seen from its angle) as a ``.npz`` data file with
+    arrays ``x`` and ``y``: the data a device agent trains on (``[data] path``) with the
+    ``agent.digits:digits_workload`` model.  The agent splits off its own held-out part."""
+    data = device_dataset(partition, partitions, angle=angle, skew=skew, seed=seed)
+    x = torch.cat([data.train_x, data.holdout_x]).numpy()
+    y = torch.cat([data.train_y, data.holdout_y]).numpy()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as out:  # a file object: np.savez would append .npz to a name without it
+        np.savez(out, x=x, y=y)
+    return path

@@ -27,6 +27,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -34,13 +35,15 @@ import torch.nn as nn
 from agent.data import LocalDataset
 from agent.errors import FederationError
 from agent.executor import Executor
+from agent.holdout import evaluate
 from agent.zoo import Workload
 from schedules.device import DeviceProfile
+from schedules.graph import TrainingGraph
 from schedules.schedule import Schedule
 
 UNKNOWN = -1
 METRIC_KEYS = ("num-examples", "train-loss", "eval-loss", "accuracy", "steps", "peak-bytes", "budget-bytes",
-               "energy-j", "seconds")
+               "energy-j", "seconds", "startup-seconds")
 PERSONALIZATIONS = ("none", "finetune", "fedper", "fedbn")
 PLAN_TIME_LIMIT = 30.0  # seconds for one schedule; the digits model's MILP takes well under one
 
@@ -93,21 +96,29 @@ class TrainOutcome:
 
 @dataclass
 class Task:
-    """One model's graph, segments and schedules in this process; see the module docstring."""
+    """One model's graph, segments and schedules in this process; see the module docstring.
+
+    Without ``graph`` (and ``segments``) the workload is extracted here, timing each node once; a device
+    agent passes the graph it profiled and cut (:func:`agent.daemon.prepare.prepare`) and adopts
+    the schedule it already holds.
+    """
 
     workload: Workload
     swap_dir: Path | None = None
+    graph: TrainingGraph | None = None
+    segments: Any = None
     _plans: dict[tuple[str, int | None], DevicePlan] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        from agent.extract import extract
-
         self.model = self.workload.model
         self.initial = {k: v.clone() for k, v in self.model.state_dict().items()}
-        # one timing repeat: the planner needs node times, which barely move a model this small
-        self.graph, self.segments = extract(self.model, self.workload.example, self.workload.loss_fn, repeats=1,
-                                            segments=self.workload.segments)
-        self.model.load_state_dict(self.initial)  # extraction ran the model: start from the seeded weights
+        if self.graph is None:
+            from agent.extract import extract
+
+            # one timing repeat: the planner needs node times, which barely move a model this small
+            self.graph, self.segments = extract(self.model, self.workload.example, self.workload.loss_fn,
+                                                repeats=1, segments=self.workload.segments)
+            self.model.load_state_dict(self.initial)  # extraction ran the model: start from the seeded weights
         if self.swap_dir is None:
             self.swap_dir = Path(tempfile.mkdtemp(prefix="poet-fed-swap-"))
             atexit.register(shutil.rmtree, self.swap_dir, True)  # ours: gone with the process
@@ -120,6 +131,12 @@ class Task:
     def budget_for(self, fraction: float | None) -> int | None:
         """``fraction`` of the plain peak in bytes; ``None`` or 1 or more means no limit."""
         return None if fraction is None or fraction >= 1 else int(fraction * self.plain_peak_bytes)
+
+    def adopt(self, plan: DevicePlan) -> DevicePlan:
+        """Use ``plan`` (a schedule obtained elsewhere, for this model's graph) for its profile and budget."""
+        plan.schedule.check_graph(self.graph)
+        self._plans[(plan.profile, plan.budget_bytes)] = plan
+        return plan
 
     def plan(self, profile: str, budget_bytes: int | None) -> DevicePlan:
         """The POET schedule for ``profile`` (a built-in device name) within ``budget_bytes``, cached."""
@@ -159,15 +176,10 @@ class Task:
                             time.perf_counter() - started, steps * device.schedule.predicted_energy_j, position)
 
     def evaluate(self, weights: dict[str, torch.Tensor], data: LocalDataset) -> tuple[float, float, int]:
-        """``(loss, accuracy, samples)`` of ``weights`` on ``data``'s held-out samples (eval mode)."""
+        """``(loss, accuracy, samples)`` of ``weights`` on ``data``'s held-out samples (eval mode); accuracy
+        is -1 for regression targets, and both are -1 without held-out samples."""
         self.model.load_state_dict(weights)
-        self.model.eval()
-        total, correct, count = 0.0, 0, 0
-        with torch.no_grad():
-            for inputs, targets in data.holdout_batches():
-                output = self.model(inputs)
-                total += float(self.workload.loss_fn(output, targets)) * len(targets)
-                correct += int((output.argmax(dim=1) == targets).sum())
-                count += len(targets)
-        self.model.train()
-        return (total / count, correct / count, count) if count else (float(UNKNOWN), float(UNKNOWN), 0)
+        result = evaluate(self.model, self.workload.loss_fn, data)
+        if result is None:
+            return float(UNKNOWN), float(UNKNOWN), 0
+        return result.loss, float(UNKNOWN) if result.accuracy is None else result.accuracy, result.samples

@@ -12,7 +12,10 @@ Messages it answers (Flower's Message API):
                        metrics only (``global-accuracy``, ``personal-accuracy`` added), no weights back
 =====================  =================================================================================
 
-The device is described by its node config (``--node-config`` of ``flower-supernode``):
+A device agent's SuperNode (:mod:`agent.daemon.supernode`) gives the node config ``agent-config``, the
+path of the agent's config: the round then trains the agent's own model on its own data file under the
+schedule the agent holds for its memory budget (:func:`agent_device`; profiled and cached by the agent).
+Otherwise the device is described by its node config (``--node-config`` of ``flower-supernode``):
 ``device-name``, ``device-profile`` (a built-in profile, default ``rpi4``),
 ``budget-fraction`` (of the model's plain activation peak; absent or 1: no limit) or
 ``memory-budget`` (bytes), and its data: ``partition-id`` / ``num-partitions`` of the digits
@@ -22,12 +25,20 @@ virtual SuperNode's node config holds only ``partition-id`` and ``num-partitions
 config's ``device-classes`` is set, the rest comes from them (:func:`agent.virtual.virtual_node_config`:
 class, profile, budget fraction, name; run config ``skew``).
 
+Every reply's metrics carry ``startup-seconds``: from the launch of this ClientApp's process to its
+handler (Flower's per-message cost on the device; -1 where unknown, as in the simulation engine).  The
+agent's warm runner (:mod:`agent.daemon.clientapps`) forks these processes ready-loaded and calls
+:func:`run_clientapp_process`.
+
 Personal layers (``fedper``, ``fedbn``) live in ``context.state`` under ``personal`` and are never put
 in a reply: :func:`shared` drops them from every ``ArrayRecord`` this app sends.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,8 +91,11 @@ class DeviceSetup:
             raise FederationError(f"node config {node} is incomplete or has a value of the wrong type: {exc}") from exc
 
 
+LAUNCHED_AT = "POET_CLIENTAPP_LAUNCHED_AT"  # environment: when the warm runner was asked for this process
+
 _TASKS: dict[int, Task] = {}  # per process: one extraction per seed serves every message and device
 _DATA: dict[DeviceSetup, LocalDataset] = {}
+_AGENTS: dict[str, _Device] = {}  # agent config path -> the agent's device, built once per process
 
 
 def task_for(seed: int) -> Task:
@@ -175,17 +189,76 @@ class _Device:
     personal: frozenset[str]
 
 
+def agent_device(config_path: str) -> _Device:
+    """The device as its agent's config describes it: the agent's workload, data file and schedule.
+
+    Built once per process (the agent's warm runner builds it before forking the ClientApps): the
+    workload's profile and the schedule come from the agent's cache (:func:`agent.daemon.prepare.prepare`;
+    the first time, it profiles the workload and gets a schedule as the agent would).
+    """
+    if config_path not in _AGENTS:
+        from agent.daemon.config import load_config
+        from agent.daemon.prepare import prepare
+        from agent.data import open_dataset
+
+        config = load_config(config_path)
+        prepared = prepare(config)
+        inputs = prepared.workload.inputs
+        shape = tuple((inputs[0] if isinstance(inputs, tuple) else inputs).shape)
+        data = open_dataset(config.data.path, shape, holdout=config.data.holdout, seed=config.workload.seed)
+        config.swap_dir.mkdir(parents=True, exist_ok=True)
+        task = Task(prepared.workload, config.swap_dir, graph=prepared.graph, segments=prepared.segments)
+        plan = task.adopt(DevicePlan(prepared.device.name, config.training.memory_budget, prepared.schedule))
+        setup = DeviceSetup(config.device.name, prepared.device.name, None, config.training.memory_budget, 0, 1,
+                            None, 0.0, config.workload.seed)
+        _AGENTS[config_path] = _Device(setup, task, data, plan, frozenset())
+    return _AGENTS[config_path]
+
+
 def _device(context: Context) -> _Device:
+    if "agent-config" in context.node_config:
+        d = agent_device(str(context.node_config["agent-config"]))
+        return _Device(d.setup, d.task, d.data, d.plan, personal_keys(d.task.model, personalization(context)))
     setup = DeviceSetup.from_context(context)
     task = task_for(setup.seed)
     return _Device(setup, task, data_for(setup), device_plan(task, setup, context),
                    personal_keys(task.model, personalization(context)))
 
 
+def _startup_seconds() -> float:
+    """Seconds from this ClientApp process's launch to now: the warm runner's stamp, else the process's start
+    when it is Flower's ``flwr-clientapp`` program; -1 otherwise (a simulation's long-lived actor)."""
+    if LAUNCHED_AT in os.environ:
+        return time.time() - float(os.environ[LAUNCHED_AT])
+    if os.path.basename(sys.argv[0]).startswith("flwr-clientapp"):
+        import psutil
+
+        return time.time() - psutil.Process().create_time()
+    return -1.0
+
+
+def load_clientapp_program() -> None:
+    """Import Flower's ``flwr-clientapp`` program and what its first request loads (the warm runner does, once)."""
+    import httpcore  # noqa: F401  (httpx loads it with a ClientApp's first client: 0.1 s each otherwise)
+    from flwr.supernode.cli import flwr_clientapp  # noqa: F401
+
+
+def run_clientapp_process(argv: list[str]) -> None:
+    """Run Flower's ``flwr-clientapp`` program with ``argv`` in this process (it exits when done): what the
+    warm runner's forked children call."""
+    from flwr.supernode.cli.flwr_clientapp import flwr_clientapp
+
+    sys.argv = ["flwr-clientapp", *argv]
+    flwr_clientapp()
+
+
 @app.query("initial")
 def initial(msg: Message, context: Context) -> Message:
     """The seeded initial weights, shared layers only: the server starts the federation from them."""
-    task = task_for(DeviceSetup.from_context(context).seed)
+    if "agent-config" in context.node_config:
+        task = agent_device(str(context.node_config["agent-config"])).task
+    else:
+        task = task_for(DeviceSetup.from_context(context).seed)
     personal = personal_keys(task.model, personalization(context))
     return Message(RecordDict({"arrays": shared(task.initial, personal)}), reply_to=msg)
 
@@ -193,6 +266,7 @@ def initial(msg: Message, context: Context) -> Message:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Train the received weights locally under the device's schedule; reply with the shared weights."""
+    startup = _startup_seconds()
     d = _device(context)
     config = _config(msg)
     outcome = d.task.train(merged(msg.content["arrays"], context, d.task, d.personal), d.data, d.plan,
@@ -203,7 +277,7 @@ def train(msg: Message, context: Context) -> Message:
     metrics = metric_values(**{"num-examples": outcome.examples, "train-loss": outcome.loss, "eval-loss": loss,
                                "accuracy": accuracy, "steps": outcome.steps, "peak-bytes": outcome.peak_bytes,
                                "budget-bytes": d.plan.budget_bytes or -1, "energy-j": outcome.energy_j,
-                               "seconds": outcome.seconds})
+                               "seconds": outcome.seconds, "startup-seconds": startup})
     return Message(RecordDict({"arrays": shared(outcome.weights, d.personal), "metrics": MetricRecord(metrics),
                                "device": _info(d.setup, d.plan)}), reply_to=msg)
 
@@ -211,16 +285,18 @@ def train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """The received weights, with the device's personal layers, on its held-out data."""
+    startup = _startup_seconds()
     d = _device(context)
     loss, accuracy, count = d.task.evaluate(merged(msg.content["arrays"], context, d.task, d.personal), d.data)
     metrics = metric_values(**{"num-examples": count, "eval-loss": loss, "accuracy": accuracy, "steps": 0,
-                               "budget-bytes": d.plan.budget_bytes or -1})
+                               "budget-bytes": d.plan.budget_bytes or -1, "startup-seconds": startup})
     return Message(RecordDict({"metrics": MetricRecord(metrics), "device": _info(d.setup, d.plan)}), reply_to=msg)
 
 
 @app.train("personalize")
 def personalize(msg: Message, context: Context) -> Message:
     """Global model on local data, then fine-tuned locally under the schedule; metrics only, nothing shared."""
+    startup = _startup_seconds()
     d = _device(context)
     config = _config(msg)
     weights = merged(msg.content["arrays"], context, d.task, d.personal)
@@ -231,6 +307,6 @@ def personalize(msg: Message, context: Context) -> Message:
     metrics: dict[str, Any] = metric_values(**{
         "num-examples": count, "train-loss": outcome.loss, "eval-loss": loss, "accuracy": accuracy,
         "steps": outcome.steps, "peak-bytes": outcome.peak_bytes, "budget-bytes": d.plan.budget_bytes or -1,
-        "energy-j": outcome.energy_j, "seconds": outcome.seconds})
+        "energy-j": outcome.energy_j, "seconds": outcome.seconds, "startup-seconds": startup})
     metrics.update({"global-accuracy": global_accuracy, "global-loss": global_loss, "personal-accuracy": accuracy})
     return Message(RecordDict({"metrics": MetricRecord(metrics), "device": _info(d.setup, d.plan)}), reply_to=msg)

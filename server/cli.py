@@ -12,6 +12,8 @@
     poet-edge server operator list
     poet-edge server supernode register NAME KEY.pub  # admit a device's Flower SuperNode (prints its node id)
     poet-edge server supernode list                   # the SuperLink's nodes, online or not, with device names
+    poet-edge server federate [--rounds N] [--min-nodes N] [--personalization P] [--detach] ...
+                                                      # federated rounds on the connected devices
 
 Registered in the ``poet_edge.commands`` entry-point group (see
 :mod:`schedules.cli`).  Importing this module is cheap: the web framework and
@@ -76,6 +78,7 @@ def add_commands(subparsers: Any) -> None:
     revoke.set_defaults(handler=revoke_device)
     _add_operator_commands(commands)
     _add_supernode_commands(commands)
+    _add_federate_command(commands)
 
 
 def _flower_options(run: argparse.ArgumentParser) -> None:
@@ -109,6 +112,28 @@ def _add_supernode_commands(commands: Any) -> None:
                              description="Each node: id, device name, status (registered, online, offline).")
     _storage_options(listing)
     listing.set_defaults(handler=list_supernodes)
+
+
+def _add_federate_command(commands: Any) -> None:
+    p = commands.add_parser("federate", help="run federated rounds on the devices connected to the SuperLink",
+                            description="Submit the fleet's Flower app (FedAvg over the devices' POET-scheduled "
+                                        "training, then personalization) to the running server's SuperLink and "
+                                        "follow it to its end; each device's reply is a row of the server's "
+                                        "rounds table (dashboard: Rounds).")
+    _storage_options(p)
+    p.add_argument("--rounds", type=int, default=3, help="federated rounds (default: %(default)s)")
+    p.add_argument("--min-nodes", type=int, default=2, help="devices a round waits for (default: %(default)s)")
+    p.add_argument("--fraction-train", type=float, default=1.0, help="share of devices sampled to train")
+    p.add_argument("--fraction-evaluate", type=float, default=1.0, help="share of devices sampled to evaluate")
+    p.add_argument("--local-steps", type=int, default=10, help="training steps per device per round")
+    p.add_argument("--lr", type=float, default=0.05, help="the devices' SGD learning rate")
+    p.add_argument("--personalization", default="finetune", choices=("none", "finetune", "fedper", "fedbn"),
+                   help="what stays personal on the devices (default: %(default)s)")
+    p.add_argument("--finetune-steps", type=int, default=30, help="local fine-tuning steps after the rounds")
+    p.add_argument("--round-timeout", type=float, default=600.0, help="seconds a round waits for replies")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--detach", action="store_true", help="print the run id and return without waiting")
+    p.set_defaults(handler=federate)
 
 
 def _add_operator_commands(commands: Any) -> None:
@@ -184,9 +209,7 @@ def start_superlink(settings: ServerSettings) -> Any:
         return None
     from server.superlink import CONNECTION, SuperLink
 
-    # the ServerApps the SuperLink starts record their rounds in this server's store
-    superlink = SuperLink(settings, {"POET_EDGE_DATA_DIR": str(settings.data_dir.resolve()),
-                                     "POET_EDGE_DATABASE_URL": settings.database_url})
+    superlink = SuperLink(settings)
     superlink.start()
     try:
         superlink.wait_ready()
@@ -275,6 +298,50 @@ def list_supernodes(args: argparse.Namespace) -> int:
     for node in list_nodes(settings_from(args)):
         print(f"{node['node-id']}\t{node['device'] or '-'}\t{node['status']}")
     return ExitCode.OK
+
+
+def federate(args: argparse.Namespace) -> int:
+    """Submit the fleet's Flower app to the server's SuperLink; wait for it and print its rounds."""
+    from server.federation import start_run, wait_finished
+
+    settings = settings_from(args)
+    home = settings.flower_dir / "home"
+    if not (home / "config.toml").is_file():
+        raise ServerStartError(f"no SuperLink connection in {home}: start the server with --flower "
+                               f"(poet-edge server run --flower --data-dir {settings.data_dir})")
+    run_id = start_run(home, federate_run_config(args, settings))
+    print(f"federated run {run_id} started: {args.rounds} rounds on at least {args.min_nodes} devices", flush=True)
+    if args.detach:
+        return ExitCode.OK
+    wait_finished(home, run_id, timeout=(args.rounds + 2) * 2 * args.round_timeout)
+    print_rounds(settings, run_id)
+    return ExitCode.OK
+
+
+def federate_run_config(args: argparse.Namespace, settings: ServerSettings) -> dict[str, Any]:
+    """The run config ``poet-edge server federate`` submits (keys of ``server/flwr_app/pyproject.toml``)."""
+    return {"num-server-rounds": args.rounds, "min-nodes": args.min_nodes, "fraction-train": args.fraction_train,
+            "fraction-evaluate": args.fraction_evaluate, "local-steps": args.local_steps, "lr": args.lr,
+            "personalization": args.personalization, "finetune-steps": args.finetune_steps,
+            "round-timeout": args.round_timeout, "seed": args.seed, "database-url": settings.database_url}
+
+
+def print_rounds(settings: ServerSettings, run_id: int) -> None:
+    """Per round the devices that answered and their mean accuracy; per device the personalization."""
+    from server.datadir import open_database
+    from server.rounds import round_rows
+
+    rows = sorted(round_rows(open_database(settings), run_id), key=lambda r: (r.round, r.phase, r.device_name))
+    for row in rows:
+        m = row.metrics
+        if "error" in m:
+            print(f"round {row.round} {row.phase:<11} {row.device_name:<24} error: {m['error']}")
+            continue
+        accuracy = f"{m['accuracy']:.3f}" if m.get("accuracy", -1) >= 0 else "-"
+        extra = (f" global {m['global-accuracy']:.3f} -> personal {m['personal-accuracy']:.3f}"
+                 if row.phase == "personalize" else f" loss {m.get('eval-loss', -1):.4f}")
+        print(f"round {row.round} {row.phase:<11} {row.device_name:<24} accuracy {accuracy}{extra} "
+              f"peak {int(m.get('peak-bytes', -1)):,} B / budget {int(m.get('budget-bytes', -1)):,} B")
 
 
 def read_password(from_stdin: bool) -> str:

@@ -21,7 +21,8 @@ rows to a recorder: the rounds table when the run config names a database.
 
 Run config keys (``[tool.flwr.app.config]``, ``flwr run -c``): ``num-server-rounds``, ``fraction-train``,
 ``fraction-evaluate``, ``min-nodes``, ``round-timeout`` (s), ``local-steps``, ``lr``,
-``personalization``, ``finetune-steps``, ``database-url`` (empty: record nothing); the devices also read
+``personalization``, ``finetune-steps``, ``database-url`` (empty: the database of the server whose
+SuperLink runs this app, ``$POET_EDGE_DATABASE_URL``, else record nothing); the devices also read
 ``personalization``, ``seed``, ``device-classes`` and ``skew`` (:mod:`agent.virtual`).
 
 The same app runs in a deployment (real SuperNodes) and in Flower's simulation
@@ -32,8 +33,10 @@ public API only.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
@@ -42,6 +45,7 @@ from flwr.serverapp.strategy import FedAvg, Result
 
 from server.errors import ServerConfigError, ServerError
 from server.rounds import RoundRow, open_store, record_rounds
+from server.superlink import DATA_DIR_VARIABLE, DATABASE_VARIABLE
 
 log = logging.getLogger("poet-server")
 Recorder = Callable[[list[RoundRow]], None]
@@ -74,7 +78,8 @@ class FederationConfig:
                          float(run.get("fraction-evaluate", d.fraction_evaluate)), int(run.get("min-nodes", d.min_nodes)),
                          float(run.get("round-timeout", d.round_timeout)), int(run.get("local-steps", d.local_steps)),
                          float(run.get("lr", d.lr)), str(run.get("personalization", d.personalization)),
-                         int(run.get("finetune-steps", d.finetune_steps)), str(run.get("database-url", "")))
+                         int(run.get("finetune-steps", d.finetune_steps)),
+                         str(run.get("database-url", "")) or os.environ.get(DATABASE_VARIABLE, ""))
         except (TypeError, ValueError) as exc:
             raise ServerConfigError(f"run config has a value of the wrong type: {exc}") from exc
         config.check()
@@ -97,13 +102,34 @@ class FederationConfig:
             raise ServerConfigError("federation settings: " + "; ".join(problems))
 
 
-def reply_row(msg: Message, phase: str, server_round: int, run_id: int) -> RoundRow:
-    """The stored row for one device's reply (error replies carry no metrics: callers skip them)."""
+def reply_row(msg: Message, phase: str, server_round: int, run_id: int, sent: Iterable[Message] = ()) -> RoundRow:
+    """The stored row for one device's reply.  An error reply (a device that stopped mid-round, a ClientApp
+    that raised) becomes a row whose metrics are ``{"error": reason}``; the SuperLink sends those for a departed
+    node, so its node is the destination of the message it answers (among ``sent``), and its name the device
+    registered for that node when the server's data folder is known (``$POET_EDGE_DATA_DIR``)."""
+    node = msg.metadata.src_node_id
+    if msg.has_error():
+        node = next((m.metadata.dst_node_id for m in sent
+                     if m.metadata.message_id == msg.metadata.reply_to_message_id), node)
+        return RoundRow(run_id, server_round, phase, node, _device_for_node(node) or f"node-{node}",
+                        {"error": f"{msg.error.reason} (code {msg.error.code})"})
     info = msg.content["device"] if "device" in msg.content else ConfigRecord()
     metrics = next(iter(msg.content.metric_records.values()), {})
-    node = msg.metadata.src_node_id
     return RoundRow(run_id, server_round, phase, node, str(info.get("device-name", f"node-{node}")),
                     {k: v for k, v in metrics.items()}, str(info["schedule-id"]) if "schedule-id" in info else None)
+
+
+def _device_for_node(node: int) -> str | None:
+    data_dir = os.environ.get(DATA_DIR_VARIABLE)
+    if not data_dir:
+        return None
+    from server.config import ServerSettings
+    from server.supernodes import device_for_node
+
+    try:
+        return device_for_node(ServerSettings(data_dir=Path(data_dir)), node)
+    except ServerError:
+        return None
 
 
 class RecordingFedAvg(FedAvg):
@@ -112,9 +138,20 @@ class RecordingFedAvg(FedAvg):
     def __init__(self, recorder: Recorder, run_id: int, **fedavg: Any) -> None:
         super().__init__(**fedavg)
         self.recorder, self.run_id = recorder, run_id
+        self.sent: list[Message] = []  # this round's messages: the grid gives them their ids as it sends them
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        self.sent = list(super().configure_train(server_round, arrays, config, grid))
+        return self.sent
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        self.sent = list(super().configure_evaluate(server_round, arrays, config, grid))
+        return self.sent
 
     def _record(self, phase: str, server_round: int, replies: list[Message]) -> None:
-        rows = [reply_row(m, phase, server_round, self.run_id) for m in replies if not m.has_error()]
+        rows = [reply_row(m, phase, server_round, self.run_id, self.sent) for m in replies]
         if rows:
             self.recorder(rows)
 
@@ -149,7 +186,7 @@ def personalize(grid: Grid, arrays: ArrayRecord, config: FederationConfig, recor
                                                                      "lr": config.lr})})
     asks = [Message(content, dst_node_id=node, message_type="train.personalize") for node in grid.get_node_ids()]
     replies = grid.send_and_receive(asks, timeout=config.round_timeout)
-    rows = [reply_row(m, "personalize", server_round, grid.run.run_id) for m in replies if not m.has_error()]
+    rows = [reply_row(m, "personalize", server_round, grid.run.run_id, asks) for m in replies]
     if rows:
         recorder(rows)
     return rows

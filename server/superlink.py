@@ -43,6 +43,8 @@ from server.errors import FlowerError
 log = logging.getLogger("poet-edge.superlink")
 
 CONNECTION = "poet-edge"  # the SuperLink's name in FLWR_HOME/config.toml, for `flwr run . poet-edge`
+DATABASE_VARIABLE = "POET_EDGE_DATABASE_URL"  # the server's database, for the ServerApps this SuperLink runs
+DATA_DIR_VARIABLE = "POET_EDGE_DATA_DIR"  # the server's data folder (node id -> device name), for the same
 BACKOFF_FIRST_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 60.0
 STABLE_SECONDS = 60.0  # a SuperLink that ran this long before dying starts the backoff over
@@ -153,7 +155,10 @@ class SuperLink:
         self._watcher.start()
 
     def _spawn(self) -> None:
-        environment = {**flower_environment(self.home), **self.extra_environment}
+        # the ServerApps this SuperLink runs record their rounds in this server's store, with device names
+        server = {} if self.flower.simulation else {DATA_DIR_VARIABLE: str(self.settings.data_dir.resolve()),
+                                                    DATABASE_VARIABLE: self.settings.database_url}
+        environment = {**flower_environment(self.home), **server, **self.extra_environment}
         with open(self.log_path, "ab") as output:
             try:
                 process = subprocess.Popen(self.command, env=environment, stdin=subprocess.DEVNULL, stdout=output,

@@ -1,9 +1,7 @@
 """Flower's simulation engine, driven as programs: a SuperLink in simulation mode, ``flwr run``, ``flwr list``.
 
-:func:`run_on_engine` runs the Flower app in ``simulation/flwr_app`` (shipped as
-package data, so it works from an installed package; it holds only a
-``pyproject.toml`` whose components are the installed ``server.flower:app``
-and ``agent.flower:app``) on ``N`` virtual SuperNodes:
+:func:`run_on_engine` runs the fleet's Flower app (``server/flwr_app``,
+:mod:`server.federation`) on ``N`` virtual SuperNodes:
 
 1. a ``flower-superlink --simulation`` supervised by :class:`server.superlink.SuperLink`
    (``FlowerSettings(simulation=True)``) in a scratch folder: its own
@@ -26,10 +24,8 @@ Flower and Ray are never imported here (``flwr`` is a program to this package).
 
 from __future__ import annotations
 
-import json
 import shutil
 import signal
-import subprocess
 import tempfile
 import threading
 import time
@@ -37,30 +33,19 @@ from pathlib import Path
 from typing import Any
 
 from server.config import FlowerSettings, ServerSettings
-from server.errors import FlowerError
 from schedules.programs import free_port
-from server.superlink import CONNECTION, SuperLink, flower_binary, flower_environment
+from server.federation import start_run, wait_finished
+from server.superlink import SuperLink
 
-APP_DIR = Path(__file__).resolve().parent / "flwr_app"
-POLL_SECONDS = 1.0
 RAY_ENVIRONMENT = {"RAY_USAGE_STATS_ENABLED": "0"}  # Ray's own telemetry
 
-
-
-def toml_value(value: Any) -> str:
-    """``value`` as a TOML literal (bool, int, float, str: JSON's string escapes are TOML's)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    return json.dumps(str(value))
 
 
 def run_on_engine(run_config: dict[str, Any], devices: int, cpus_per_device: int, scratch: Path,
                   timeout: float = 3600.0) -> int:
     """Run the app on ``devices`` virtual SuperNodes; returns Flower's run id once the run has completed.
 
-    Raises :class:`FlowerError` when the run fails or outlasts ``timeout`` seconds (the ServerApp's log tail
+    Raises :class:`server.errors.FlowerError` when the run fails or outlasts ``timeout`` seconds (the ServerApp's log tail
     in the message).  Every process started is stopped before returning.
     """
     flower = FlowerSettings(port=free_port(), supernode_auth=False, simulation=True)  # loopback only
@@ -74,14 +59,9 @@ def run_on_engine(run_config: dict[str, Any], devices: int, cpus_per_device: int
     try:
         superlink.start()
         superlink.wait_ready(60)
-        overrides = scratch / "run-config.toml"
-        overrides.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in run_config.items()), encoding="utf-8")
-        answer = _flwr(superlink.home, "run", str(APP_DIR), CONNECTION, "--run-config", str(overrides),
-                       "--federation-config", f"num-supernodes={devices} client-resources-num-cpus={cpus_per_device}")
-        if not answer.get("success"):
-            raise FlowerError(f"flwr run refused the simulation: {answer.get('error-message', answer)}")
-        run_id = int(answer["run-id"])
-        _wait_finished(superlink.home, run_id, timeout)
+        run_id = start_run(superlink.home, run_config, "--federation-config",
+                           f"num-supernodes={devices} client-resources-num-cpus={cpus_per_device}")
+        wait_finished(superlink.home, run_id, timeout)
         return run_id
     finally:
         superlink.stop()
@@ -102,44 +82,6 @@ def _exit_on_sigterm() -> Any:
         raise SystemExit(128 + signum)
 
     return signal.signal(signal.SIGTERM, stop)
-
-
-def _wait_finished(home: Path, run_id: int, timeout: float) -> None:
-    """Poll the run's status until it has finished; raise unless it completed."""
-    deadline = time.monotonic() + timeout
-    status = ""
-    while time.monotonic() < deadline:
-        runs = _flwr(home, "list", CONNECTION, "--run-id", str(run_id)).get("runs", [])
-        status = str(runs[0].get("status", "")) if runs else ""
-        if status.startswith("finished"):
-            break
-        time.sleep(POLL_SECONDS)
-    if status == "finished:completed":
-        return
-    tail = _log_tail(home, run_id)
-    raise FlowerError(f"the simulation run {run_id} ended {status or 'unfinished'} "
-                       f"({'timed out after %g s' % timeout if not status.startswith('finished') else 'see below'})"
-                       f"; its log ends:\n{tail}")
-
-
-def _flwr(home: Path, *arguments: str) -> dict[str, Any]:
-    """``flwr ARGUMENTS --format json`` against the scratch ``FLWR_HOME``; its JSON answer."""
-    command = [str(flower_binary("flwr")), *arguments, "--format", "json"]
-    try:
-        done = subprocess.run(command, env=flower_environment(home), capture_output=True, text=True, timeout=120)
-        return dict(json.loads(done.stdout))
-    except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
-        raise FlowerError(f"{' '.join(command[:2])} failed: {exc}") from exc
-
-
-def _log_tail(home: Path, run_id: int, lines: int = 40) -> str:
-    """The last lines of the run's log (``flwr log ID --show``), or why there are none."""
-    command = [str(flower_binary("flwr")), "log", str(run_id), CONNECTION, "--show"]
-    try:
-        done = subprocess.run(command, env=flower_environment(home), capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"(no log: {exc})"
-    return "\n".join((done.stdout + done.stderr).strip().splitlines()[-lines:])
 
 
 def kill_leftovers(scratch: Path) -> list[int]:

@@ -30,7 +30,7 @@ class SimulationSettings:
     cpus_per_device: int = 1  # Ray's client-resources-num-cpus: devices training at once = cores / this
 
     def run_config(self, database_url: str) -> dict[str, Any]:
-        """The run config both apps read (``flwr run --run-config``; keys in ``simulation/flwr_app``)."""
+        """The run config both apps read (``flwr run --run-config``; keys in ``server/flwr_app``)."""
         return {"num-server-rounds": self.rounds, "fraction-train": 1.0, "fraction-evaluate": 1.0,
                 "min-nodes": self.devices, "round-timeout": 600.0, "local-steps": self.local_steps, "lr": self.lr,
                 "personalization": self.personalization, "finetune-steps": self.finetune_steps,

@@ -66,10 +66,11 @@ def test_a_round_trip_in_the_simulation_engine_stores_a_row_per_device_per_round
 class Device:
     """One virtual device as Flower's simulation engine runs it: its node config and the state it keeps."""
 
-    def __init__(self, partition: int, partitions: int = 3, **run_changes) -> None:
+    def __init__(self, partition: int, partitions: int = 3, node_config: dict | None = None, **run_changes) -> None:
         self.node_id = 1000 + partition
+        node = node_config or {"partition-id": partition, "num-partitions": partitions}
         self.context = Context(run_id=1, node_id=self.node_id, state=RecordDict(), run_config=run_config(**run_changes),
-                               node_config={"partition-id": partition, "num-partitions": partitions})
+                               node_config=node)
 
     def ask(self, message_type: str, content: RecordDict) -> Message:
         """The device's reply to one instruction from the server (built as the SuperNode delivers it)."""
@@ -146,8 +147,79 @@ def test_the_server_refuses_bad_settings_listing_every_problem() -> None:
 def test_the_shipped_app_declares_every_run_config_key_the_simulation_sets() -> None:
     import tomllib
 
-    from simulation.engine import APP_DIR
+    from server.cli import federate_run_config
+    from server.config import ServerSettings
+    from server.federation import APP_DIR
     from simulation.run import SimulationSettings
 
     declared = tomllib.loads((Path(APP_DIR) / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     assert set(SimulationSettings().run_config("sqlite://")) <= set(declared)  # flwr run overrides only these
+    federate = _parse("server", "federate", "--rounds", "2")
+    assert set(federate_run_config(federate, ServerSettings())) <= set(declared)
+
+
+def _parse(*argv: str):
+    import argparse
+
+    from server.cli import add_commands
+
+    parser = argparse.ArgumentParser()
+    add_commands(parser.add_subparsers(dest="command"))
+    return parser.parse_args(list(argv))
+
+
+def test_an_agents_device_trains_its_own_model_on_its_own_data_under_its_budget(tmp_path) -> None:
+    from agent.daemon.config import load_config
+    from agent.digits import write_device_data
+    from benchmarks.agent_rig import FakeDevice, write_config
+    from schedules.schedule import Schedule
+
+    data = write_device_data(tmp_path / "digits.npz", 1, 3)
+    path = write_config(tmp_path, FakeDevice(tmp_path / "root"), data, "agent.digits:digits_workload", "16x1x8x8",
+                        device_name="pi-kitchen", training_memory_budget="700KB")
+    device = Device(0, node_config={"agent-config": str(path.resolve()), "device-name": "pi-kitchen"},
+                    personalization="none")
+    initial = device.ask("query.initial", RecordDict({"config": ConfigRecord()})).content["arrays"]
+    reply = device.ask("train", weights_message(initial, **{"local-steps": 4}))
+    metrics, info = reply.content["metrics"], reply.content["device"]
+    assert tuple(metrics.keys()) == METRIC_KEYS  # the same keys as a simulated device's
+    assert metrics["budget-bytes"] == 700_000 and 0 < metrics["peak-bytes"] <= 700_000
+    assert metrics["steps"] == 4 and metrics["num-examples"] == 4 * 16
+    assert str(info["device-name"]) == "pi-kitchen"
+    cached = [Schedule.load(p) for p in (load_config(path).device.state_dir / "prepared").glob("*/schedule-*.json")]
+    assert [s.schedule_id for s in cached] == [str(info["schedule-id"])]  # the agent's own, cached schedule
+    changed = reply.content["arrays"].to_torch_state_dict()
+    assert any(not bits_equal(changed[k], v) for k, v in initial.to_torch_state_dict().items())
+
+
+def _sent(dst: int) -> Message:
+    """A train message as the grid sends it: the grid gives it its id (``object_id``) on the way out."""
+    metadata = Metadata(run_id=1, message_id="", src_node_id=SUPERLINK_NODE_ID, dst_node_id=dst,
+                        reply_to_message_id="", group_id="1", created_at=time.time(), ttl=3600.0, message_type="train")
+    message = Message(RecordDict({"config": ConfigRecord()}), metadata=metadata)
+    message.metadata.__dict__["_message_id"] = message.object_id
+    return message
+
+
+def test_a_device_that_left_mid_round_is_a_row_with_its_error_and_its_name(tmp_path, monkeypatch) -> None:
+    import json
+
+    from flwr.app.error import Error
+
+    from server.flower import reply_row
+
+    sent = [_sent(41), _sent(42)]
+    # the SuperLink answers for a node that went away: the error comes from the SuperLink (node 1)
+    metadata = Metadata(run_id=1, message_id="", src_node_id=1, dst_node_id=SUPERLINK_NODE_ID,
+                        reply_to_message_id=sent[1].metadata.message_id, group_id="1", created_at=time.time(),
+                        ttl=3600.0, message_type="train")
+    error = Message(Error(code=3, reason="the node went offline"), metadata=metadata)
+    row = reply_row(error, "train", 1, 7, sent)
+    assert (row.node_id, row.device_name, row.round, row.phase) == (42, "node-42", 1, "train")
+    assert row.metrics == {"error": "the node went offline (code 3)"}
+    flower_dir = tmp_path / "flower"
+    flower_dir.mkdir()
+    (flower_dir / "supernodes.json").write_text(json.dumps({"pi-2": {"node_id": 42, "public_key": "k",
+                                                                      "registered_at": 0.0}}))
+    monkeypatch.setenv("POET_EDGE_DATA_DIR", str(tmp_path))  # as the server's SuperLink sets it for its apps
+    assert reply_row(error, "train", 1, 7, sent).device_name == "pi-2"

@@ -1,151 +1,39 @@
 """A real Flower deployment on 127.0.0.1: the server's supervised SuperLink with TLS and SuperNode authentication,
-and three agents whose SuperNodes follow their device's eligibility (a fake sysfs tree plugged and unplugged).
+and three device agents (``poet-edge agent run``) whose SuperNodes follow their device's eligibility (a fake sysfs
+tree plugged and unplugged) and whose warm runners fork the ClientApps.
 
-The rounds run ``tests/flower_app`` (a probe app: sleeps, marks, adds one), which exercises the processes; the
-product's apps (``agent.flower``, ``server.flower``) have their own tests.  The tests share one deployment and run
-in file order.
+Each device trains the digits model on its own rotated share of the digits (a ``.npz`` data file) under its own
+memory budget; the rounds are the product's apps, submitted with ``poet-edge server federate``, and land in the
+server's rounds table.  The tests share one deployment and run in file order.
 """
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import json
-import os
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
-from agent.daemon.config import load_config
 from agent.daemon.supernode import ensure_key, flower_binary
-from benchmarks.agent_rig import FakeDevice, agent_command, read_status, write_config
-from server.config import FlowerSettings, ServerSettings
-from schedules.programs import QUIET, flower_environment, free_port
-from server.superlink import SuperLink
-from server.supernodes import list_nodes
+from benchmarks.flower_rig import Fleet, run_id_of, wait_for
+from schedules.programs import flower_environment, free_port
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-REPO = Path(__file__).resolve().parents[1]
-APP = Path(__file__).parent / "flower_app"
 DEVICES = ("pi-0", "pi-1", "pi-2")
-
-# The agent's daemon with a worker that only idles: these tests are about the SuperNode, not local training.
-AGENT = """
-import signal, sys
-from agent.daemon.config import load_config
-from agent.daemon.supervisor import Daemon, configure_logging
-configure_logging()
-idle = [sys.executable, "-c", "import signal, sys; signal.signal(signal.SIGUSR1, lambda *a: sys.exit(0)); signal.pause()"]
-sys.exit(Daemon(load_config(sys.argv[1]), worker_command=idle).run())
-"""
-
-
-
-def make_tls(directory: Path) -> Path:
-    """A CA and a server certificate for localhost / 127.0.0.1 (``ca.crt``, ``server.pem``, ``server.key``)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    directory.mkdir(parents=True)
-    now = datetime.datetime.now(datetime.timezone.utc)
-    ca_key, key = ec.generate_private_key(ec.SECP384R1()), ec.generate_private_key(ec.SECP384R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "poet-edge test CA")])
-
-    def certificate(subject: x509.Name, public: Any) -> x509.CertificateBuilder:
-        return (x509.CertificateBuilder().subject_name(subject).issuer_name(ca_name).public_key(public)
-                .serial_number(x509.random_serial_number()).not_valid_before(now)
-                .not_valid_after(now + datetime.timedelta(days=1)))
-
-    ca = certificate(ca_name, ca_key.public_key()).add_extension(
-        x509.BasicConstraints(ca=True, path_length=None), critical=True).sign(ca_key, hashes.SHA256())
-    server = certificate(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]), key.public_key()) \
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                    x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                       critical=False).sign(ca_key, hashes.SHA256())
-    (directory / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    (directory / "server.pem").write_bytes(server.public_bytes(serialization.Encoding.PEM))
-    (directory / "server.key").write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                                             serialization.PrivateFormat.PKCS8,
-                                                             serialization.NoEncryption()))
-    return directory
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-class Fleet:
-    """The SuperLink, three devices (fake sysfs, agent config, agent process) and helpers over them."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        tls = make_tls(root / "tls")
-        self.settings = ServerSettings(data_dir=root / "server",
-                                       flower=FlowerSettings(port=free_port(), tls_dir=tls))
-        self.superlink = SuperLink(self.settings)
-        self.devices: dict[str, FakeDevice] = {}
-        self.configs: dict[str, Path] = {}
-        self.agents: dict[str, subprocess.Popen] = {}
-        for name in DEVICES:
-            home = root / name
-            home.mkdir()
-            self.devices[name] = FakeDevice(home / "root")
-            self.configs[name] = write_config(
-                home, self.devices[name], home / "data.csv", "unet", "1x3x8x8", device_name=name,
-                flower_enabled=True, flower_superlink=self.settings.flower.address,
-                flower_root_certificates=str(tls / "ca.crt"), flower_runtime_port=free_port())
-
-    def start_agent(self, name: str) -> None:
-        log = open(self.root / name / "agent.log", "ab")
-        self.agents[name] = subprocess.Popen([sys.executable, "-c", AGENT, str(self.configs[name])], cwd=REPO,
-                                             env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=log,
-                                             stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
-
-    def status(self, name: str) -> dict[str, Any]:
-        return read_status(self.root / name)
-
-    def online(self) -> dict[str, int]:
-        """Device name -> node id of the SuperNodes the SuperLink sees online."""
-        try:
-            nodes = list_nodes(self.settings)
-        except Exception:  # the SuperLink is restarting
-            return {}
-        return {node["device"]: int(node["node-id"]) for node in nodes if node["status"] == "online"}
-
-    def close(self) -> None:
-        for agent in self.agents.values():
-            if agent.poll() is None:
-                agent.send_signal(signal.SIGTERM)
-        for agent in self.agents.values():
-            try:
-                agent.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(agent.pid, signal.SIGKILL)
-                agent.wait()
-        self.superlink.stop()
+# Activation budgets: the digits model's plain step peaks near 865 KB; pi-2 has room for all of it.
+BUDGETS = {"pi-0": "650KB", "pi-1": "750KB", "pi-2": "2MB"}
+LOCAL_STEPS = 1000  # seconds of training: long enough to unplug a device in the middle
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory):
-    fleet = Fleet(tmp_path_factory.mktemp("flower"))
+    fleet = Fleet(tmp_path_factory.mktemp("flower"), BUDGETS)
     try:
-        fleet.superlink.start()
-        fleet.superlink.wait_ready(60)
+        fleet.start()
         yield fleet
     finally:
         fleet.close()
@@ -153,10 +41,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory):
 
 def test_registered_keys_get_node_ids_and_the_devices_come_online(fleet: Fleet) -> None:
     for name in DEVICES:
-        public = ensure_key(load_config(fleet.configs[name]).supernode_key_path)
-        done = subprocess.run([*agent_command("server", "supernode", "register", name, str(public)),
-                               "--data-dir", str(fleet.settings.data_dir)],
-                              cwd=REPO, capture_output=True, text=True, timeout=120)
+        done = fleet.register(name)
         assert done.returncode == 0, done.stderr
         assert f"registered {name}: node id" in done.stdout
     for name in DEVICES:
@@ -165,6 +50,9 @@ def test_registered_keys_get_node_ids_and_the_devices_come_online(fleet: Fleet) 
     names = json.loads((fleet.settings.flower_dir / "supernodes.json").read_text())
     assert {name: names[name]["node_id"] for name in DEVICES} == {name: online[name] for name in DEVICES}
     assert all(fleet.status(name)["supernode"].startswith("running") for name in DEVICES)
+    # a federated device trains only when a round asks: no local training window of its own
+    assert all("federated" in fleet.status(name)["reason"] and not fleet.status(name)["steps_done"]
+               for name in DEVICES)
 
 
 def test_an_unregistered_key_is_refused(fleet: Fleet, tmp_path: Path) -> None:
@@ -217,23 +105,50 @@ def test_a_superlink_crash_is_restarted_and_the_supernodes_reconnect_with_their_
     assert {name: after[name] for name in DEVICES} == {name: before[name] for name in DEVICES}
 
 
-def test_two_rounds_complete_with_a_device_unplugged_mid_round(fleet: Fleet, tmp_path: Path) -> None:
-    wait_for(lambda: fleet.online().keys() >= set(DEVICES), 120, "three online")
-    out = tmp_path / "out"
-    out.mkdir()
-    env = {**os.environ, **QUIET, "FLWR_HOME": str(fleet.superlink.home)}
-    done = subprocess.run([str(flower_binary("flwr")), "run", str(APP), "poet-edge", "--format", "json",
-                           "--run-config", f"out-dir='{out}' train-seconds=6.0"], env=env, capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0 and json.loads(done.stdout)["success"], done.stdout + done.stderr
-    wait_for(lambda: (out / "pi-2.round1.started").exists(), 120, "pi-2 training in round 1")
-    fleet.devices["pi-2"].unplug()
-    result = json.loads(wait_for(lambda: (out / "server.json").exists() and (out / "server.json").read_text(),
-                                 240, "the ServerApp's result"))
-    first, second = result["rounds"]["1"], result["rounds"]["2"]
-    assert first["devices"] == ["pi-0", "pi-1"] and len(first["errors"]) == 1  # pi-2 answered with an error
-    assert second["devices"] == ["pi-0", "pi-1"] and not second["errors"]  # pi-2 was not sampled any more
-    assert result["final"] == [2.0, 2.0, 2.0]
+def test_federated_rounds_complete_with_a_device_unplugged_mid_round(fleet: Fleet) -> None:
+    fleet.wait_online()
+    output = fleet.root / "federate.log"
+    federate = fleet.federate(output, "--rounds", "2", "--min-nodes", "2", "--local-steps", str(LOCAL_STEPS),
+                              "--finetune-steps", "20", "--round-timeout", "240")
+    try:
+        # round 1's training: the first train message pi-2's SuperNode receives (it trains for seconds)
+        supernode_log = fleet.flower_file("pi-2", "supernode.log")
+        offset = supernode_log.stat().st_size
+        wait_for(lambda: "Receiving: train message" in supernode_log.read_text(errors="replace")[offset:], 240,
+                 "pi-2 receiving round 1's training")
+        wait_for(lambda: fleet.clientapps("pi-2"), 30, "pi-2's ClientApp training")
+        time.sleep(1.0)
+        fleet.devices["pi-2"].unplug()
+        assert federate.wait(600) == 0, output.read_text()
+    finally:
+        if federate.poll() is None:
+            federate.kill()
+    everything = fleet.rows(run_id_of(output))
+    errors = [r for r in everything if "error" in r.metrics]
+    rows = [r for r in everything if "error" not in r.metrics]
+    devices = {(r.round, r.phase): sorted(x.device_name for x in rows if (x.round, x.phase) == (r.round, r.phase))
+               for r in rows}
+    # pi-2 left mid-round: it answered round 1's training with an error, named after its registered node id
+    assert [(r.round, r.phase, r.device_name) for r in errors] == [(1, "train", "pi-2")]
+    assert devices[(1, "train")] == ["pi-0", "pi-1"]
+    assert devices[(2, "train")] == ["pi-0", "pi-1"]  # and it was not sampled any more
+    assert devices[(3, "personalize")] == ["pi-0", "pi-1"]
+    train = [r for r in rows if r.phase == "train"]
+    # each device trained its own data under its own schedule, within its budget; the same keys from all
+    for phase in ("train", "evaluate", "personalize"):
+        assert len({frozenset(r.metrics) for r in rows if r.phase == phase}) == 1
+    for row in train:
+        budget = {"pi-0": 650_000, "pi-1": 750_000}[row.device_name]
+        assert row.metrics["budget-bytes"] == budget and 0 < row.metrics["peak-bytes"] <= budget
+        assert row.metrics["steps"] == LOCAL_STEPS and row.schedule_id
+        assert row.metrics["startup-seconds"] >= 0  # measured (benchmarks/flower_overhead.py has the figure)
+    printed = output.read_text()
+    assert "round 3 personalize" in printed and "round 1 train       pi-2" in printed
+    for name in DEVICES:  # every ClientApp was forked by the device's warm runner, none started cold
+        runner_log = fleet.flower_file(name, "clientapps.log").read_text(errors="replace")
+        assert "Start `flwr-clientapp` process" in runner_log
+        supernode_log = fleet.flower_file(name, "supernode.log").read_text(errors="replace")
+        assert "Start `flwr-clientapp` process" not in supernode_log
 
 
 def _flower_processes_of(agent_pid: int) -> list[str]:

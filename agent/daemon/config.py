@@ -129,6 +129,7 @@ class FlowerSection:
     root_certificates: Path | None = None  # the CA that signed the SuperLink's certificate (default: system CAs)
     auth_key: Path | None = None  # ECDSA P-384 OpenSSH private key; default state_dir/flower/supernode.key (made)
     runtime_port: int = 9094  # the SuperNode's local port for its ClientApps (127.0.0.1)
+    warm_clientapps: bool = True  # fork each message's ClientApp ready-loaded (agent.daemon.clientapps)
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,18 @@ into a session of its own), then SIGKILL after :data:`STOP_SECONDS`.  A
 SuperNode stopped in the middle of a round has its message answered with an
 error at once, so the round goes on with the others instead of waiting.
 
+Each message's ClientApp is forked ready-loaded by the agent's warm runner
+(:mod:`agent.daemon.clientapps`, ``[flower] warm_clientapps``, on by default):
+it starts with the SuperNode and stops with it, and the launcher it answers
+comes first on the SuperNode's ``PATH`` as ``flwr-clientapp``.  SuperExec's
+task poll is shortened to :data:`TASK_POLL_SECONDS` (Flower's default is 1 s).
+
 Files, under ``state_dir/flower``: ``supernode.key`` (ECDSA P-384, OpenSSH,
 mode 0600; made on first use unless ``[flower] auth_key`` names one) with its
 ``supernode.key.pub`` for the operator to register (``poet-edge server
 supernode register NAME KEY.pub``), ``supernode.log`` (the SuperNode's
-output), ``home/`` (its ``FLWR_HOME``).  The key gives the node a stable id
+output), ``home/`` (its ``FLWR_HOME``), ``bin/flwr-clientapp`` (the launcher),
+``clientapps.sock`` and ``clientapps.log`` (the warm runner's socket and output).  The key gives the node a stable id
 across restarts.  Flower is run as a program, never imported here: this
 module lives in the daemon's small process.
 """
@@ -27,6 +34,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from agent.daemon import clientapp_launcher
+from agent.daemon.clientapp_launcher import PROGRAM_VARIABLE, SOCKET_VARIABLE
 from agent.daemon.config import AgentConfig
 from agent.errors import SuperNodeKeyError
 from schedules.process_tree import stop_tree
@@ -38,6 +47,8 @@ STOP_SECONDS = 10.0
 RETRY_FIRST_SECONDS = 5.0
 RETRY_MAX_SECONDS = 300.0
 REFUSED_MARK = "Exit Code: 305"  # Flower's code for a SuperNode the SuperLink would not activate
+LAUNCHER_NAME = "flwr-clientapp"
+TASK_POLL_SECONDS = 0.2  # FLWR_SUPEREXEC_TASK_POLL_INTERVAL: how soon a pulled message gets its ClientApp
 
 
 def ensure_key(path: Path) -> Path:
@@ -66,6 +77,18 @@ def ensure_key(path: Path) -> Path:
     except (OSError, ValueError, TypeError) as exc:
         raise SuperNodeKeyError(f"{path}: cannot read or make the SuperNode key: {exc}") from exc
     return public
+
+
+def install_launcher(bin_dir: Path, python: str = sys.executable) -> Path:
+    """Write the launcher (:mod:`agent.daemon.clientapp_launcher`) as ``bin_dir/flwr-clientapp``; returns it."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    target = bin_dir / LAUNCHER_NAME
+    source = Path(clientapp_launcher.__file__).read_text(encoding="utf-8")
+    temporary = target.with_name(target.name + ".tmp")
+    temporary.write_text(f"#!{python} -IS\n{source}", encoding="utf-8")
+    temporary.chmod(0o755)
+    temporary.replace(target)
+    return target
 
 
 def flower_binary(name: str) -> Path:
@@ -99,6 +122,8 @@ class SuperNode:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         self.process: subprocess.Popen | None = None
+        self.runner: subprocess.Popen | None = None  # the warm ClientApp runner, while the SuperNode runs
+        self._runner_environment: dict[str, str] = {}
         self.state = "stopped: not eligible"
         self.retry_at = 0.0
         self.retry_seconds = RETRY_FIRST_SECONDS
@@ -118,6 +143,8 @@ class SuperNode:
             self._exited(now)
         if eligible and self.process is None and now >= self.retry_at:
             self._start()
+        elif eligible and self.process is not None and self.config.flower.warm_clientapps:
+            self._keep_runner(self._runner_environment)
         elif not eligible and self.process is not None:
             self.stop("stopped: not eligible")
         elif not eligible:
@@ -128,7 +155,15 @@ class SuperNode:
     def _start(self) -> None:
         f = self.config.flower
         self.config.flower_dir.mkdir(parents=True, exist_ok=True)
-        environment = flower_environment(self.config.flower_dir / "home", flower_binary("flower-supernode").parent)
+        programs = flower_binary("flower-supernode").parent
+        environment = flower_environment(self.config.flower_dir / "home", programs)
+        environment["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = str(TASK_POLL_SECONDS)
+        if f.warm_clientapps:
+            self._keep_runner(environment)  # the ClientApps it forks share the SuperNode's FLWR_HOME
+            launcher = install_launcher(self.config.flower_dir / "bin")
+            environment.update({"PATH": f"{launcher.parent}{os.pathsep}{environment['PATH']}",
+                                SOCKET_VARIABLE: str(self.socket_path),
+                                PROGRAM_VARIABLE: str(flower_binary("flwr-clientapp"))})
         with open(self.log_path, "ab") as output:
             self._log_offset = output.tell()  # this run's output starts here: an exit is read from its own lines
             self.process = subprocess.Popen(supernode_command(self.config), env=environment, stdin=subprocess.DEVNULL,
@@ -156,10 +191,35 @@ class SuperNode:
         """The SuperNode's output, appended across starts."""
         return self.config.flower_dir / "supernode.log"
 
+    @property
+    def socket_path(self) -> Path:
+        """Where the warm runner listens for the launcher."""
+        return self.config.flower_dir / "clientapps.sock"
+
+    def _keep_runner(self, environment: dict[str, str]) -> None:
+        """Start the warm runner unless it runs (it is started again if it ended; meanwhile the launcher falls
+        back to Flower's own ClientApp)."""
+        self._runner_environment = environment
+        if self.runner is not None and self.runner.poll() is None:
+            return
+        if self.runner is not None:
+            log.warning("warm ClientApp runner exited with %s (see %s); starting it again", self.runner.returncode,
+                        self.config.flower_dir / "clientapps.log")
+        with open(self.config.flower_dir / "clientapps.log", "ab") as output:
+            self.runner = subprocess.Popen(
+                [sys.executable, "-m", "agent.daemon.clientapps", "--config", str(self.config.path.resolve()),
+                 "--socket", str(self.socket_path), "--supernode-log", str(self.log_path)], env=environment,
+                stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
+                cwd=self.config.flower_dir)
+
     def stop(self, state: str = "stopped") -> None:
-        """Stop the SuperNode and every process it started (SIGTERM, then SIGKILL after :data:`STOP_SECONDS`)."""
+        """Stop the SuperNode and every process it started, and the warm runner with its ClientApps (SIGTERM,
+        then SIGKILL after :data:`STOP_SECONDS`)."""
         process, self.process = self.process, None
+        runner, self.runner = self.runner, None
         self.state = state
+        if runner is not None and runner.poll() is None and not stop_tree(runner, STOP_SECONDS):
+            log.warning("warm ClientApp runner did not stop within %g s: killed", STOP_SECONDS)
         if process is None or process.poll() is not None:
             return
         if not stop_tree(process, STOP_SECONDS):

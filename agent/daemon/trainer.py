@@ -26,6 +26,7 @@ from agent.daemon.prepare import Prepared
 from agent.data import LocalDataset
 from agent.errors import MemoryBoundError
 from agent.executor import Executor
+from agent.holdout import Evaluation, evaluate
 
 
 
@@ -39,15 +40,6 @@ class StepResult:
     peak_bytes: int | None  # the process's peak RSS during the step
     bound_bytes: int | None  # what that peak may reach: (RSS before the step + budget) x (1 + slack)
     energy_j: float | None
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """The model on the held-out data."""
-
-    loss: float
-    accuracy: float | None  # None for regression targets
-    samples: int
 
 
 def make_optimizer(config: AgentConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -140,27 +132,7 @@ class Trainer:
 
     def evaluate(self) -> Evaluation | None:
         """Loss and accuracy on the held-out data (``None`` without any); leaves the training state alone."""
-        if len(self.data.holdout_y) == 0:
-            return None
-        was_training = self.model.training
-        self.model.eval()
-        total_loss, correct, labels, count, classify = 0.0, 0, 0, 0, True
-        try:
-            with torch.no_grad():
-                for inputs, targets in self.data.holdout_batches():
-                    args = inputs if isinstance(inputs, tuple) else (inputs,)
-                    output = self.model(*args)
-                    total_loss += float(self.loss_fn(output, targets)) * len(targets)
-                    logits = getattr(output, "logits", output)
-                    if targets.dtype.is_floating_point or logits.dim() < 2:
-                        classify = False
-                    else:
-                        correct += int((logits.argmax(dim=1) == targets).sum())  # per sample or per position
-                        labels += targets.numel()
-                    count += len(targets)
-        finally:
-            self.model.train(was_training)
-        return Evaluation(total_loss / count, correct / labels if classify and labels else None, count)
+        return evaluate(self.model, self.loss_fn, self.data)
 
 
 def _python_rng_state() -> list[Any]:

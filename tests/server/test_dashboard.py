@@ -327,6 +327,16 @@ def test_the_rounds_page_lists_a_row_per_device_per_round_of_the_chosen_run(dash
     assert "pi-9" not in html and "pi-9" in client.get("/rounds?run=8").text
 
 
+def test_a_device_that_answered_with_an_error_shows_the_error_in_its_row(dashboard: Dashboard) -> None:
+    client = dashboard.client
+    record_rounds(db(client), [round_row(9, 1, "train", "pi-1"),
+                               RoundRow(9, 1, "train", 42, "pi-2", {"error": f"node offline {XSS} (code 3)"})])
+    html = client.get("/rounds?run=9").text
+    row = html[html.index('data-device="pi-2"'):].split("</tr>")[0]
+    assert 'class="c-error"' in row and "error: node offline" in row and XSS not in row
+    assert 'class="c-error"' not in html[html.index('data-device="pi-1"'):].split("</tr>")[0]
+
+
 # -- enrolment tokens and revocation ----------------------------------------------------------
 def test_a_token_made_on_the_page_is_shown_once_and_enrols_one_device(dashboard: Dashboard) -> None:
     client = dashboard.client

@@ -1,0 +1,84 @@
+"""The warm ClientApp runner's pieces that stand alone: the ``flwr-clientapp`` launcher and the wait for a message.
+
+The whole path (SuperExec -> launcher -> runner -> forked ClientApp) runs in tests/test_flower_deployment.py.
+Here Flower's program and the SuperNode's log are the outside world: a stand-in program that records its
+arguments, and a log file written the way the SuperNode writes it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from agent.daemon.clientapp_launcher import PROGRAM_VARIABLE, SOCKET_VARIABLE
+from agent.daemon.clientapps import MessageArrival
+from agent.daemon.supernode import install_launcher
+
+
+def flower_stand_in(tmp_path: Path) -> tuple[Path, Path]:
+    """A program in the place of Flower's ``flwr-clientapp`` that writes its arguments to a file."""
+    record = tmp_path / "arguments"
+    program = tmp_path / "real-flwr-clientapp"
+    program.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {record}\n')
+    program.chmod(0o755)
+    return program, record
+
+
+def test_the_launcher_becomes_flowers_program_when_no_runner_answers(tmp_path: Path) -> None:
+    program, record = flower_stand_in(tmp_path)
+    launcher = install_launcher(tmp_path / "bin")
+    assert launcher.name == "flwr-clientapp" and os.access(launcher, os.X_OK)
+    arguments = ["--runtime-api-address", "127.0.0.1:9094", "--token", "abc", "--insecure"]
+    for socket in (str(tmp_path / "nobody-listens.sock"), None):  # a stopped runner, or none configured
+        record.unlink(missing_ok=True)
+        environment = {**os.environ, PROGRAM_VARIABLE: str(program)}
+        environment.pop(SOCKET_VARIABLE, None)
+        if socket:
+            environment[SOCKET_VARIABLE] = socket
+        done = subprocess.run([str(launcher), *arguments], env=environment, capture_output=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        assert record.read_text().split() == arguments  # Flower's program got exactly the launch's arguments
+
+
+def test_the_launcher_says_what_is_missing_without_flowers_program(tmp_path: Path) -> None:
+    launcher = install_launcher(tmp_path / "bin")
+    environment = {k: v for k, v in os.environ.items() if k not in (PROGRAM_VARIABLE, SOCKET_VARIABLE)}
+    done = subprocess.run([str(launcher), "--token", "abc"], env=environment, capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode != 0 and PROGRAM_VARIABLE in done.stderr
+
+
+def test_a_runner_waits_for_the_message_the_supernode_is_receiving(tmp_path: Path) -> None:
+    log = tmp_path / "supernode.log"
+    log.write_text("INFO :      Receiving: train message (ID: old)\n")  # an earlier run's, unfinished
+    arrival = MessageArrival(log)
+    assert arrival.wait(0.1)  # what was logged before the runner started does not count
+
+    with open(log, "a") as out:
+        out.write("INFO :      [RUN 7]\nINFO :      Receiving: train message (ID: 1)\n")
+    started = time.monotonic()
+    assert not arrival.wait(0.3)  # the weights are still coming
+    assert time.monotonic() - started >= 0.3
+
+    def arrive() -> None:
+        time.sleep(0.2)
+        with open(log, "a") as out:
+            out.write("INFO :      Received successfully\n")
+
+    writer = threading.Thread(target=arrive)
+    writer.start()
+    started = time.monotonic()
+    assert arrival.wait(5.0)
+    assert 0.15 <= time.monotonic() - started < 2.0
+    writer.join()
+
+    with open(log, "a") as out:  # a failed receive ends the wait too
+        out.write("INFO :      Receiving: evaluate message (ID: 2)\nERROR :     Failed to receive message 2: gone\n")
+    assert arrival.wait(0.1)
+
+
+def test_without_a_supernode_log_the_runner_does_not_wait() -> None:
+    assert MessageArrival(None).wait(5.0)
