@@ -117,12 +117,16 @@ def test_federated_rounds_complete_with_a_device_unplugged_mid_round(fleet: Flee
         wait_for(lambda: "Receiving: train message" in supernode_log.read_text(errors="replace")[offset:], 240,
                  "pi-2 receiving round 1's training")
         wait_for(lambda: fleet.clientapps("pi-2"), 30, "pi-2's ClientApp training")
+        # the agents say so: a federated device is training while a ClientApp of its runs
+        wait_for(lambda: fleet.status("pi-2").get("state") == "training", 30, "pi-2's status: training")
         time.sleep(1.0)
         fleet.devices["pi-2"].unplug()
         assert federate.wait(600) == 0, output.read_text()
     finally:
         if federate.poll() is None:
             federate.kill()
+    wait_for(lambda: all(fleet.status(name).get("state") == "waiting" for name in ("pi-0", "pi-1")), 30,
+             "the devices waiting again after the run")
     everything = fleet.rows(run_id_of(output))
     errors = [r for r in everything if "error" in r.metrics]
     rows = [r for r in everything if "error" not in r.metrics]

@@ -137,6 +137,17 @@ class SuperNode:
         """Whether the SuperNode process is alive."""
         return self.process is not None and self.process.poll() is None
 
+    def clientapps(self) -> int:
+        """How many ClientApps the warm runner has running now (a round's message being answered)."""
+        import psutil
+
+        if self.runner is None or self.runner.poll() is not None:
+            return 0
+        try:
+            return sum(1 for child in psutil.Process(self.runner.pid).children() if child.status() != "zombie")
+        except psutil.Error:
+            return 0
+
     def follow(self, eligible: bool, now: float) -> None:
         """Start or stop the SuperNode so that it runs exactly while ``eligible``."""
         if self.process is not None and self.process.poll() is not None:

@@ -19,6 +19,7 @@ and is stopped, its whole process group, as soon as a check says it is not.
 Such a device trains when the federation's rounds ask it to (its ClientApps
 train the agent's model on its data under its schedule), never in local
 windows of its own: two trainings at once would each take the memory budget.
+Its state is *training* while a ClientApp runs, *waiting* otherwise.
 
 systemd: ``READY=1`` once running, ``STATUS=`` at every state change,
 ``WATCHDOG=1`` at half the watchdog interval, ``STOPPING=1`` on the way out.
@@ -238,8 +239,11 @@ class Daemon:
             self._set_state("waiting", decision.reason)
             return
         if self.supernode is not None:
-            self._set_state("waiting", f"eligible ({decision.reason}); federated: trains when a Flower round asks "
-                                       f"(SuperNode {self.supernode.state})")
+            if self.supernode.clientapps():
+                self._set_state("training", "answering a federated round's message (a ClientApp is running)")
+            else:
+                self._set_state("waiting", f"eligible ({decision.reason}); federated: trains when a Flower round "
+                                           f"asks (SuperNode {self.supernode.state})")
             return
         self.worker = Worker(self.config, self.worker_command)
         self._set_state("preparing", f"eligible ({decision.reason}); starting the training process")
