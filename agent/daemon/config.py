@@ -127,6 +127,8 @@ class FlowerSection:
     enabled: bool = False
     superlink: str = ""  # the fleet's SuperLink, HOST:PORT: "fleet.example:9092"
     root_certificates: Path | None = None  # the CA that signed the SuperLink's certificate (default: system CAs)
+    auth: bool = True  # authenticate with auth_key (the SuperLink admits registered keys only); false: the
+    # SuperNode registers itself with a fresh key each start (a SuperLink run with --no-flower-auth)
     auth_key: Path | None = None  # ECDSA P-384 OpenSSH private key; default state_dir/flower/supernode.key (made)
     runtime_port: int = 9094  # the SuperNode's local port for its ClientApps (127.0.0.1)
     warm_clientapps: bool = True  # fork each message's ClientApp ready-loaded (agent.daemon.clientapps)

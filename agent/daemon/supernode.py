@@ -105,8 +105,9 @@ def supernode_command(config: AgentConfig) -> list[str]:
     f = config.flower
     node_config = f'device-name="{config.device.name}" agent-config="{config.path.resolve()}"'
     command = [str(flower_binary("flower-supernode")), "--superlink", f.superlink, "--port", str(f.runtime_port),
-               "--auth-supernode-private-key", str(config.supernode_key_path.resolve()),
                "--node-config", node_config]
+    if f.auth:  # with a key Flower never self-registers: the key must be registered, auth on or off
+        command += ["--auth-supernode-private-key", str(config.supernode_key_path.resolve())]
     if f.root_certificates is not None:
         command += ["--root-certificates", str(f.root_certificates.resolve())]
     return command
@@ -129,6 +130,8 @@ class SuperNode:
         self.retry_seconds = RETRY_FIRST_SECONDS
         self._log_offset = 0
         self.public_key = ensure_key(config.supernode_key_path)
+        if not config.flower.auth:
+            return
         log.info("Flower SuperNode key %s: the operator registers it with `poet-edge server supernode register "
                  "%s %s`", config.supernode_key_path, config.device.name, self.public_key)
 
