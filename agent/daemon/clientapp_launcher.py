@@ -19,7 +19,9 @@ import time
 
 SOCKET_VARIABLE = "POET_CLIENTAPP_SOCKET"
 PROGRAM_VARIABLE = "POET_FLWR_CLIENTAPP"
-ANSWER_SECONDS = 5.0
+# Longer than the runner may wait for a message's arrival before it forks (5 s): a launcher that gave up on a
+# runner about to fork would start a second ClientApp for the same task.
+ANSWER_SECONDS = 20.0
 
 
 def hand_over(path: str, argv: list, launched_at: float) -> bool:

@@ -44,7 +44,7 @@ from pathlib import Path
 log = logging.getLogger("poet-agent")
 
 REQUEST_BYTES = 65536
-ARRIVAL_WAIT_SECONDS = 5.0
+ARRIVAL_WAIT_SECONDS = 5.0  # below the launcher's ANSWER_SECONDS: it must not give up on a fork on its way
 FORKED_AFTER = "the SuperNode receiving the message"  # logged with each fork: how long the weights took to come
 
 

@@ -82,3 +82,11 @@ def test_a_runner_waits_for_the_message_the_supernode_is_receiving(tmp_path: Pat
 
 def test_without_a_supernode_log_the_runner_does_not_wait() -> None:
     assert MessageArrival(None).wait(5.0)
+
+
+def test_the_launcher_waits_longer_than_the_runner_may_hold_two_queued_launches() -> None:
+    from agent.daemon.clientapp_launcher import ANSWER_SECONDS
+    from agent.daemon.clientapps import ARRIVAL_WAIT_SECONDS
+
+    # a launcher that gave up on a runner about to fork would start a second ClientApp for the same task
+    assert ANSWER_SECONDS > 2 * ARRIVAL_WAIT_SECONDS
