@@ -323,7 +323,10 @@ def federate_run_config(args: argparse.Namespace, settings: ServerSettings) -> d
     return {"num-server-rounds": args.rounds, "min-nodes": args.min_nodes, "fraction-train": args.fraction_train,
             "fraction-evaluate": args.fraction_evaluate, "local-steps": args.local_steps, "lr": args.lr,
             "personalization": args.personalization, "finetune-steps": args.finetune_steps,
-            "round-timeout": args.round_timeout, "seed": args.seed, "database-url": settings.database_url}
+            "round-timeout": args.round_timeout, "seed": args.seed,
+            # empty: the ServerApp records into the database its SuperLink names ($POET_EDGE_DATABASE_URL),
+            # so no credentials travel in the run config, which the SuperLink stores
+            "database-url": ""}
 
 
 def print_rounds(settings: ServerSettings, run_id: int) -> None:

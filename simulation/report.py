@@ -84,7 +84,9 @@ class SimulationReport:
 
 def build_report(rows: list[RoundRow], node_configs: list[dict[str, Any]], settings: dict[str, Any],
                  started: float, finished: float) -> SimulationReport:
-    """The report from the stored rows of one run and the fleet that produced them."""
+    """The report from the stored rows of one run and the fleet that produced them (rows of error replies, a
+    device's ClientApp that failed, have no figures and are left out)."""
+    rows = [r for r in rows if "error" not in r.metrics]
     by_phase: dict[str, list[RoundRow]] = defaultdict(list)
     for row in rows:
         by_phase[row.phase].append(row)

@@ -2,13 +2,15 @@
 
 Flower's SuperExec starts the program ``flwr-clientapp`` by name for every
 message.  The agent installs this file under that name first on the
-SuperNode's ``PATH`` (:func:`agent.daemon.clientapps.install_launcher`, run as
+SuperNode's ``PATH`` (:func:`agent.daemon.supernode.install_launcher`, run as
 ``python -IS``: the standard library only, a few milliseconds to start).  It
 sends its arguments and its launch time to the runner's Unix socket
-(``$POET_CLIENTAPP_SOCKET``) and exits once the runner has forked the
-ClientApp.  When the runner does not answer (still loading, or stopped) it
-becomes Flower's own program (``$POET_FLWR_CLIENTAPP``): slower to start, the
-same result.
+(``$POET_CLIENTAPP_SOCKET``) and exits once the runner has taken the launch
+on (the runner forks the ClientApp once the message has arrived).  When the
+runner does not answer (still loading, or stopped) it becomes Flower's own
+program (``$POET_FLWR_CLIENTAPP``): slower to start, the same result.  A
+runner that finds the launcher gone when it answers leaves the launch to it,
+so one launch never gives two ClientApps.
 """
 
 import json
@@ -19,9 +21,7 @@ import time
 
 SOCKET_VARIABLE = "POET_CLIENTAPP_SOCKET"
 PROGRAM_VARIABLE = "POET_FLWR_CLIENTAPP"
-# Longer than the runner may wait for a message's arrival before it forks (5 s): a launcher that gave up on a
-# runner about to fork would start a second ClientApp for the same task.
-ANSWER_SECONDS = 20.0
+ANSWER_SECONDS = 20.0  # for the runner to take the launch on (it answers in turn, after the launches before)
 
 
 def hand_over(path: str, argv: list, launched_at: float) -> bool:
@@ -32,7 +32,7 @@ def hand_over(path: str, argv: list, launched_at: float) -> bool:
             connection.connect(path)
             connection.sendall(json.dumps({"argv": argv, "launched_at": launched_at}).encode() + b"\n")
             with connection.makefile("r", encoding="utf-8") as answer:
-                return answer.readline().strip() == "started"
+                return answer.readline().strip() == "accepted"
     except (OSError, ValueError):
         return False
 

@@ -44,7 +44,8 @@ from pathlib import Path
 log = logging.getLogger("poet-agent")
 
 REQUEST_BYTES = 65536
-ARRIVAL_WAIT_SECONDS = 5.0  # below the launcher's ANSWER_SECONDS: it must not give up on a fork on its way
+ARRIVAL_WAIT_SECONDS = 5.0  # from the launch: after it, the ClientApp is forked whatever the log says
+ACCEPTED = b"accepted\n"  # the runner's answer to the launcher: it has taken the launch on
 FORKED_AFTER = "the SuperNode receiving the message"  # logged with each fork: how long the weights took to come
 
 
@@ -104,13 +105,35 @@ class Runner:
         self.stopping = False
 
     def preload(self) -> None:
-        """Import everything a ClientApp needs and build the agent's device, with one compute thread."""
+        """Import everything a ClientApp needs and build the agent's device, with one compute thread.
+
+        The device's first profile (and its schedule) are made beforehand in a child with the configured
+        threads, which this process has not computed with yet: profiled at one thread, the node times the
+        planner uses would not be this device's.
+        """
         import torch
 
-        torch.set_num_threads(1)
         from agent import flower
 
-        flower.agent_device(self.config_path)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                torch.set_num_threads(self.threads)
+                from agent.daemon.config import load_config
+                from agent.daemon.prepare import prepare
+
+                prepare(load_config(self.config_path))
+                code = 0
+            except BaseException:
+                log.exception("warm ClientApp runner: preparing the device's workload failed")
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise RuntimeError("preparing the device's workload failed (see above)")
+        torch.set_num_threads(1)
+        flower.agent_device(self.config_path)  # the profile and schedule now come from the agent's cache
         flower.load_clientapp_program()
 
     def listen(self) -> socket.socket:
@@ -133,15 +156,22 @@ class Runner:
         signal.signal(signal.SIGTERM, self._on_stop)
         signal.signal(signal.SIGINT, self._on_stop)
         log.info("warm ClientApp runner ready on %s", self.socket_path)
+        parent = os.getppid()
+        bound = os.stat(self.socket_path).st_ino
+        self._selector = selector
         try:
-            while not self.stopping:
+            while not self.stopping and os.getppid() == parent:  # the agent gone: so are we
                 for _ in selector.select(timeout=1.0):
                     self._accept(listener)
                 self._reap()
         finally:
             selector.close()
             listener.close()
-            self.socket_path.unlink(missing_ok=True)
+            try:
+                if os.stat(self.socket_path).st_ino == bound:  # not a newer runner's socket
+                    self.socket_path.unlink()
+            except OSError:
+                pass
 
     def _on_stop(self, signum: int, frame: object) -> None:
         self.stopping = True
@@ -156,28 +186,32 @@ class Runner:
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("warm ClientApp runner: unreadable request (%s); the launcher starts Flower's own", exc)
                 return
-            arrived = self.arrival.wait()
-            waited = time.time() - launched_at
-            if not arrived:
-                log.warning("warm ClientApp runner: the SuperNode's log shows no arrival of the message after %g s; "
-                            "starting the ClientApp all the same", ARRIVAL_WAIT_SECONDS)
-            pid = os.fork()
-            if pid == 0:  # the ClientApp: never returns
-                listener.close()
-                connection.close()
-                self._child(argv, launched_at)
-            self.children.add(pid)
-            log.info("ClientApp %d forked %.3f s after its launch (%s)", pid, waited, FORKED_AFTER)
-            try:
-                connection.sendall(b"started\n")
-            except OSError:
-                pass  # the launcher gave up waiting; the ClientApp runs all the same
+            try:  # taken on: from here the launcher leaves the task to us
+                connection.sendall(ACCEPTED)
+            except OSError:  # the launcher gave up waiting and started Flower's own ClientApp
+                return
+        arrived = self.arrival.wait(max(0.0, launched_at + ARRIVAL_WAIT_SECONDS - time.time()))
+        waited = time.time() - launched_at
+        if not arrived:
+            log.warning("warm ClientApp runner: the SuperNode's log shows no arrival of the message after %g s; "
+                        "starting the ClientApp all the same", ARRIVAL_WAIT_SECONDS)
+        stop_signals = {signal.SIGTERM, signal.SIGINT}
+        signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)  # a stop now is for the runner, not the child
+        pid = os.fork()
+        if pid == 0:  # the ClientApp: never returns
+            self._selector.close()
+            listener.close()
+            self._child(argv, launched_at, stop_signals)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)
+        self.children.add(pid)
+        log.info("ClientApp %d forked %.3f s after its launch (%s)", pid, waited, FORKED_AFTER)
 
-    def _child(self, argv: list[str], launched_at: float) -> None:
+    def _child(self, argv: list[str], launched_at: float, stop_signals: set[signal.Signals]) -> None:
         code = 1
         try:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            for stop_signal in stop_signals:
+                signal.signal(stop_signal, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)
             import torch
 
             from agent import flower

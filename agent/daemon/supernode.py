@@ -125,6 +125,8 @@ class SuperNode:
         self.process: subprocess.Popen | None = None
         self.runner: subprocess.Popen | None = None  # the warm ClientApp runner, while the SuperNode runs
         self._runner_environment: dict[str, str] = {}
+        self._runner_retry_at = 0.0
+        self._runner_retry_seconds = RETRY_FIRST_SECONDS
         self.state = "stopped: not eligible"
         self.retry_at = 0.0
         self.retry_seconds = RETRY_FIRST_SECONDS
@@ -152,14 +154,24 @@ class SuperNode:
             return 0
 
     def follow(self, eligible: bool, now: float) -> None:
-        """Start or stop the SuperNode so that it runs exactly while ``eligible``."""
+        """Start or stop the SuperNode so that it runs exactly while ``eligible``.  Never raises: a failure (a
+        missing Flower program, an unwritable folder) stops what was started, is logged and put in
+        :attr:`state`, and the start is tried again later, as after an exit."""
+        try:
+            self._follow(eligible, now)
+        except Exception as exc:  # the agent's daemon must outlive any trouble with Flower
+            log.exception("Flower SuperNode: cannot follow the device's eligibility")
+            self.stop(f"failed: {exc}; starting again in {self.retry_seconds:.0f} s")
+            self._back_off(now)
+
+    def _follow(self, eligible: bool, now: float) -> None:
         if self.process is not None and self.process.poll() is not None:
             self._exited(now)
         if eligible and self.process is None and now >= self.retry_at:
             self._start()
         elif eligible and self.process is not None and self.config.flower.warm_clientapps:
-            self._keep_runner(self._runner_environment)
-        elif not eligible and self.process is not None:
+            self._keep_runner(self._runner_environment, now)
+        elif not eligible and (self.process is not None or self.runner is not None):
             self.stop("stopped: not eligible")
         elif not eligible:
             self.retry_at, self.retry_seconds = 0.0, RETRY_FIRST_SECONDS
@@ -173,7 +185,7 @@ class SuperNode:
         environment = flower_environment(self.config.flower_dir / "home", programs)
         environment["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = str(TASK_POLL_SECONDS)
         if f.warm_clientapps:
-            self._keep_runner(environment)  # the ClientApps it forks share the SuperNode's FLWR_HOME
+            self._keep_runner(dict(environment))  # the ClientApps it forks share the SuperNode's FLWR_HOME
             launcher = install_launcher(self.config.flower_dir / "bin")
             environment.update({"PATH": f"{launcher.parent}{os.pathsep}{environment['PATH']}",
                                 SOCKET_VARIABLE: str(self.socket_path),
@@ -190,6 +202,7 @@ class SuperNode:
     def _exited(self, now: float) -> None:
         code = self.process.returncode
         self.process = None
+        self._stop_runner()  # it serves this SuperNode only
         if REFUSED_MARK in _read_from(self.log_path, self._log_offset):
             self.state = (f"refused by the SuperLink: its key is not registered (poet-edge server supernode "
                           f"register {self.config.device.name} {self.public_key})")
@@ -197,6 +210,9 @@ class SuperNode:
         else:
             self.state = f"exited with {code}; starting again in {self.retry_seconds:.0f} s"
         log.warning("Flower SuperNode %s (see %s)", self.state, self.log_path)
+        self._back_off(now)
+
+    def _back_off(self, now: float) -> None:
         self.retry_at = now + self.retry_seconds
         self.retry_seconds = min(RETRY_MAX_SECONDS, 2 * self.retry_seconds)
 
@@ -210,15 +226,19 @@ class SuperNode:
         """Where the warm runner listens for the launcher."""
         return self.config.flower_dir / "clientapps.sock"
 
-    def _keep_runner(self, environment: dict[str, str]) -> None:
-        """Start the warm runner unless it runs (it is started again if it ended; meanwhile the launcher falls
-        back to Flower's own ClientApp)."""
+    def _keep_runner(self, environment: dict[str, str], now: float | None = None) -> None:
+        """Start the warm runner unless it runs.  One that ended is started again after 5 s, doubling up to
+        5 minutes while it keeps ending (meanwhile the launcher starts Flower's own ClientApps)."""
         self._runner_environment = environment
         if self.runner is not None and self.runner.poll() is None:
             return
         if self.runner is not None:
+            if now is None or now < self._runner_retry_at:
+                return
             log.warning("warm ClientApp runner exited with %s (see %s); starting it again", self.runner.returncode,
                         self.config.flower_dir / "clientapps.log")
+            self._runner_retry_at = now + self._runner_retry_seconds
+            self._runner_retry_seconds = min(RETRY_MAX_SECONDS, 2 * self._runner_retry_seconds)
         with open(self.config.flower_dir / "clientapps.log", "ab") as output:
             self.runner = subprocess.Popen(
                 [sys.executable, "-m", "agent.daemon.clientapps", "--config", str(self.config.path.resolve()),
@@ -230,15 +250,18 @@ class SuperNode:
         """Stop the SuperNode and every process it started, and the warm runner with its ClientApps (SIGTERM,
         then SIGKILL after :data:`STOP_SECONDS`)."""
         process, self.process = self.process, None
-        runner, self.runner = self.runner, None
         self.state = state
+        if process is not None and process.poll() is None:  # first: it would launch ClientApps meanwhile
+            if not stop_tree(process, STOP_SECONDS):
+                log.warning("Flower SuperNode did not stop within %g s: killed", STOP_SECONDS)
+            log.info("Flower SuperNode %s", state)
+        self._stop_runner()
+
+    def _stop_runner(self) -> None:
+        runner, self.runner = self.runner, None
+        self._runner_retry_at, self._runner_retry_seconds = 0.0, RETRY_FIRST_SECONDS
         if runner is not None and runner.poll() is None and not stop_tree(runner, STOP_SECONDS):
             log.warning("warm ClientApp runner did not stop within %g s: killed", STOP_SECONDS)
-        if process is None or process.poll() is not None:
-            return
-        if not stop_tree(process, STOP_SECONDS):
-            log.warning("Flower SuperNode did not stop within %g s: killed", STOP_SECONDS)
-        log.info("Flower SuperNode %s", state)
 
 
 def _read_from(path: Path, offset: int) -> str:

@@ -19,7 +19,8 @@ and is stopped, its whole process group, as soon as a check says it is not.
 Such a device trains when the federation's rounds ask it to (its ClientApps
 train the agent's model on its data under its schedule), never in local
 windows of its own: two trainings at once would each take the memory budget.
-Its state is *training* while a ClientApp runs, *waiting* otherwise.
+Its state is *training* while a ClientApp forked by its warm runner runs (as
+seen at each eligibility check), *waiting* otherwise.
 
 systemd: ``READY=1`` once running, ``STATUS=`` at every state change,
 ``WATCHDOG=1`` at half the watchdog interval, ``STOPPING=1`` on the way out.

@@ -84,9 +84,20 @@ def test_without_a_supernode_log_the_runner_does_not_wait() -> None:
     assert MessageArrival(None).wait(5.0)
 
 
-def test_the_launcher_waits_longer_than_the_runner_may_hold_two_queued_launches() -> None:
-    from agent.daemon.clientapp_launcher import ANSWER_SECONDS
-    from agent.daemon.clientapps import ARRIVAL_WAIT_SECONDS
+def test_a_runner_leaves_a_launch_to_a_launcher_that_gave_up(tmp_path: Path) -> None:
+    import json
+    import socket
 
-    # a launcher that gave up on a runner about to fork would start a second ClientApp for the same task
-    assert ANSWER_SECONDS > 2 * ARRIVAL_WAIT_SECONDS
+    from agent.daemon.clientapps import Runner
+
+    runner = Runner(str(tmp_path / "agent.toml"), tmp_path / "clientapps.sock", threads=1)
+    listener = runner.listen()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as launcher:
+            launcher.connect(str(runner.socket_path))
+            launcher.sendall(json.dumps({"argv": ["--token", "abc"], "launched_at": time.time()}).encode() + b"\n")
+        # the launcher timed out and closed: it starts Flower's own ClientApp, so the runner must fork none
+        runner._accept(listener)
+        assert runner.children == set()
+    finally:
+        listener.close()
