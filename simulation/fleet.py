@@ -28,12 +28,12 @@ class DeviceClass:
         return f"{self.name} ({self.profile}, {limit})"
 
 
-DEFAULT_CLASSES = (DeviceClass("small", "rpi4", 0.75), DeviceClass("medium", "rpi5", 0.85),
+DEFAULT_CLASSES = (DeviceClass("small", "rpi4", 0.8), DeviceClass("medium", "rpi5", 0.85),
                    DeviceClass("large", "jetson-orin-nano", 1.0))
 
 
 def parse_classes(text: str) -> tuple[DeviceClass, ...]:
-    """``PROFILE:FRACTION,...`` (e.g. ``rpi4:0.75,rpi5:0.85,jetson-orin-nano:1``) as classes named c0, c1, ..."""
+    """``PROFILE:FRACTION,...`` (e.g. ``rpi4:0.8,rpi5:0.85,jetson-orin-nano:1``) as classes named c0, c1, ..."""
     classes = []
     for i, part in enumerate(p.strip() for p in text.split(",") if p.strip()):
         profile, _, fraction = part.partition(":")
@@ -45,7 +45,7 @@ def parse_classes(text: str) -> tuple[DeviceClass, ...]:
             raise CommandError(f"--classes: the fraction in {part!r} must be positive", ExitCode.USAGE)
         classes.append(DeviceClass(f"c{i}", profile, value))
     if not classes:
-        raise CommandError("--classes names no class; e.g. rpi4:0.75,rpi5:0.85", ExitCode.USAGE)
+        raise CommandError("--classes names no class; e.g. rpi4:0.8,rpi5:0.85", ExitCode.USAGE)
     return tuple(classes)
 
 

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 DEVICES = ("pi-0", "pi-1", "pi-2")
 # Activation budgets: the digits model's plain step peaks near 865 KB; pi-2 has room for all of it.
-BUDGETS = {"pi-0": "650KB", "pi-1": "750KB", "pi-2": "2MB"}
+BUDGETS = {"pi-0": "700KB", "pi-1": "780KB", "pi-2": "2MB"}
 LOCAL_STEPS = 1000  # seconds of training: long enough to unplug a device in the middle
 
 
@@ -142,7 +142,7 @@ def test_federated_rounds_complete_with_a_device_unplugged_mid_round(fleet: Flee
     for phase in ("train", "evaluate", "personalize"):
         assert len({frozenset(r.metrics) for r in rows if r.phase == phase}) == 1
     for row in train:
-        budget = {"pi-0": 650_000, "pi-1": 750_000}[row.device_name]
+        budget = {"pi-0": 700_000, "pi-1": 780_000}[row.device_name]
         assert row.metrics["budget-bytes"] == budget and 0 < row.metrics["peak-bytes"] <= budget
         assert row.metrics["steps"] == LOCAL_STEPS and row.schedule_id
         assert row.metrics["startup-seconds"] >= 0  # measured (benchmarks/flower_overhead.py has the figure)
