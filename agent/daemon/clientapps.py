@@ -103,6 +103,7 @@ class Runner:
         self.arrival = MessageArrival(supernode_log)
         self.children: set[int] = set()
         self.stopping = False
+        self._selector: selectors.BaseSelector | None = None  # serve()'s: a forked ClientApp closes it
 
     def preload(self) -> None:
         """Import everything a ClientApp needs and build the agent's device, with one compute thread.
@@ -199,7 +200,8 @@ class Runner:
         signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)  # a stop now is for the runner, not the child
         pid = os.fork()
         if pid == 0:  # the ClientApp: never returns
-            self._selector.close()
+            if self._selector is not None:
+                self._selector.close()
             listener.close()
             self._child(argv, launched_at, stop_signals)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)

@@ -146,7 +146,8 @@ class SuperNode:
         """How many ClientApps the warm runner has running now (a round's message being answered)."""
         import psutil
 
-        if self.runner is None or self.runner.poll() is not None:
+        # before its socket exists the runner's only child is the one preparing the workload
+        if self.runner is None or self.runner.poll() is not None or not self.socket_path.exists():
             return 0
         try:
             return sum(1 for child in psutil.Process(self.runner.pid).children() if child.status() != "zombie")

@@ -81,7 +81,7 @@ def add_operator(db: Database, username: str, password: str, now: float) -> Oper
 
 
 def set_password(db: Database, username: str, password: str) -> None:
-    """Set an operator's password and end every session it has.
+    """Set an operator's password; the operator's sessions end (every browser signs in again).
 
     Raises
     ------

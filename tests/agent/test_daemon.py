@@ -19,6 +19,9 @@ from agent.errors import ConfigError
 from agent.daemon.prepare import prepare
 from agent.daemon.trainer import Trainer
 from agent.data import open_dataset
+from schedules.budgets import smallest_feasible_budget, store_all_peak
+from schedules.device import DeviceProfile
+from schedules.graph import TrainingGraph
 from schedules.plan import plan
 from schedules.programs import free_port
 from schedules.schedule import Schedule
@@ -117,10 +120,21 @@ def test_plugging_in_starts_training_and_unplugging_stops_it_at_a_step_boundary(
         assert stop(agent) == 0
 
 
-def test_kill9_at_any_moment_resumes_to_bit_identical_parameters(rig) -> None:
+def paging_budget(state: Path) -> int:
+    """Halfway between the smallest budget with a schedule and the store-all peak, on the profile in ``state``:
+    the schedule must page or recompute, and it exists (the edge moves with the workspaces a process measures)."""
+    (directory,) = (state / "prepared").glob("*")
+    graph, device = TrainingGraph.load(directory / "graph.json"), DeviceProfile.load(directory / "device.json")
+    smallest = smallest_feasible_budget(graph, lambda b, t: plan(graph, device, memory_budget=b, time_limit=t))
+    assert smallest.budget is not None
+    return (smallest.budget + store_all_peak(graph)) // 2
+
+
+def test_kill9_at_any_moment_resumes_to_bit_identical_parameters(rig, template: Path) -> None:
     device, config, tmp = rig
-    # below the MLP's store-all peak (31.8 kB here): the schedule pages and recomputes, dropout masks replayed
-    path = config(training_steps_per_window=24, training_checkpoint_every=2, training_memory_budget="27kB")
+    # below the MLP's store-all peak: the schedule pages and recomputes, dropout masks replayed
+    budget = paging_budget(template)
+    path = config(training_steps_per_window=24, training_checkpoint_every=2, training_memory_budget=budget)
     kills = 0
     for at_least in (3, 9, 14):  # kill in three windows, each further along
         agent = start_agent(path)
@@ -136,7 +150,7 @@ def test_kill9_at_any_moment_resumes_to_bit_identical_parameters(rig) -> None:
         stop(agent)
     steps, state = checkpoint_state(tmp / "state")
     assert steps >= 24
-    (schedule_file,) = (tmp / "state/prepared").glob("*/schedule-27000.json")
+    (schedule_file,) = (tmp / "state/prepared").glob(f"*/schedule-{budget}.json")
     instructions = Schedule.load(schedule_file).instructions
     computes = sum(op == "compute" for op, _ in instructions)
     assert any(op == "page_out" for op, _ in instructions) or computes > len({n for _, n in instructions})
