@@ -343,8 +343,9 @@ def print_rounds(settings: ServerSettings, run_id: int) -> None:
         accuracy = f"{m['accuracy']:.3f}" if m.get("accuracy", -1) >= 0 else "-"
         extra = (f" global {m['global-accuracy']:.3f} -> personal {m['personal-accuracy']:.3f}"
                  if row.phase == "personalize" else f" loss {m.get('eval-loss', -1):.4f}")
+        peak, budget = (f"{int(m[k]):,} B" if m.get(k, -1) >= 0 else "-" for k in ("peak-bytes", "budget-bytes"))
         print(f"round {row.round} {row.phase:<11} {row.device_name:<24} accuracy {accuracy}{extra} "
-              f"peak {int(m.get('peak-bytes', -1)):,} B / budget {int(m.get('budget-bytes', -1)):,} B")
+              f"peak {peak} / budget {budget}")
 
 
 def read_password(from_stdin: bool) -> str:
