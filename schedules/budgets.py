@@ -13,6 +13,10 @@ solve to find:
 * :func:`store_all_peak`: plain backpropagation's peak, feasible for POET
   whenever the runtime budget allows one plain step.
 
+Given a :class:`~schedules.step_memory.TrainingSpec` (``training=``) both are
+for the step's whole memory: the lower bound with all optimizer state on
+flash and the smallest update chunks, the store-all peak with all of it in RAM.
+
 With paging enabled and paging time not counted, POET is usually feasible at
 or near the lower bound, so the search ends after two or three probes.  A probe
 that stops at its time limit without an answer is taken as infeasible, which
@@ -23,7 +27,7 @@ approximate; the result says so.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Sequence
 
 from schedules.baselines import BaselineProblem, store_all
@@ -31,6 +35,7 @@ from schedules.graph import TrainingGraph
 from schedules.matrices import to_instructions
 from schedules.plan import PlanResult
 from schedules.simulate import simulate
+from schedules.step_memory import MAX_CHUNK_BYTES, MIN_CHUNK_BYTES, StepMemory, TrainingSpec
 
 Probe = Callable[[int, float | None], PlanResult]
 
@@ -63,16 +68,36 @@ class BudgetSearch:
     note: str = ""
 
 
-def memory_lower_bound(graph: TrainingGraph) -> int:
-    """Largest ``bytes(node) + workspace(node) + sum(bytes(inputs))``: no schedule fits a smaller budget."""
-    return max(node.bytes + node.workspace_bytes + sum(graph.nodes[p].bytes for p in graph.predecessors[i])
-               for i, node in enumerate(graph.nodes))
+def memory_lower_bound(graph: TrainingGraph, training: TrainingSpec | None = None) -> int:
+    """Largest ``bytes(node) + workspace(node) + sum(bytes(inputs))``: no schedule fits a smaller budget.
+
+    With ``training``, plus what the step must hold beside them however its optimizer state is placed:
+    the runtime, gradients held there, the node's update transient at the smallest chunks.
+    """
+    step = None
+    if training is not None:
+        spec = training if training.chunk_bytes else replace(training, chunk_bytes=MIN_CHUNK_BYTES)
+        step = StepMemory.build(graph, spec)
+        resident = 0 if spec.state_paging else step.state_bytes
+    bounds = []
+    for i, node in enumerate(graph.nodes):
+        need = node.bytes + node.workspace_bytes + sum(graph.nodes[p].bytes for p in graph.predecessors[i])
+        if step is not None:
+            need += step.constant_bytes + resident + step.update_bytes[i]
+            need += step.stage_bytes[i] if graph.is_backward(i) else 0  # computed at its own stage only
+        bounds.append(need)
+    return max(bounds)
 
 
-def store_all_peak(graph: TrainingGraph) -> int:
-    """Peak memory of plain backpropagation (store-all, workspaces included), by simulation."""
+def store_all_peak(graph: TrainingGraph, training: TrainingSpec | None = None) -> int:
+    """Peak memory of plain backpropagation (store-all, workspaces included), by simulation; with ``training``
+    the whole step's, all optimizer state in RAM and the largest update chunks."""
     instructions = to_instructions(graph, store_all(BaselineProblem(graph, None, None)))
-    return simulate(graph, instructions).peak_memory_bytes
+    layout = None
+    if training is not None:
+        spec = training if training.chunk_bytes else replace(training, chunk_bytes=MAX_CHUNK_BYTES)
+        layout = StepMemory.build(graph, spec).layout(())
+    return simulate(graph, instructions, step=layout).peak_memory_bytes
 
 
 def smallest_feasible_budget(
@@ -83,6 +108,7 @@ def smallest_feasible_budget(
     probe_time_limit_s: float = 15.0,
     rel_tolerance: float = 0.005,
     upper: int | None = None,
+    training: TrainingSpec | None = None,
 ) -> BudgetSearch:
     """Bisect the memory budget for the smallest one at which ``probe`` finds a schedule.
 
@@ -99,10 +125,12 @@ def smallest_feasible_budget(
         Stop when the bracket is narrower than this fraction of the answer.
     upper:
         Where to start from above; defaults to :func:`store_all_peak`.
+    training:
+        The probe plans whole steps for this spec: the anchors are the whole step's.
     """
     search = _Bisection(probe, time.perf_counter() + time_budget_s, probe_time_limit_s)
-    low = memory_lower_bound(graph)
-    high = max(upper if upper is not None else store_all_peak(graph), low)
+    low = memory_lower_bound(graph, training)
+    high = max(upper if upper is not None else store_all_peak(graph, training), low)
     found = search.feasible_peak(high)
     if found is None:
         return search.result(None, high + 1, "no schedule even at the store-all peak "

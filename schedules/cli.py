@@ -52,6 +52,7 @@ from schedules.progress import SolveProgressDisplay  # rich loads only on a term
 from schedules.schedule import Schedule
 from schedules.signing import generate_keypair, load_private_key, load_public_key, sign
 from schedules.simulate import SimulationReport, simulate
+from schedules.step_memory import OPTIMIZERS, TrainingSpec
 from schedules.units import format_bytes, parse_bytes, short_bytes
 
 if TYPE_CHECKING:
@@ -176,7 +177,8 @@ def _add_budget_options(p: argparse.ArgumentParser, *, memory: bool) -> None:
                         "without energies and gives paging times")
     if memory:
         p.add_argument("--memory", type=size_arg, metavar="SIZE",
-                       help="RAM budget for activations: 3000000, 3MB (= 3,000,000 B), 1.5MiB; default unconstrained")
+                       help="RAM budget: 3000000, 3MB (= 3,000,000 B), 1.5MiB; the step's whole memory with "
+                            "--optimizer, activations alone without it; default unconstrained")
     p.add_argument("--runtime", type=positive_float, metavar="X",
                    help="runtime budget as a multiple of one plain step's compute time (e.g. 1.5); default no limit")
     p.add_argument("--solver", choices=("highs", "cbc"), default="highs", help="MILP solver (default highs)")
@@ -188,6 +190,20 @@ def _add_budget_options(p: argparse.ArgumentParser, *, memory: bool) -> None:
                    help="keep room under the memory budget to read each page ahead: beside the node before its "
                         "use (node) or for as long as its read takes on --device's flash (read); by default "
                         "tried in that order only when the plan misses the runtime budget in the I/O timeline")
+    step = p.add_argument_group(
+        "whole-step memory", "with --optimizer the budget is everything the step adds to the loaded model: "
+        "activations, gradients (updated in the backward pass as they become final), optimizer state (in RAM or "
+        "on flash, as the plan decides) and the runtime's own memory; the graph needs its parameter layout "
+        "(`poet-edge profile`)")
+    step.add_argument("--optimizer", choices=OPTIMIZERS, help="plan the whole step for this optimizer")
+    step.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (0: no state; default 0)")
+    step.add_argument("--nesterov", action="store_true", help="SGD with Nesterov momentum")
+    step.add_argument("--weight-decay", type=float, default=0.0, help="weight decay (default 0)")
+    step.add_argument("--accumulation", type=positive_int, default=1, metavar="N",
+                      help="micro-batches per step: every gradient is then held through the step (default 1)")
+    step.add_argument("--clip", action="store_true",
+                      help="clip gradients by global norm: gradients are then held to the end of the backward pass")
+    step.add_argument("--no-state-paging", action="store_true", help="keep all optimizer state in RAM")
 
 
 def _add_solve(subparsers: Any) -> None:
@@ -318,7 +334,20 @@ def _plan_function(args: argparse.Namespace, graph: TrainingGraph, device: Devic
                            "(built-in names: `poet-edge devices`)", ExitCode.USAGE)
     return functools.partial(plan, graph, device=device, runtime_budget=args.runtime, solver=args.solver,
                              threads=args.threads, count_paging_time=args.count_paging_time,
-                             read_ahead=args.read_ahead or False)
+                             read_ahead=args.read_ahead or False, training=training_spec(args, graph))
+
+
+def training_spec(args: argparse.Namespace, graph: TrainingGraph) -> TrainingSpec | None:
+    """The whole-step spec the options ask for (``None`` without ``--optimizer``)."""
+    if getattr(args, "optimizer", None) is None:
+        return None
+    if not graph.parameters:
+        raise CommandError(f"{args.graph} has no parameter layout, so --optimizer cannot budget its gradients and "
+                           "optimizer state: profile the model again with this release (`poet-edge profile`)",
+                           ExitCode.USAGE)
+    return TrainingSpec.for_optimizer(args.optimizer, momentum=args.momentum, nesterov=args.nesterov,
+                                      weight_decay=args.weight_decay, accumulation=args.accumulation, clip=args.clip,
+                                      state_paging=not args.no_state_paging)
 
 
 # -- solve -------------------------------------------------------------------------
@@ -378,7 +407,8 @@ def print_smallest_budget(graph: TrainingGraph, planner: Planner, method: str, a
     print(f"searching for the smallest feasible memory budget (up to {args.search_time:.0f} s)...",
           file=sys.stderr, flush=True)
     search = smallest_feasible_budget(graph, _probe(planner, method), time_budget_s=args.search_time,
-                                      probe_time_limit_s=min(15.0, args.search_time))
+                                      probe_time_limit_s=min(15.0, args.search_time),
+                                      training=planner.keywords.get("training"))
     if search.budget is None:
         print(f"no memory budget is feasible for {method}: {search.note}")
     else:
@@ -423,6 +453,8 @@ def print_summary(result: PlanResult, schedule: Schedule, graph: TrainingGraph, 
         ("work", f"{sim.recomputed_nodes} recomputes, {short_bytes(sim.bytes_paged_out)} paged out, "
                  f"{short_bytes(sim.bytes_paged_in)} paged in, {len(schedule.instructions)} instructions"),
     ]
+    if schedule.step is not None:
+        rows[4:4] = _step_rows(schedule)
     if path is not None:
         signed = f", signed (key {schedule.signature['key_id']})" if schedule.signature else ", unsigned"
         rows.append(("schedule", f"{path} ({size:,} bytes{signed})"))
@@ -443,6 +475,15 @@ STOP_REASON_TEXT = {
     "heuristic": "a baseline heuristic: one construction, no search",
 }
 """What ``solve`` prints for each :attr:`PlanResult.stop_reason`."""
+
+
+def _step_rows(schedule: Schedule) -> list[tuple[str, str]]:
+    """What a whole-step schedule holds, part by part, and where its optimizer state lives."""
+    step = schedule.step
+    parts = ", ".join(f"{name} {short_bytes(value)}" for name, value in step.parts().items())
+    state = (f"{short_bytes(step.paged_state_bytes)} of {short_bytes(step.paged_state_bytes + step.resident_state_bytes)} "
+             f"on flash ({len(step.state_on_flash)} parameters)") if step.paged_state_bytes else "all in RAM"
+    return [("training", step.training.describe()), ("parts (peaks)", parts), ("optimizer state", state)]
 
 
 def _runtime_summary(schedule: Schedule, plain_ms: float) -> str:
@@ -497,7 +538,7 @@ def run_pareto(args: argparse.Namespace) -> int:
     methods = _pareto_methods(args.methods)
     check_writable(args.output)
     planner = _plan_function(args, graph, device)
-    high = store_all_peak(graph)
+    high = store_all_peak(graph, planner.keywords.get("training"))
     search = print_smallest_budget(graph, planner, "poet", args, suggest=False)
     if search.budget is None:
         return ExitCode.INFEASIBLE

@@ -2,10 +2,16 @@
 
 Nodes are numbered ``0..T-1`` in a topological order that is also POET's stage
 order: stage ``t`` computes node ``t`` (and may recompute earlier ones).  Every
-node carries the cost figures the planner needs; the fixed bytes (what stays
-resident for the whole step: parameters and their gradients as extraction
-counts them, parameters alone in the reference graphs) are kept apart because
-they do not count against the activation budget.
+node carries the cost figures the planner needs; the fixed bytes (the loaded
+model: parameters and buffers; the reference graphs' parameter bytes) are kept
+apart because they are not part of what a training step adds.
+
+A graph extracted from a real model also lists its trained parameters
+(:class:`Parameter`: bytes, and the backward nodes that contribute to each
+one's gradient) and the runtime's own memory measured beside the nodes
+(``runtime_bytes``), so that a plan can budget a step's whole memory --
+activations, live gradients and optimizer state -- and not activations alone
+(:mod:`schedules.step_memory`).
 
 Two on-disk shapes are read:
 
@@ -54,6 +60,35 @@ class Node:
 
 
 @dataclass(frozen=True)
+class Parameter:
+    """One trained parameter tensor: what its gradient and optimizer state cost, and when.
+
+    ``nodes`` are the backward nodes that add to its gradient, ascending: one
+    for most parameters, several for a tensor used in several segments (tied
+    weights).  Its gradient is final once the last of them has run, which is
+    where an update fused into the backward pass applies it.  ``streamed``
+    marks a weight whose gradient the executor computes and applies in column
+    blocks, never whole (:mod:`agent.optim.streamed`); extraction measured
+    its node's workspace that way.
+    """
+
+    name: str
+    bytes: int
+    nodes: tuple[int, ...]
+    streamed: bool = False
+
+    @property
+    def first(self) -> int:
+        """The backward node that makes its gradient first."""
+        return self.nodes[0]
+
+    @property
+    def last(self) -> int:
+        """The backward node after which its gradient is final (where it is updated)."""
+        return self.nodes[-1]
+
+
+@dataclass(frozen=True)
 class TrainingGraph:
     """A training step's DAG with per-node costs; see the module docstring."""
 
@@ -63,6 +98,8 @@ class TrainingGraph:
     model: str = ""
     source: str = ""
     version: int = GRAPH_VERSION
+    parameters: tuple[Parameter, ...] = ()
+    runtime_bytes: int = 0
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -138,12 +175,21 @@ class TrainingGraph:
         picks there), re-profiling changes them but does not make a schedule
         one for another model.  Whoever runs a schedule replays it on their own
         graph, which refuses it if its workspaces no longer fit the budget.
+        The parameter layout counts where there is one (a schedule's optimizer
+        state on flash names parameters); ``runtime_bytes`` is a measurement.
         """
-        shape = {
+        shape: dict[str, Any] = {
             "nodes": [[n.name, n.kind, n.segment, n.bytes] for n in self.nodes],
             "edges": sorted(list(e) for e in self.edges),
         }
+        if self.parameters:
+            shape["parameters"] = [[p.name, p.bytes, list(p.nodes), p.streamed] for p in self.parameters]
         return "sha256:" + hashlib.sha256(canonical_json(shape)).hexdigest()
+
+    @property
+    def parameter_bytes(self) -> int:
+        """Bytes of all trained parameters: what their gradients take when all live at once."""
+        return sum(p.bytes for p in self.parameters)
 
     def with_nodes(self, nodes: Iterable[Node]) -> "TrainingGraph":
         """Return a copy with ``nodes`` replaced (same structure, new costs)."""
@@ -158,8 +204,10 @@ class TrainingGraph:
             "model": self.model,
             "source": self.source,
             "fixed_bytes": self.fixed_bytes,
+            "runtime_bytes": self.runtime_bytes,
             "nodes": [_node_to_dict(n) for n in self.nodes],
             "edges": [list(e) for e in self.edges],
+            "parameters": [_parameter_to_dict(p) for p in self.parameters],
         }
 
     @classmethod
@@ -192,6 +240,8 @@ class TrainingGraph:
             fixed_bytes=int(finite_number(data.get("fixed_bytes", 0), "fixed_bytes")),
             model=str(data.get("model", "")),
             source=str(data.get("source", "")),
+            parameters=_parameters_from(data.get("parameters", [])),
+            runtime_bytes=int(finite_number(data.get("runtime_bytes", 0), "runtime_bytes")),
         )
 
     @classmethod
@@ -212,8 +262,38 @@ def _node_to_dict(n: Node) -> dict[str, Any]:
     }
 
 
+def _parameter_to_dict(p: Parameter) -> dict[str, Any]:
+    return {"name": p.name, "bytes": p.bytes, "nodes": list(p.nodes), "streamed": p.streamed}
+
+
 _NODE_KEYS = frozenset(f.name for f in fields(Node))
-_GRAPH_KEYS = frozenset({"format", "version", "model", "source", "fixed_bytes", "nodes", "edges"})
+_PARAMETER_KEYS = frozenset(f.name for f in fields(Parameter))
+_GRAPH_KEYS = frozenset({"format", "version", "model", "source", "fixed_bytes", "runtime_bytes", "nodes", "edges",
+                         "parameters"})
+
+
+def _parameters_from(raw: Any) -> tuple[Parameter, ...]:
+    if not isinstance(raw, list):
+        raise FormatError("'parameters' must be a list of {name, bytes, nodes, streamed} objects")
+    out = []
+    for i, d in enumerate(raw):
+        if not isinstance(d, dict):
+            raise FormatError(f"parameter {i} must be an object")
+        unknown = sorted(set(d) - _PARAMETER_KEYS)
+        if unknown:
+            raise FormatError(f"parameter {i} has unknown field(s) {', '.join(unknown)}; a parameter has "
+                              f"{', '.join(sorted(_PARAMETER_KEYS))}")
+        nodes = d.get("nodes")
+        if not (isinstance(nodes, list) and nodes
+                and all(isinstance(n, int) and not isinstance(n, bool) for n in nodes)):
+            raise FormatError(f"parameter {i}: 'nodes' must be a non-empty list of backward node ids")
+        streamed = d.get("streamed", False)
+        if not isinstance(streamed, bool):
+            raise FormatError(f"parameter {i}: 'streamed' must be true or false, got {streamed!r}")
+        out.append(Parameter(name=str(d.get("name", f"p{i}")),
+                             bytes=int(finite_number(d.get("bytes"), f"parameter {i} bytes", minimum=0)),
+                             nodes=tuple(nodes), streamed=streamed))
+    return tuple(out)
 
 
 def _node_from_dict(d: Any, i: int) -> Node:
@@ -320,3 +400,14 @@ def _validate(g: TrainingGraph) -> None:
             raise FormatError(f"node {i} ({n.name}): energies must be non-negative")
         if names.setdefault(n.name, i) != i:
             raise FormatError(f"nodes {names[n.name]} and {i} are both named {n.name!r}; node names are unique")
+    if g.runtime_bytes < 0:
+        raise FormatError("runtime_bytes must be non-negative")
+    seen_params: set[str] = set()
+    for p in g.parameters:
+        if p.name in seen_params:
+            raise FormatError(f"parameter {p.name!r} is listed twice; parameter names are unique")
+        seen_params.add(p.name)
+        if list(p.nodes) != sorted(set(p.nodes)):
+            raise FormatError(f"parameter {p.name!r}: its nodes {list(p.nodes)} must be ascending, without repeats")
+        if not all(0 <= n < T and kinds[n] == "backward" for n in p.nodes):
+            raise FormatError(f"parameter {p.name!r}: its nodes {list(p.nodes)} must be backward nodes of the graph")

@@ -16,7 +16,7 @@ scheduler).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -28,13 +28,18 @@ OPS: tuple[str, ...] = ("compute", "page_out", "page_in", "free")
 
 @dataclass(frozen=True)
 class Matrices:
-    """The five boolean decision matrices of a POET plan, each ``T x T`` ``[stage, node]``."""
+    """The five boolean decision matrices of a POET plan, each ``T x T`` ``[stage, node]``.
+
+    A whole-step plan (:mod:`schedules.step_memory`) also decides which
+    optimizer-state groups live on flash: ``state_on_flash`` (group indices).
+    """
 
     R: np.ndarray
     SRam: np.ndarray
     SSd: np.ndarray
     MIn: np.ndarray
     MOut: np.ndarray
+    state_on_flash: frozenset[int] = field(default=frozenset())
 
     @classmethod
     def empty(cls, T: int) -> "Matrices":

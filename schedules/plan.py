@@ -19,8 +19,9 @@ from schedules.graph import TrainingGraph
 from schedules.matrices import Instruction, Matrices, to_instructions
 from schedules.milp import MilpOutcome, SolveProgress, solve_poet_milp
 from schedules.milp.outcome import TIME_LIMIT
-from schedules.schedule import Schedule, SolverInfo
+from schedules.schedule import Schedule, SolverInfo, StepPlan
 from schedules.simulate import SimulationReport, simulate
+from schedules.step_memory import StateCosts, StepLayout, StepMemory, TrainingSpec, state_costs
 from schedules.timeline import timeline_step_ms
 
 # Methods solved by the MILP, with the (paging, remat) switches they use.
@@ -133,6 +134,7 @@ def plan(
     check_timeline: bool = True,
     progress: Callable[[SolveProgress], None] | None = None,
     options: PlanOptions | None = None,
+    training: TrainingSpec | None = None,
 ) -> PlanResult:
     """Plan one training step of ``graph`` within the budgets.
 
@@ -146,7 +148,10 @@ def plan(
         the graph has no energies, for ``count_paging_time`` and for the
         paging-aware baselines.
     memory_budget:
-        Activation bytes allowed in RAM; ``None`` means unconstrained.
+        Bytes allowed in RAM: with ``training``, everything the step adds to
+        the loaded model (activations, gradients, optimizer state, the
+        runtime's own memory); without it, activations alone (POET's budget,
+        as for the reference graphs).  ``None`` means unconstrained.
     runtime_budget:
         Allowed step time as a multiple of one plain step's compute time
         (``graph.total_compute_ms``); ``None`` means no limit.
@@ -188,22 +193,33 @@ def plan(
     options:
         All of the settings above from ``solver`` on, as one :class:`PlanOptions`
         (then leave those keywords at their defaults).
+    training:
+        Plan the step's whole memory for this optimizer and training
+        (:mod:`schedules.step_memory`; the graph needs its parameter layout):
+        the plan also decides which parameters' optimizer state lives on
+        flash, and the schedule says so and predicts each part (``step``).
+        The MILP methods choose the state's residency; a heuristic keeps it all
+        in RAM where that fits, else pages all it can.  ``remat-only`` pages
+        nothing, optimizer state included.
     """
     given = PlanOptions(solver, time_limit, gap, threads, warm_start, relax_and_round, count_paging_time,
                         read_ahead, check_timeline, progress)
     if options is not None and given != PlanOptions():
         raise PlannerError("pass the solver settings either as options= or as keywords, not both")
     options = options or given
-    return _plan(graph, device, memory_budget, runtime_budget, method, options, _Deadline(options.time_limit))
+    return _plan(graph, device, memory_budget, runtime_budget, method, options, _Deadline(options.time_limit),
+                 training)
 
 
 def _plan(graph: TrainingGraph, device: DeviceProfile | str | None, memory_budget: float | None,
-          runtime_budget: float | None, method: str, options: PlanOptions, deadline: _Deadline) -> PlanResult:
+          runtime_budget: float | None, method: str, options: PlanOptions, deadline: _Deadline,
+          training: TrainingSpec | None = None) -> PlanResult:
     """:func:`plan` with its settings bundled and its deadline running (shared by every replanning)."""
     if method not in METHODS:
         raise UnknownNameError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     profile = DeviceProfile.builtin(device) if isinstance(device, str) else device
     graph = _priced(graph, profile)
+    step, costs = _step_memory(graph, training, memory_budget, profile, method)
     paging_ms = paging_time_ms(graph, profile) if profile is not None else None
     count_paging_time = options.count_paging_time
     if count_paging_time and paging_ms is None:
@@ -214,7 +230,7 @@ def _plan(graph: TrainingGraph, device: DeviceProfile | str | None, memory_budge
     runtime_ms = None if runtime_budget is None else runtime_budget * graph.total_compute_ms
     problem = BaselineProblem(graph, memory_budget, runtime_ms, _counted_paging_ms(profile, paging_ms, count_paging_time),
                               paging_ms)
-    context = _Context(graph, profile, problem, count_paging_time, method, options.solver)
+    context = _Context(graph, profile, problem, count_paging_time, method, options.solver, step, costs)
     if method in HEURISTIC_BASELINES:
         return _plan_heuristic(context, method)
     if options.time_limit is not None and not options.time_limit > 0:
@@ -227,6 +243,7 @@ def _plan(graph: TrainingGraph, device: DeviceProfile | str | None, memory_budge
         warm_start=start, relax_and_round=options.relax_and_round, paging_time_ms=problem.counted_paging_ms,
         io_time_ms=problem.paging_ms, read_ahead=read_ahead is not None,
         read_ahead_ms=paging_ms[0] if read_ahead == "read" else None, progress=options.progress,
+        step=step, state_costs=costs,
     )
     result = _from_milp(context, outcome)
     if not (options.check_timeline and paging and result.feasible and runtime_ms is not None and profile is not None
@@ -235,9 +252,28 @@ def _plan(graph: TrainingGraph, device: DeviceProfile | str | None, memory_budge
     step_ms = timeline_step_ms(graph, result.schedule, profile)
     if step_ms <= runtime_ms * (1 + 1e-9):
         return replace(result, timeline_ms=step_ms)
-    replan = functools.partial(_plan, graph, profile, memory_budget, runtime_budget, method, deadline=deadline)
+    replan = functools.partial(_plan, graph, profile, memory_budget, runtime_budget, method, deadline=deadline,
+                               training=training)
     return _replanned(result, step_ms, runtime_ms, replan, lambda s: timeline_step_ms(graph, s, profile), options,
                       read_ahead, deadline)
+
+
+def _step_memory(graph: TrainingGraph, training: TrainingSpec | None, memory_budget: float | None,
+                 profile: DeviceProfile | None, method: str) -> tuple[StepMemory | None, StateCosts | None]:
+    """The whole step's accounting for ``training`` (``None`` plans activations alone), and its paging priced."""
+    if training is None:
+        return None, None
+    spec = training.with_chunk_for(memory_budget)
+    if method == "remat-only" and spec.state_paging:  # Checkmate's remedy: nothing goes to flash
+        spec = replace(spec, state_paging=False)
+    step = StepMemory.build(graph, spec)
+    if not (step.groups and spec.state_paging):
+        return step, None
+    if profile is None:
+        raise PlannerError("optimizer state on flash is priced with the device's paging: pass device= (or plan "
+                           "with state_paging=False)")
+    return step, state_costs(step, profile)
+
 
 
 def _replanned(result: PlanResult, step_ms: float, runtime_ms: float, replan: Callable[..., PlanResult],
@@ -325,6 +361,33 @@ class _Context:
     count_paging_time: bool
     method: str
     solver: str
+    step: StepMemory | None = None
+    costs: StateCosts | None = None
+
+    def layout(self, matrices: Matrices) -> StepLayout | None:
+        """The whole-step layout ``matrices`` decide (``None`` when planning activations alone)."""
+        return None if self.step is None else self.step.layout(matrices.state_on_flash, self.costs)
+
+    def heuristic_layouts(self) -> list[tuple[frozenset[int], BaselineProblem]]:
+        """The state residencies a heuristic tries, each with the problem it plans activations for: all state
+        in RAM, then (where state may be paged) all of it on flash.  The budget left for activations is what
+        the step holds beside them at its fullest stage, update transients included: a heuristic does not
+        know stages, the simulator then checks the plan exactly."""
+        if self.step is None:
+            return [(frozenset(), self.problem)]
+        choices = [self.step.layout(())]
+        if self.step.groups and self.step.spec.state_paging:
+            choices.append(self.step.all_on_flash())
+        out = []
+        for layout in choices:
+            budget = self.problem.memory_budget
+            if budget is not None:
+                beside = max(layout.fixed_at(t) for t in range(self.graph.size))
+                budget = budget - beside - max(self.step.update_bytes, default=0)
+                if budget <= 0:
+                    continue
+            out.append((layout.state_on_flash, replace(self.problem, memory_budget=budget)))
+        return out
 
 
 def _priced(graph: TrainingGraph, device: DeviceProfile | None) -> TrainingGraph:
@@ -339,28 +402,36 @@ def _priced(graph: TrainingGraph, device: DeviceProfile | None) -> TrainingGraph
 
 def _plan_heuristic(ctx: _Context, method: str) -> PlanResult:
     started = time.perf_counter()
-    matrices = HEURISTIC_BASELINES[method](ctx.problem)
-    seconds = time.perf_counter() - started
-    if matrices is None:
-        return PlanResult(False, "infeasible", None, None, seconds, None, method,
-                          message=f"{method} has no schedule within these budgets", stop_reason=HEURISTIC)
-    return _checked_result(ctx, matrices, status="feasible", objective=None, gap=None, bound=None, seconds=seconds,
-                           stop_reason=HEURISTIC)
+    result = None
+    for on_flash, problem in ctx.heuristic_layouts():
+        matrices = HEURISTIC_BASELINES[method](problem)
+        if matrices is None:
+            continue
+        result = _checked_result(ctx, replace(matrices, state_on_flash=on_flash), status="feasible", objective=None,
+                                 gap=None, bound=None, seconds=time.perf_counter() - started, stop_reason=HEURISTIC)
+        if result.feasible:
+            return result
+    if result is not None:
+        return result
+    return PlanResult(False, "infeasible", None, None, time.perf_counter() - started, None, method,
+                      message=f"{method} has no schedule within these budgets", stop_reason=HEURISTIC)
 
 
 def _best_heuristic(ctx: _Context) -> Matrices | None:
     """The heuristic schedule of least energy that fits the budgets: the MILP's warm start."""
     best: tuple[float, Matrices] | None = None
-    for name, baseline in HEURISTIC_BASELINES.items():
-        matrices = baseline(ctx.problem)
-        if matrices is None:
-            continue
-        try:
-            report = _simulate(ctx, to_instructions(ctx.graph, matrices))
-        except ScheduleViolation:
-            continue
-        if best is None or report.energy_j < best[0]:
-            best = (report.energy_j, matrices)
+    for on_flash, problem in ctx.heuristic_layouts():
+        for name, baseline in HEURISTIC_BASELINES.items():
+            matrices = baseline(problem)
+            if matrices is None:
+                continue
+            matrices = replace(matrices, state_on_flash=on_flash)
+            try:
+                report = _simulate(ctx, to_instructions(ctx.graph, matrices), ctx.layout(matrices))
+            except ScheduleViolation:
+                continue
+            if best is None or report.energy_j < best[0]:
+                best = (report.energy_j, matrices)
     return None if best is None else best[1]
 
 
@@ -375,17 +446,18 @@ def _from_milp(ctx: _Context, outcome: MilpOutcome) -> PlanResult:
                            stop_reason=outcome.stop_reason)
 
 
-def _simulate(ctx: _Context, instructions: list[Instruction]) -> SimulationReport:
+def _simulate(ctx: _Context, instructions: list[Instruction], layout: StepLayout | None = None) -> SimulationReport:
     return simulate(ctx.graph, instructions, memory_budget=ctx.problem.memory_budget,
                     runtime_budget_ms=ctx.problem.runtime_budget_ms, paging_time_ms=ctx.problem.counted_paging_ms,
-                    io_time_ms=ctx.problem.paging_ms)
+                    io_time_ms=ctx.problem.paging_ms, step=layout)
 
 
 def _checked_result(ctx: _Context, matrices: Matrices, *, status: str, objective: float | None,
                     gap: float | None, bound: float | None, seconds: float, stop_reason: str) -> PlanResult:
     instructions = to_instructions(ctx.graph, matrices)
+    layout = ctx.layout(matrices)
     try:
-        report = _simulate(ctx, instructions)
+        report = _simulate(ctx, instructions, layout)
     except ScheduleViolation as exc:
         if ctx.method in MILP_METHODS:
             # The MILP proved this plan fits; a replay that disagrees is a bug, not a budget problem.
@@ -408,6 +480,16 @@ def _checked_result(ctx: _Context, matrices: Matrices, *, status: str, objective
         solver=SolverInfo(method=ctx.method, solver=ctx.solver if ctx.method in MILP_METHODS else "heuristic",
                           status=status, objective_j=objective, gap=gap, seconds=seconds),
         count_paging_time=ctx.count_paging_time,
+        step=None if layout is None else step_plan(layout, report),
     )
     return PlanResult(True, status, objective, gap, seconds, schedule, ctx.method, bound_j=bound, simulation=report,
                       stop_reason=stop_reason)
+
+
+def step_plan(layout: StepLayout, report: SimulationReport) -> StepPlan:
+    """What a whole-step schedule records of its plan and predicts part by part."""
+    memory = layout.memory
+    return StepPlan(training=memory.spec, state_on_flash=layout.parameters_on_flash,
+                    activation_peak_bytes=report.activation_peak_bytes, gradient_peak_bytes=layout.gradient_peak_bytes,
+                    resident_state_bytes=layout.resident_state_bytes, paged_state_bytes=layout.paged_state_bytes,
+                    runtime_bytes=memory.runtime_bytes)

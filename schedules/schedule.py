@@ -8,6 +8,12 @@ consecutive instructions with the same op share one token and runs of
 consecutive ids are written as ranges -- ``"c0-5 f2,4 o3"`` is compute 0..5,
 free 2 and 4, page out 3.
 
+A schedule planned for a step's whole memory (:mod:`schedules.step_memory`)
+also carries ``step`` (:class:`StepPlan`): the training it was planned for
+(optimizer, accumulation, clipping, update chunk), which parameters'
+optimizer state lives on flash, and the prediction part by part -- what the
+device's agent checks every step against.
+
 A signed schedule carries an Ed25519 signature over the canonical JSON of
 every other field (see :mod:`schedules.signing`); loading with a public key
 refuses a missing, foreign or broken signature and any changed value, before
@@ -27,12 +33,15 @@ from schedules.canonical import canonical_json, finite_number, parse_json_object
 from schedules.errors import FormatError, ScheduleMismatchError, UnsupportedVersionError
 from schedules.graph import TrainingGraph
 from schedules.matrices import OPS, Instruction
+from schedules.step_memory import StepLayout, StepMemory, TrainingSpec
 
 SCHEDULE_FORMAT = "poet-edge/schedule"
 SCHEDULE_VERSION = 1
 _LETTER = {"compute": "c", "page_out": "o", "page_in": "i", "free": "f"}
 _OP = {v: k for k, v in _LETTER.items()}
 _TOKEN = re.compile(r"^([coif])([0-9]+(?:-[0-9]+)?(?:,[0-9]+(?:-[0-9]+)?)*)$")
+_INDICES = re.compile(r"^[0-9]+(?:-[0-9]+)?(?:,[0-9]+(?:-[0-9]+)?)*$")
+_MAX_INDEX = 1 << 20  # no model has a million parameter tensors: a larger index is a malformed file
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,59 @@ class SolverInfo:
     objective_j: float | None
     gap: float | None
     seconds: float
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What a whole-step schedule holds beside the activations, planned and predicted.
+
+    ``memory_budget`` of its schedule bounds all of it together; each part is
+    its own peak over the step (they need not peak together):
+    ``activation_peak_bytes`` (activations and workspace, update transients
+    included), ``gradient_peak_bytes``, ``resident_state_bytes`` (optimizer
+    state kept in RAM) and ``runtime_bytes``.  ``state_on_flash`` lists the
+    parameters (indices into the graph's ``parameters``) whose optimizer state
+    lives in page files.
+    """
+
+    training: TrainingSpec
+    state_on_flash: tuple[int, ...]
+    activation_peak_bytes: int
+    gradient_peak_bytes: int
+    resident_state_bytes: int
+    paged_state_bytes: int
+    runtime_bytes: int
+
+    def parts(self) -> dict[str, int]:
+        """The predicted peak of each part, by the names the agent reports."""
+        return {"activations": self.activation_peak_bytes, "gradients": self.gradient_peak_bytes,
+                "optimizer state": self.resident_state_bytes, "runtime": self.runtime_bytes}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"training": self.training.to_dict(), "state_on_flash": _ranges(list(self.state_on_flash)),
+                "activation_peak_bytes": self.activation_peak_bytes, "gradient_peak_bytes": self.gradient_peak_bytes,
+                "resident_state_bytes": self.resident_state_bytes, "paged_state_bytes": self.paged_state_bytes,
+                "runtime_bytes": self.runtime_bytes}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "StepPlan":
+        if not isinstance(d, dict):
+            raise FormatError("step must be an object")
+        unknown = sorted(set(d) - {f for f in cls.__dataclass_fields__})
+        if unknown:
+            raise FormatError(f"step has unknown field(s) {', '.join(unknown)}")
+        on_flash = d.get("state_on_flash", "")
+        if not isinstance(on_flash, str) or (on_flash and not _INDICES.match(on_flash)):
+            raise FormatError(f"step.state_on_flash must be parameter indices like '0-5,9', got {on_flash!r}")
+
+        def count(key: str) -> int:
+            return int(finite_number(d.get(key), f"step.{key}"))
+
+        return cls(training=TrainingSpec.from_dict(d.get("training")),
+                   state_on_flash=_indices(on_flash),
+                   activation_peak_bytes=count("activation_peak_bytes"), gradient_peak_bytes=count("gradient_peak_bytes"),
+                   resident_state_bytes=count("resident_state_bytes"), paged_state_bytes=count("paged_state_bytes"),
+                   runtime_bytes=count("runtime_bytes"))
 
 
 @dataclass(frozen=True)
@@ -65,6 +127,7 @@ class Schedule:
     count_paging_time: bool = False
     signature: dict[str, str] | None = field(default=None, compare=False)
     version: int = SCHEDULE_VERSION
+    step: StepPlan | None = None
 
     def __post_init__(self) -> None:
         for position, (op, node) in enumerate(self.instructions):
@@ -83,8 +146,25 @@ class Schedule:
                 f"{graph.model!r}, {graph.size} nodes): plan a schedule for this model with `poet-edge solve`"
             )
 
+    def step_layout(self, graph: TrainingGraph) -> StepLayout:
+        """The whole-step accounting this schedule was planned with, rebuilt on ``graph`` (its own graph)."""
+        if self.step is None:
+            raise ScheduleMismatchError("this schedule budgets activations only; it has no whole-step plan")
+        from schedules.errors import PlannerError
+
+        try:
+            return StepMemory.build(graph, self.step.training).layout_for_parameters(self.step.state_on_flash)
+        except PlannerError as exc:
+            raise ScheduleMismatchError(f"schedule's whole-step plan does not fit this graph: {exc}") from exc
+
     def payload(self) -> dict[str, Any]:
         """Every field but the signature, in JSON shape: what is signed."""
+        payload = self._fields()
+        if self.step is not None:  # absent from activation-only schedules, so their ids stay as they were
+            payload["step"] = self.step.to_dict()
+        return payload
+
+    def _fields(self) -> dict[str, Any]:
         return {
             "format": SCHEDULE_FORMAT,
             "version": self.version,
@@ -184,7 +264,23 @@ def decode_instructions(text: str, graph_size: int | None = None) -> tuple[Instr
     return tuple(out)
 
 
+def _indices(text: str) -> tuple[int, ...]:
+    """``"0-2,5"`` -> ``(0, 1, 2, 5)`` (already matched by ``_INDICES``)."""
+    out: list[int] = []
+    for part in text.split(",") if text else []:
+        lo, _, hi = part.partition("-")
+        first, last = int(lo), int(hi or lo)
+        if last < first or last >= _MAX_INDEX:
+            raise FormatError(f"malformed parameter range {part!r}")
+        out.extend(range(first, last + 1))
+    if out != sorted(set(out)):
+        raise FormatError("parameter indices must ascend without repeats")
+    return tuple(out)
+
+
 def _ranges(nodes: list[int]) -> str:
+    if not nodes:
+        return ""
     parts: list[str] = []
     start = prev = nodes[0]
     for n in nodes[1:] + [None]:  # type: ignore[list-item]
@@ -232,6 +328,7 @@ def _from_dict(d: dict[str, Any]) -> Schedule:
             solver=solver,
             count_paging_time=_flag(d.get("count_paging_time", False), "count_paging_time"),
             signature=_signature(d.get("signature")),
+            step=None if d.get("step") is None else StepPlan.from_dict(d["step"]),
         )
     except (KeyError, TypeError) as exc:
         raise FormatError(f"schedule is missing or has a malformed field: {exc}") from exc

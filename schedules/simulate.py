@@ -7,7 +7,9 @@ Rules (each broken rule raises :class:`ScheduleViolation` naming the instruction
   already on flash is refused (it would write it twice);
 * ``page_in i`` needs a flash copy and ``i`` not resident;
 * resident bytes, plus the workspace of a node while it computes, never
-  exceed the memory budget;
+  exceed the memory budget -- for a whole-step plan (:mod:`schedules.step_memory`)
+  together with what the step holds beside activations at that stage
+  (runtime, gradients, resident optimizer state);
 * every backward node is computed exactly once (gradients are accumulated);
 * the total runtime stays within the runtime budget, and so does the I/O
   thread's busy time when paging runs beside compute (``io_time_ms``).
@@ -22,6 +24,7 @@ from schedules.errors import ScheduleViolation
 from schedules.graph import TrainingGraph
 from schedules.matrices import Instruction
 from schedules.schedule import Schedule
+from schedules.step_memory import StepLayout
 
 # Floating-point slack for budget comparisons made on sums of measured times.
 _RUNTIME_RTOL = 1e-9
@@ -52,6 +55,11 @@ class SimulationReport:
     peak_memory_bytes: int
     io_ms: float = 0.0
     """Busy time of the I/O thread (all paging, one transfer at a time), ms; 0 without ``io_time_ms``."""
+    fixed_bytes: tuple[int, ...] = ()
+    """Per instruction, what a whole-step plan holds beside activations and workspace (included in
+    ``working_bytes``); empty for an activation-only replay."""
+    activation_peak_bytes: int = 0
+    """The most activation and workspace bytes at once (``peak_memory_bytes`` less what the step holds beside)."""
 
 
 def simulate(
@@ -62,6 +70,7 @@ def simulate(
     runtime_budget_ms: float | None = None,
     paging_time_ms: tuple[Sequence[float], Sequence[float]] | None = None,
     io_time_ms: tuple[Sequence[float], Sequence[float]] | None = None,
+    step: StepLayout | None = None,
 ) -> SimulationReport:
     """Replay ``schedule`` on ``graph`` and return its predicted peak, runtime and energy.
 
@@ -73,15 +82,24 @@ def simulate(
     adds nothing to the compute thread's runtime, but the one I/O thread does
     every transfer in turn, so its busy time (``io_ms``) must fit the runtime
     budget too -- a step cannot end before its last write does.
+
+    ``step`` replays a whole-step plan: every instruction also holds
+    ``step.fixed_at(stage)``, and a computation its node's update transient
+    beside its workspace; the optimizer state's paging adds its energy, and
+    its I/O time to the I/O thread's and, where the next node's computation
+    does not cover it, to the runtime.  A :class:`Schedule` planned
+    for the whole step brings its own.
     """
     if isinstance(schedule, Schedule):
         schedule.check_graph(graph)
         memory_budget = schedule.memory_budget if memory_budget is None else memory_budget
         runtime_budget_ms = schedule.runtime_budget_ms if runtime_budget_ms is None else runtime_budget_ms
         instructions: Sequence[Instruction] = schedule.instructions
+        if step is None and schedule.step is not None:
+            step = schedule.step_layout(graph)
     else:
         instructions = schedule
-    replay = _Replay(graph, memory_budget, paging_time_ms, io_time_ms)
+    replay = _Replay(graph, memory_budget, paging_time_ms, io_time_ms, step)
     for position, (op, node) in enumerate(instructions):
         replay.step(position, op, node)
     replay.finish(runtime_budget_ms)
@@ -91,9 +109,14 @@ def simulate(
 class _Replay:
     """The state of one replay: resident set, flash set, counters."""
 
-    def __init__(self, graph: TrainingGraph, budget: float | None, paging_time_ms, io_time_ms) -> None:
+    def __init__(self, graph: TrainingGraph, budget: float | None, paging_time_ms, io_time_ms,
+                 step: StepLayout | None = None) -> None:
         self.g = graph
         self.budget = budget
+        self.layout = step
+        self.stage = 0  # the first node not computed yet: the stage the next instructions belong to
+        self.fixed: list[int] = []
+        self.activation_peak = 0
         self.paging_time_ms = paging_time_ms
         self.io_time_ms = io_time_ms
         self.io_ms = 0.0
@@ -113,17 +136,27 @@ class _Replay:
         handler = getattr(self, f"_{op}", None)
         if handler is None:
             raise ScheduleViolation(f"instruction {position}: unknown op {op!r}", position)
+        stage = self.stage
         handler(position, node)
+        while self.stage < self.g.size and self.computed[self.stage]:
+            self.stage += 1
         workspace = self.g.nodes[node].workspace_bytes if op == "compute" else 0
-        working = self.current + workspace
+        if op == "compute" and self.layout is not None:
+            workspace += self.layout.memory.update_bytes[node]
+        fixed = self.layout.fixed_at(stage) if self.layout is not None else 0
+        working = self.current + workspace + fixed
         self.trace.append(self.current)
         self.working.append(working)
+        self.fixed.append(fixed)
         if self.budget is not None and working > self.budget:
             held = f"{self.current} resident bytes" + (f" and {workspace} of workspace" if workspace else "")
+            if fixed:
+                held += f" beside {fixed} the step holds at stage {stage} (runtime, gradients, optimizer state)"
             raise ScheduleViolation(
                 f"instruction {position} ({op} {node}): {held} exceed the budget of {int(self.budget)}", position)
         self.peak = max(self.peak, self.current)
         self.peak_memory = max(self.peak_memory, working)
+        self.activation_peak = max(self.activation_peak, self.current + workspace)
 
     def _compute(self, position: int, node: int) -> None:
         missing = [p for p in self.g.predecessors[node] if p not in self.resident]
@@ -177,6 +210,15 @@ class _Replay:
             raise ScheduleViolation(f"instruction {position} ({message})", position)
 
     def finish(self, runtime_budget_ms: float | None) -> None:
+        layout = self.layout
+        if layout is not None:  # the optimizer state on flash is read and written once a step
+            self.energy["page_in"] += layout.pagein_energy_j
+            self.energy["page_out"] += layout.pageout_energy_j
+            self.paged["page_in"] += layout.paged_state_bytes
+            self.paged["page_out"] += layout.paged_state_bytes
+            self.runtime_ms += layout.exposed_paging_ms  # what the next node's computation does not cover
+            if self.io_time_ms is not None:
+                self.io_ms += layout.paging_io_ms
         never = sorted(b for b in self.g.backward_nodes if self.computed[b] == 0)
         if never:
             raise ScheduleViolation(f"backward nodes {never[:10]} are never computed: the gradients are incomplete")
@@ -203,4 +245,6 @@ class _Replay:
             working_bytes=tuple(self.working),
             peak_memory_bytes=self.peak_memory,
             io_ms=self.io_ms,
+            fixed_bytes=tuple(self.fixed) if self.layout is not None else (),
+            activation_peak_bytes=self.activation_peak,
         )

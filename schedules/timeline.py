@@ -260,7 +260,7 @@ def timeline_step_ms(graph: TrainingGraph, schedule: Schedule, device: DevicePro
     if hidden_fraction is None:
         hidden_fraction = 1.0 - device.exposed_paging_fraction
     instructions = list(schedule.instructions)
-    report = simulate(graph, instructions)
+    report = simulate(graph, schedule if schedule.step is not None else instructions)
     limit = schedule.memory_budget if schedule.memory_budget is not None else report.peak_memory_bytes
     io = plan_io(instructions, [n.bytes for n in graph.nodes], report.working_bytes, limit,
                  [n.compute_ms for n in graph.nodes], [device.pagein_seconds(n.bytes) * 1e3 for n in graph.nodes])

@@ -3,7 +3,9 @@
 Identical requests share one row and so one solve and one stored schedule.
 Identical means the same *dedupe key*: the SHA-256 of the canonical JSON of
 the graph's fingerprint (its structure: :attr:`TrainingGraph.fingerprint`),
-the whole device profile, the memory budget and the runtime budget.  A fleet
+the whole device profile, the memory budget, the runtime budget and the
+training the step is planned for (optimizer, accumulation, clipping: a whole
+step's plan; none for activations alone).  A fleet
 of many devices in a few device classes therefore costs a few solves.
 
 A request moves ``queued`` -> ``solving`` -> ``done`` | ``failed`` |
@@ -38,6 +40,7 @@ from schedules.device import DeviceProfile
 from schedules.errors import PlannerError
 from schedules.graph import TrainingGraph
 from schedules.schedule import Schedule
+from schedules.step_memory import TrainingSpec
 from server.db.engine import Database
 from server.db.models import SolveRequest
 from server.errors import RequestRejectedError, SolveQueueFullError
@@ -48,23 +51,27 @@ QUEUED, SOLVING, DONE, FAILED, TIMED_OUT = "queued", "solving", "done", "failed"
 
 @dataclass(frozen=True)
 class SolveInput:
-    """What a schedule is asked for: graph, device profile, memory budget (bytes), runtime budget (factor)."""
+    """What a schedule is asked for: graph, device profile, memory budget (bytes), runtime budget (factor), and
+    the training a whole step is planned for (``None``: activations alone)."""
 
     graph: TrainingGraph
     device: DeviceProfile
     memory_budget: int
     runtime_budget: float | None
+    training: TrainingSpec | None = None
 
     @property
     def dedupe_key(self) -> str:
         """64 hex digits naming the request; equal for identical requests (module docstring)."""
         identity = {"graph": self.graph.fingerprint, "device": self.device.to_dict(),
                     "memory_budget": self.memory_budget, "runtime_budget": self.runtime_budget}
+        if self.training is not None:  # absent for activations alone: such requests keep their keys
+            identity["training"] = self.training.to_dict()
         return hashlib.sha256(canonical_json(identity)).hexdigest()
 
 
 def parse_solve_input(graph: Any, device: Any, memory_budget: int, runtime_budget: float | None,
-                      max_nodes: int) -> SolveInput:
+                      max_nodes: int, training: Any = None) -> SolveInput:
     """Load the graph and device profile with the planner's own loaders.
 
     Raises
@@ -85,7 +92,11 @@ def parse_solve_input(graph: Any, device: Any, memory_budget: int, runtime_budge
         raise RequestRejectedError(f"graph has {loaded_graph.size} nodes; this server plans graphs of at most "
                                    f"{max_nodes} (cut the model into fewer segments)")
     loaded_device = _load("device", DeviceProfile.from_dict, device)
-    return SolveInput(loaded_graph, loaded_device, memory_budget, runtime_budget)
+    spec = None if training is None else _load("training", TrainingSpec.from_dict, training)
+    if spec is not None and not loaded_graph.parameters:
+        raise RequestRejectedError("training: the graph has no parameter layout to plan a whole step with; "
+                                   "profile the model again with this release")
+    return SolveInput(loaded_graph, loaded_device, memory_budget, runtime_budget, spec)
 
 
 def _holds_nul(data: Any) -> bool:
@@ -147,6 +158,7 @@ def _new_request(item: SolveInput, key: str, time_limit: float, now: float, requ
         id=uuid.uuid4().hex, dedupe_key=key, graph_fingerprint=item.graph.fingerprint, model=item.graph.model[:200],
         device_profile_name=item.device.name[:200], graph=canonical_json(item.graph.to_dict()),
         device_profile=item.device.to_dict(), memory_budget=item.memory_budget, runtime_budget=item.runtime_budget,
+        training=None if item.training is None else item.training.to_dict(),
         status=QUEUED, time_limit=time_limit, created_at=now, requested_by=requested_by,
     )
 
@@ -183,7 +195,7 @@ def claim(db: Database, request_id: str, time_limit: float, now: float) -> bytes
         row = session.get(SolveRequest, request_id)
         return canonical_json({"graph": json.loads(row.graph), "device": row.device_profile,
                                "memory_budget": row.memory_budget, "runtime_budget": row.runtime_budget,
-                               "time_limit": time_limit})
+                               "training": row.training, "time_limit": time_limit})
 
 
 def finish(db: Database, request_id: str, status: str, *, now: float, solve_seconds: float,

@@ -7,7 +7,8 @@ as JSON bytes, never as pickled objects of ours.
 
 Job::
 
-    {"graph": {...}, "device": {...}, "memory_budget": 1500000, "runtime_budget": 1.5, "time_limit": 60}
+    {"graph": {...}, "device": {...}, "memory_budget": 1500000, "runtime_budget": 1.5, "time_limit": 60,
+     "training": {...} | null}   (a whole step's training: schedules.step_memory.TrainingSpec)
 
 Result::
 
@@ -32,6 +33,7 @@ from schedules.device import DeviceProfile
 from schedules.errors import PlannerError
 from schedules.graph import TrainingGraph
 from schedules.plan import plan
+from schedules.step_memory import TrainingSpec
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -69,8 +71,9 @@ def solve(job_json: bytes) -> bytes:
     try:
         graph = TrainingGraph.from_dict(job["graph"])
         device = DeviceProfile.from_dict(job["device"])
+        training = None if job.get("training") is None else TrainingSpec.from_dict(job["training"])
         result = plan(graph, device, memory_budget=job["memory_budget"], runtime_budget=job["runtime_budget"],
-                      time_limit=job["time_limit"])
+                      time_limit=job["time_limit"], training=training)
     except PlannerError as exc:
         return _result("failed", error=str(exc))
     info: dict[str, Any] = {"status": result.status, "stop_reason": result.stop_reason,
@@ -87,8 +90,9 @@ def solve(job_json: bytes) -> bytes:
 
 def _infeasible(job: dict[str, Any]) -> str:
     runtime = "no runtime budget" if job["runtime_budget"] is None else f"runtime budget {job['runtime_budget']:g}x"
-    return (f"infeasible: no schedule fits a memory budget of {job['memory_budget']:,} bytes with {runtime}; "
-            "ask with a larger memory or runtime budget")
+    what = "a step" if job.get("training") else "the activations"
+    return (f"infeasible: no schedule fits {what} in a memory budget of {job['memory_budget']:,} bytes with "
+            f"{runtime}; ask with a larger memory or runtime budget")
 
 
 def _result(outcome: str, *, schedule: str | None = None, error: str | None = None, **info: Any) -> bytes:

@@ -83,6 +83,24 @@ Our reductions (each keeps the optimum of the published model)
    O(1) and HiGHS' tolerances mean the same thing on every graph.  (The dense
    formulation in raw joules stops above the optimum on ``linear_a72``, whose
    costs sit below HiGHS' default tolerances.)
+
+The whole step (our extension)
+------------------------------
+Given a :class:`~schedules.step_memory.StepMemory` (``step=``), the budget is
+the step's whole memory.  Each stage's memory chain starts from what the step
+holds beside activations there (``constant + stage_bytes[t]``, see
+:mod:`schedules.step_memory`) plus the optimizer state left in RAM::
+
+    binary  Y[g]   state group g lives on flash (read and written at its update, every step)
+    real    Z      resident optimizer state / budget,   Z + sum_g s_g Y[g] >= S
+    U[t,first] >= Z + (constant + stage_bytes[t]) / budget + sum_{g: node(g) = t-1} behind_g Y[g] / budget + ...
+                   (the first memory row of each stage; behind_g: a background update's gradients and transient)
+    minimise ... + sum_g Y[g] paging_j[g];  the I/O-thread row gains sum_g Y[g] io_ms[g], the runtime row
+    what of it the next node's computation does not cover:
+    E[b] >= sum_{g: node(g) = b} io_ms[g] Y[g] - compute_ms[b+1],  E[b] >= 0,  runtime += sum_b E[b]
+
+Without state paging (``state_paging=False``) ``Z`` is the constant ``S``.
+Each update's transient memory joins its node's workspace.
 """
 
 from __future__ import annotations
@@ -95,7 +113,8 @@ from schedules.errors import SolverError
 from schedules.graph import TrainingGraph
 from schedules.matrices import Matrices
 from schedules.milp.model import INF, SparseMilp
-from schedules.milp.plans import least_residency
+from schedules.milp.plans import least_residency, plan_energy
+from schedules.step_memory import StateCosts, StepMemory
 
 Expr = tuple[dict[int, float], float]  # linear terms {column: coefficient} plus a constant
 
@@ -107,9 +126,16 @@ class PoetFormulation:
                  paging: bool = True, remat: bool = True,
                  paging_time_ms: tuple[Sequence[float], Sequence[float]] | None = None,
                  io_time_ms: tuple[Sequence[float], Sequence[float]] | None = None,
-                 read_ahead: bool = False, read_ahead_ms: Sequence[float] | None = None) -> None:
+                 read_ahead: bool = False, read_ahead_ms: Sequence[float] | None = None,
+                 step: StepMemory | None = None, state_costs: StateCosts | None = None) -> None:
+        if step is not None and step.graph.fingerprint != graph.fingerprint:
+            raise SolverError("the whole-step accounting was built for another graph")
+        if step is not None and step.groups and step.spec.state_paging and state_costs is None:
+            raise SolverError("optimizer state on flash needs its paging priced: pass state_costs")
         self.graph = graph
         self.T = graph.size
+        self.step = step
+        self.state_costs = state_costs
         self.memory_budget = memory_budget
         self.paging, self.remat = paging, remat
         self.read_ahead = read_ahead and paging
@@ -123,6 +149,9 @@ class PoetFormulation:
         self.MOut: dict[tuple[int, int], int] = {}
         self.F: dict[tuple[int, int, int], int] = {}
         self.U: dict[tuple[int, int], int] = {}
+        self.Y: dict[int, int] = {}  # optimizer-state group -> its "on flash" column
+        self.Z: int | None = None    # resident optimizer state / budget
+        self._behind: dict[int, dict[int, float]] = {}  # stage -> {Y column: what its background update holds}
         self._memory_rows: list[tuple[int, int]] = []  # (U column, its defining row), in chain order
         self._add_columns()
         self._add_dependencies()
@@ -151,6 +180,9 @@ class PoetFormulation:
         if self.paging:
             for i in range(self.T):
                 self._add_paging_columns(i)
+        if self.step is not None and self.step.groups and self.step.spec.state_paging:
+            for k in range(len(self.step.groups)):
+                self.Y[k] = m.add_col(f"Y_{k}", 0, 1, self.state_costs.energy_j[k] / scale, True)
 
     def compute_stages(self, i: int) -> list[int]:
         """The stages in which node ``i`` may be computed, ascending."""
@@ -245,7 +277,29 @@ class PoetFormulation:
             page_in_ms, page_out_ms = paging_time_ms
             terms.update({col: page_in_ms[i] / scale for (t, i), col in self.MIn.items()})
             terms.update({col: page_out_ms[i] / scale for (t, i), col in self.MOut.items()})
+        terms.update(self._exposed_state_paging(scale))
         self.model.add_row(terms, -INF, allowance / scale, "runtime budget")
+
+    def _exposed_state_paging(self, scale: float) -> dict[int, float]:
+        """Columns of the time the step waits for optimizer state on flash: a node's background updates run
+        beside the next node's computation and hold the step only for what that does not cover,
+        ``E[b] >= sum_{g: node(g) = b} io_ms[g] Y[g] - compute_ms[b + 1]``, ``E[b] >= 0``, and slow it by the
+        device's exposed share of paging beside compute."""
+        if not self.Y:
+            return {}
+        by_node: dict[int, dict[int, float]] = {}
+        share = self.state_costs.exposed_fraction  # paging beside compute slows it by this share anyway
+        exposed = {}
+        for k, col in self.Y.items():
+            by_node.setdefault(self.step.groups[k].node, {})[col] = self.state_costs.io_ms[k] / scale
+            exposed[col] = share * self.state_costs.io_ms[k] / scale
+        for node, paging in by_node.items():
+            covered = self.graph.nodes[node + 1].compute_ms / scale if node + 1 < self.T else 0.0
+            col = self.model.add_col(f"E_{node}", 0.0, INF, 0.0, False)
+            self.model.add_row({col: 1.0, **{c: -v for c, v in paging.items()}}, -covered, INF,
+                               f"state paging of node {node} beyond the next node's compute")
+            exposed[col] = 1.0
+        return exposed
 
     def _add_io_time(self, budget_ms: float, io_time_ms: tuple[Sequence[float], Sequence[float]]) -> None:
         """Paging beside compute still runs on one I/O thread: its total time fits the step's budget."""
@@ -253,6 +307,7 @@ class PoetFormulation:
         scale = max(budget_ms, 1e-12)
         terms = {col: page_in_ms[i] / scale for (t, i), col in self.MIn.items()}
         terms.update({col: page_out_ms[i] / scale for (t, i), col in self.MOut.items()})
+        terms.update({col: self.state_costs.io_ms[k] / scale for k, col in self.Y.items()})
         self.model.add_row(terms, -INF, 1.0, "I/O thread time")
 
     def _add_memory(self, budget: float) -> None:
@@ -264,6 +319,7 @@ class PoetFormulation:
         for i, k in sorted(set(self.graph.edges)):
             inputs[k].append(i)
         nbytes = [n.bytes / budget for n in self.graph.nodes]
+        beside = self._add_state_residency(budget)
         # read-ahead room: a page read in during stage t is read beside the own computations of stages
         # s..t, as many as its read takes (just t without read times)
         reads: list[dict[int, float]] = [{} for _ in range(self.T)]
@@ -272,7 +328,28 @@ class PoetFormulation:
                 for s in self.read_stages(t, i):
                     reads[s][col] = nbytes[i]
         for t in range(self.T):
-            self._add_stage_memory(t, budget, inputs, nbytes, reads[t])
+            self._add_stage_memory(t, budget, inputs, nbytes, reads[t], beside[t])
+
+    def _add_state_residency(self, budget: float) -> list[tuple[float, float]]:
+        """``Z`` and its row; per stage, what it holds beside activations: (fixed bytes, most resident state),
+        both over the budget."""
+        if self.step is None:
+            return [(0.0, 0.0)] * self.T
+        step = self.step
+        state = step.state_bytes / budget
+        fixed = [(step.constant_bytes + step.stage_bytes[t]) / budget for t in range(self.T)]
+        if self.Y:
+            self.Z = self.model.add_col("Z", 0.0, state, 0.0, False)
+            terms = {self.Z: 1.0, **{col: step.groups[k].bytes / budget for k, col in self.Y.items()}}
+            self.model.add_row(terms, state, INF, "optimizer state in RAM or on flash")
+            behind = [0.0] * self.T  # background updates of state on flash, held into the next stage
+            for k, col in self.Y.items():
+                stage = step.groups[k].node + 1
+                if stage < self.T and step.groups[k].behind_bytes:
+                    self._behind.setdefault(stage, {})[col] = step.groups[k].behind_bytes / budget
+                    behind[stage] += step.groups[k].behind_bytes / budget
+            return [(f, state + b) for f, b in zip(fixed, behind)]
+        return [(f + state, 0.0) for f in fixed]
 
     def read_stages(self, t: int, i: int) -> range:
         """The stages whose own computation a read of node ``i``'s page for stage ``t`` runs beside: ``t`` and,
@@ -287,7 +364,7 @@ class PoetFormulation:
         return range(s, t + 1)
 
     def _add_stage_memory(self, t: int, budget: float, inputs: list[list[int]], nbytes: list[float],
-                          reads: dict[int, float]) -> None:
+                          reads: dict[int, float], beside: tuple[float, float] = (0.0, 0.0)) -> None:
         """``U`` after each possible computation of stage ``t`` stays within the budget (reduction 3).
 
         Positions where even keeping every candidate value would fit are not
@@ -295,17 +372,25 @@ class PoetFormulation:
         last computation of the stage) cannot lower any checked ``U``.  ``reads``
         (``MIn`` column -> bytes / budget) are the page-ins whose read-ahead room is
         kept beside node ``t``: this stage's and, with read times, later stages'
-        whose reads run through it (:meth:`read_stages`; empty unless ``read_ahead``).
+        whose reads run through it (:meth:`read_stages`; empty unless ``read_ahead``).  ``beside`` is what the
+        whole step holds beside activations at this stage (fixed bytes, and resident optimizer state at most:
+        ``Z``), both over the budget; it enters the stage's first memory row.
         """
         m = self.model
         workspace = [n.workspace_bytes / budget for n in self.graph.nodes]
+        if self.step is not None:
+            workspace = [w + u / budget for w, u in zip(workspace, self.step.update_bytes)]
         positions = [k for k in range(t + 1) if self.can_compute(t, k)]
         terms: dict[int, float] = {self.SRam[t, i]: nbytes[i] for i in range(t) if (t, i) in self.SRam}
-        most = sum(terms.values())  # U if every candidate were resident and nothing freed
+        fixed, state = beside
+        most = sum(terms.values()) + fixed + state  # U if every candidate were resident and nothing freed
+        if self.Z is not None:
+            terms[self.Z] = 1.0
+            terms.update(self._behind.get(t, {}))
         if most + sum(nbytes[k] for k in positions) + max(workspace[k] for k in positions) + sum(reads.values()) \
                 <= 1.0 + 1e-9:
             return  # this stage fits whatever is decided
-        const, previous = 0.0, None
+        const, previous = fixed, None
         for k in positions:
             r_terms, r_const = self.r(t, k)
             for col, coef in r_terms.items():
@@ -365,6 +450,8 @@ class PoetFormulation:
         from the stage after the first page-out on.
         """
         mats = Matrices.empty(self.T)
+        mats = Matrices(mats.R, mats.SRam, mats.SSd, mats.MIn, mats.MOut,
+                        frozenset(k for k, col in self.Y.items() if x[col] > 0.5))
         np.fill_diagonal(mats.R, True)
         for grid, cols in ((mats.R, self.R), (mats.MIn, self.MIn), (mats.MOut, self.MOut)):
             for (t, i), col in cols.items():
@@ -373,6 +460,13 @@ class PoetFormulation:
             mats.SRam[:, i] = least_residency(self.graph, mats, i)
         mats.SSd[1:] = np.cumsum(mats.MOut, axis=0)[:-1] > 0
         return mats
+
+    def plan_energy(self, mats: Matrices) -> float:
+        """POET's objective for ``mats`` in joules, with its optimizer-state paging."""
+        energy = plan_energy(self.graph, mats)
+        if self.Y:
+            energy += sum(self.state_costs.energy_j[k] for k in mats.state_on_flash)
+        return energy
 
     def encode(self, mats: Matrices) -> np.ndarray:
         """A full column vector for ``mats`` (a warm start): flash, hazards and memory derived exactly."""
@@ -385,6 +479,11 @@ class PoetFormulation:
             x[col] = min(1.0, sum(x[c] for c in before if c is not None))
         for (t, i, k), col in self.F.items():
             x[col] = self._free_value(x, t, i, k)
+        for k, col in self.Y.items():
+            x[col] = float(k in mats.state_on_flash)
+        if self.Z is not None:
+            paged = sum(self.step.groups[k].bytes for k in mats.state_on_flash if k in self.Y)
+            x[self.Z] = max(self.step.state_bytes - paged, 0) / self.memory_budget
         m = self.model
         for u_col, row in self._memory_rows:  # in chain order, so each U's predecessor is known
             start, end = m.row_start[row], m.row_start[row + 1]

@@ -42,7 +42,7 @@ def canonical_plan(graph: TrainingGraph, mats: Matrices) -> Matrices:
     :mod:`schedules.milp.formulation`).
     """
     out = Matrices(mats.R.copy(), np.zeros_like(mats.SRam), np.zeros_like(mats.SSd),
-                   np.zeros_like(mats.MIn), np.zeros_like(mats.MOut))
+                   np.zeros_like(mats.MIn), np.zeros_like(mats.MOut), mats.state_on_flash)
     for i in range(graph.size):
         written = _first_write(mats, i)
         if written is None:

@@ -13,7 +13,6 @@ from schedules.milp.model import INF
 from schedules.milp.outcome import (
     GAP_REACHED, INFEASIBLE, OPTIMAL, SOLVER_STOPPED, TIME_LIMIT, MilpOutcome, SolveProgress, SolverRun,
 )
-from schedules.milp.plans import plan_energy
 
 EXACT_GAP = 1e-9  # a proven gap this small is reported as "optimal", not "gap reached"
 
@@ -118,7 +117,7 @@ class Search:
                                self.clock.elapsed(), None, self.stop_reason(gap))
         mats = self.form.decode(self.x)
         status = "optimal" if self.proven or self.closed(gap) else "feasible"
-        return MilpOutcome(status, plan_energy(self.form.graph, mats), self.bound * scale, self.gap(),
+        return MilpOutcome(status, self.form.plan_energy(mats), self.bound * scale, self.gap(),
                            self.clock.elapsed(), mats, self.stop_reason(gap))
 
     def stop_reason(self, gap: float) -> str:

@@ -22,6 +22,7 @@ from schedules.milp.highs import search_with_highs
 from schedules.milp.outcome import INFEASIBLE, MilpOutcome, SolveProgress
 from schedules.milp.plans import canonical_plan, store_all_plan
 from schedules.milp.search import Clock, Search
+from schedules.step_memory import StateCosts, StepMemory
 
 
 def solve_poet_milp(graph: TrainingGraph, *, memory_budget: float | None, runtime_budget_ms: float | None,
@@ -31,7 +32,8 @@ def solve_poet_milp(graph: TrainingGraph, *, memory_budget: float | None, runtim
                     paging_time_ms: tuple[Sequence[float], Sequence[float]] | None = None,
                     io_time_ms: tuple[Sequence[float], Sequence[float]] | None = None,
                     read_ahead: bool = False, read_ahead_ms: Sequence[float] | None = None,
-                    progress: Callable[[SolveProgress], None] | None = None) -> MilpOutcome:
+                    progress: Callable[[SolveProgress], None] | None = None,
+                    step: StepMemory | None = None, state_costs: StateCosts | None = None) -> MilpOutcome:
     """Solve POET's MILP for ``graph``; an infeasible budget is a status, not an exception.
 
     Parameters
@@ -71,6 +73,10 @@ def solve_poet_milp(graph: TrainingGraph, *, memory_budget: float | None, runtim
         the price of memory the plan could otherwise use.
     progress:
         Called with a :class:`SolveProgress` after each phase and while HiGHS searches.
+    step, state_costs:
+        Plan the step's whole memory (:mod:`schedules.step_memory`): ``graph`` is then ``step.graph``,
+        ``memory_budget`` bounds activations, gradients, optimizer state and the runtime together, and
+        the plan decides which optimizer-state groups live on flash (priced by ``state_costs``).
 
     Returns
     -------
@@ -83,7 +89,7 @@ def solve_poet_milp(graph: TrainingGraph, *, memory_budget: float | None, runtim
                      {"paging_time_ms": paging_time_ms, "io_time_ms": io_time_ms}, read_ahead, read_ahead_ms)
     form = PoetFormulation(graph, memory_budget=memory_budget, runtime_budget_ms=runtime_budget_ms,
                            paging=paging, remat=remat, paging_time_ms=paging_time_ms, io_time_ms=io_time_ms,
-                           read_ahead=read_ahead, read_ahead_ms=read_ahead_ms)
+                           read_ahead=read_ahead, read_ahead_ms=read_ahead_ms, step=step, state_costs=state_costs)
     if form.model.contradiction is not None:
         return MilpOutcome("infeasible", None, None, None, clock.elapsed(), None, INFEASIBLE)
     start = _warm_start_vector(form, warm_start)

@@ -26,7 +26,7 @@ SCHEDULE_ID = re.compile(r"[0-9a-f]{16}")
 def request_schedule(body: ScheduleRequestBody, device: Device, request: Request) -> ScheduleRequestAccepted:
     state = server_state(request)
     item = solve_requests.parse_solve_input(body.graph, body.device, body.memory_budget, body.runtime_budget,
-                                            state.settings.max_graph_nodes)
+                                            state.settings.max_graph_nodes, body.training)
     row, queued = solve_requests.enqueue(state.db, item, time_limit=state.settings.solve_time_limit,
                                          max_queued=state.settings.max_queued_solves, now=time.time(),
                                          requested_by=device.id)

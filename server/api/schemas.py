@@ -143,9 +143,14 @@ class ScheduleRequestBody(_Body):
 
     graph: dict[str, Any] = Field(description="a training graph (poet-edge/training-graph) or a POET reference graph")
     device: dict[str, Any] = Field(description="a device profile (poet-edge/device-profile)")
-    memory_budget: Annotated[StrictInt, Field(gt=0, le=2**53)] = Field(description="activation bytes")
+    memory_budget: Annotated[StrictInt, Field(gt=0, le=2**53)] = Field(
+        description="bytes: the step's whole memory beyond the loaded model with `training`, activations alone "
+                    "without it")
     runtime_budget: Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)] | None = Field(
         None, description="a multiple of one plain step's compute time; null for no limit")
+    training: dict[str, Any] | None = Field(
+        None, description="the device's training (optimizer, state_tensors, update_temporaries, accumulation, clip, "
+                          "chunk_bytes, state_paging): plan the step's whole memory for it; null: activations only")
 
 
 class ScheduleRequestAccepted(BaseModel):

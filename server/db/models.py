@@ -129,6 +129,7 @@ class SolveRequest(Base):
     device_profile: Mapped[dict[str, Any]] = mapped_column(JSON)
     memory_budget: Mapped[int] = mapped_column(BigInteger)
     runtime_budget: Mapped[float | None] = mapped_column(Float)
+    training: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # the whole step's training; null: activations
     status: Mapped[str] = mapped_column(String(16), index=True)
     error: Mapped[str | None] = mapped_column(Text)
     time_limit: Mapped[float] = mapped_column(Float)

@@ -192,3 +192,19 @@ def milp_constraint_violations(graph: TrainingGraph, m) -> list[str]:
     problems += [f"MIn[{t},{i}] of a value not on flash" for t, i in zip(*np.nonzero(m.MIn & ~m.SSd))]
     problems += [f"MOut[{t},{i}] of a value not resident at stage start" for t, i in zip(*np.nonzero(m.MOut & ~m.SRam))]
     return problems
+
+
+def with_parameters(graph: TrainingGraph, share: float = 1.0, tied: tuple[int, int] | None = None) -> TrainingGraph:
+    """``graph`` with one trained parameter per backward node, of ``share`` times the node's own bytes.
+
+    ``tied`` names two backward nodes that also share one parameter (a weight used in two segments):
+    half the first's size, contributed to by both.
+    """
+    from schedules.graph import Parameter
+
+    params = [Parameter(f"w_{graph.nodes[b].name}", max(1, int(share * graph.nodes[b].bytes)), (b,))
+              for b in sorted(graph.backward_nodes)]
+    if tied is not None:
+        first, last = sorted(tied)
+        params.append(Parameter("tied", max(1, int(share * graph.nodes[first].bytes) // 2), (first, last)))
+    return replace(graph, parameters=tuple(params))

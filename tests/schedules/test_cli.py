@@ -418,3 +418,36 @@ def test_solve_says_why_the_search_stopped(poet_graphs, tmp_path, capsys):
     code, out, _ = run(["solve", graph, "--memory", "3MB", "--runtime", "7.6", "-o", tmp_path / "t.json"], capsys)
     assert next(line for line in out.splitlines() if line.startswith("stopped")).endswith(
         ("proven optimal", "the gap asked for (--gap) was proven"))
+
+
+# -- whole-step memory ---------------------------------------------------------------------
+def test_solve_with_an_optimizer_plans_the_whole_step_and_says_part_by_part(tmp_path, capsys):
+    from schedules.step_memory import TrainingSpec
+    from tests.schedules.graphs import with_parameters, with_workspace
+
+    path = tmp_path / "graph.json"
+    graph = with_parameters(with_workspace(linear_graph(8)), share=2000.0)  # weights far larger than activations
+    graph.save(path)
+    spec = TrainingSpec.for_optimizer("sgd", momentum=0.9)
+    plain = store_all_peak(graph, spec)
+    out = tmp_path / "s.json"
+    state = graph.parameter_bytes  # momentum: one tensor per parameter
+    code, stdout, _ = run(["solve", path, "--device", "rpi4", "--memory", state * 2 // 3, "--optimizer", "sgd",
+                           "--momentum", "0.9", "-o", out], capsys)
+    assert code == ExitCode.OK
+    schedule = Schedule.load(out)
+    assert schedule.step.training.optimizer == "sgd" and schedule.step.training.state_tensors == 1
+    assert schedule.step.paged_state_bytes > 0 and "on flash" in stdout and "gradients" in stdout
+    floor = memory_lower_bound(graph, spec)
+    code, stdout, _ = run(["solve", path, "--device", "rpi4", "--memory", floor - 1, "--optimizer", "sgd",
+                           "--momentum", "0.9", "-o", out], capsys)
+    assert code == ExitCode.INFEASIBLE
+    smallest = int(stdout.split("try: --memory ")[1].split()[0])
+    assert floor <= smallest <= plain
+    assert plan(graph, "rpi4", memory_budget=smallest, training=spec).feasible
+
+
+def test_solve_with_an_optimizer_needs_the_graphs_parameter_layout(graph_file, capsys):
+    code, _, err = run(["solve", graph_file, "--device", "rpi4", "--memory", "1MB", "--optimizer", "adamw"], capsys)
+    assert code == ExitCode.USAGE
+    assert_one_line_error(err, "no parameter layout", "poet-edge profile")

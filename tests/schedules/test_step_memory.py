@@ -1,0 +1,160 @@
+"""Planning a step's whole memory: gradients, optimizer state (in RAM or on flash) and the runtime beside activations."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from schedules.budgets import memory_lower_bound, store_all_peak
+from schedules.errors import FormatError, PlannerError, ScheduleMismatchError, ScheduleViolation
+from schedules.graph import Parameter, TrainingGraph
+from schedules.plan import plan
+from schedules.schedule import Schedule
+from schedules.simulate import simulate
+from schedules.step_memory import (READ_AHEAD_CHUNKS, WRITE_BEHIND_CHUNKS, StepMemory, TrainingSpec, chunk_for)
+from tests.schedules.graphs import linear_graph, with_parameters, with_workspace
+
+SGD = TrainingSpec.for_optimizer("sgd", momentum=0.9, chunk_bytes=64)
+ADAMW = TrainingSpec.for_optimizer("adamw", chunk_bytes=64)
+
+
+def graph(**kwargs) -> TrainingGraph:
+    return with_parameters(with_workspace(linear_graph(8)), **kwargs)
+
+
+def test_the_optimizers_state_and_temporaries_follow_pytorchs_per_tensor_code() -> None:
+    assert (SGD.state_tensors, SGD.update_temporaries) == (1, 0)
+    assert TrainingSpec.for_optimizer("sgd").state_tensors == 0
+    nesterov = TrainingSpec.for_optimizer("sgd", momentum=0.9, nesterov=True, weight_decay=0.1)
+    assert (nesterov.state_tensors, nesterov.update_temporaries) == (1, 2)
+    assert (ADAMW.state_tensors, ADAMW.update_temporaries) == (2, 2)
+    assert TrainingSpec.for_optimizer("adam", weight_decay=0.1, amsgrad=True).state_tensors == 3
+    with pytest.raises(PlannerError, match="rmsprop"):
+        TrainingSpec.for_optimizer("rmsprop")
+
+
+def test_gradients_live_where_the_training_needs_them() -> None:
+    g = graph(tied=(9, 13))
+    tied = g.parameters[-1]
+    fused = StepMemory.build(g, SGD)
+    # with updates in the backward pass only a tied weight's gradient outlives a node: from first to last
+    assert [t for t, b in enumerate(fused.stage_bytes) if b] == list(range(tied.first + 1, tied.last + 1))
+    assert fused.gradient_bytes == 0
+    clipped = StepMemory.build(g, replace(SGD, clip=True))
+    assert clipped.stage_bytes[-1] == sum(p.bytes for p in g.parameters if p.first < g.size - 1)
+    accumulated = StepMemory.build(g, replace(SGD, accumulation=4))
+    assert accumulated.gradient_bytes == g.parameter_bytes and accumulated.constant_bytes >= g.parameter_bytes
+
+
+def test_state_groups_cover_every_parameter_once_in_update_order() -> None:
+    g = graph(tied=(9, 13))
+    memory = StepMemory.build(g, ADAMW)
+    covered = sorted(i for group in memory.groups for i in group.parameters)
+    assert covered == list(range(len(g.parameters)))
+    assert [group.node for group in memory.groups] == sorted(group.node for group in memory.groups)
+    assert memory.state_bytes == 2 * g.parameter_bytes
+    assert StepMemory.build(g, TrainingSpec.for_optimizer("sgd", chunk_bytes=64)).groups == ()
+
+
+def test_update_transients_grow_with_the_chunk_and_the_state_in_flight() -> None:
+    g = graph()
+    small, large = (StepMemory.build(g, replace(ADAMW, chunk_bytes=c)) for c in (16, 64))
+    assert max(large.update_bytes) > max(small.update_bytes)
+    for node, held in enumerate(large.update_bytes):
+        params = [p for p in g.parameters if p.last == node]
+        if params:  # the gradients the node makes, and the largest update's temporaries and state in flight
+            transient = max(min(p.bytes, 64) for p in params) * (2 + (READ_AHEAD_CHUNKS + 1 + WRITE_BEHIND_CHUNKS) * 2)
+            assert held == sum(p.bytes for p in params) + transient
+
+
+def test_the_chunk_follows_the_budget_within_bounds() -> None:
+    assert chunk_for(64e6) == 64_000_000 // 256 - (64_000_000 // 256) % 4096
+    assert chunk_for(1000) == 64 << 10 and chunk_for(10**12) == 4 << 20 and chunk_for(None) == 4 << 20
+
+
+def test_the_plan_puts_optimizer_state_on_flash_only_when_the_budget_needs_it() -> None:
+    g = graph()
+    plain = store_all_peak(g, SGD)
+    roomy = plan(g, "rpi4", memory_budget=plain, training=SGD)
+    assert roomy.feasible and roomy.schedule.step.state_on_flash == ()
+    tight = plan(g, "rpi4", memory_budget=plain - 1500, training=SGD, time_limit=30)
+    assert tight.feasible and tight.schedule.step.paged_state_bytes > 0
+    step = tight.schedule.step
+    assert step.resident_state_bytes + step.paged_state_bytes == StepMemory.build(g, step.training).state_bytes
+    assert tight.schedule.predicted_peak_bytes <= plain - 1500
+    # the simulator holds the whole step to the budget: the same plan with its state in RAM would not fit
+    layout = StepMemory.build(g, step.training).layout(())
+    with pytest.raises(ScheduleViolation, match="beside .* the step holds"):
+        simulate(g, tight.schedule.instructions, memory_budget=plain - 1500, step=layout)
+
+
+def test_a_budget_below_the_whole_step_floor_is_infeasible_and_the_bounds_bracket_it() -> None:
+    g = graph()
+    low = memory_lower_bound(g, SGD)
+    assert low > memory_lower_bound(g)  # the whole step needs more than its activations
+    assert not plan(g, "rpi4", memory_budget=low - 1, training=SGD).feasible
+    assert plan(g, "rpi4", memory_budget=store_all_peak(g, SGD), training=SGD).feasible
+
+
+def test_a_whole_step_schedule_round_trips_and_its_plan_is_signed_with_it(tmp_path) -> None:
+    from schedules.signing import generate_keypair, load_private_key, load_public_key, sign
+
+    g = graph()
+    schedule = plan(g, "rpi4", memory_budget=store_all_peak(g, SGD) - 1500, training=SGD, time_limit=30).schedule
+    private, public = generate_keypair(tmp_path)
+    signed = sign(schedule, load_private_key(private))
+    signed.save(tmp_path / "s.json")
+    again = Schedule.load(tmp_path / "s.json", public_key=load_public_key(public))
+    assert again.step == schedule.step and again.schedule_id == schedule.schedule_id
+    document = json.loads((tmp_path / "s.json").read_text())
+    document["step"]["state_on_flash"] = ""  # claims all state is in RAM: the signature says otherwise
+    (tmp_path / "t.json").write_text(json.dumps(document))
+    with pytest.raises(PlannerError, match="signature"):
+        Schedule.load(tmp_path / "t.json", public_key=load_public_key(public))
+    assert simulate(g, again).peak_memory_bytes == schedule.predicted_peak_bytes
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("state_on_flash", "0-x", "parameter indices"),
+    ("state_on_flash", "3,1", "ascend"),
+    ("training", {"optimizer": "sgd", "clip": "yes"}, "clip must be true or false"),
+    ("training", {"optimizer": "lion"}, "lion"),
+    ("surprise", 1, "unknown"),
+])
+def test_a_malformed_step_plan_is_refused(field: str, value, message: str) -> None:
+    g = graph()
+    data = json.loads(plan(g, "rpi4", memory_budget=store_all_peak(g, SGD), training=SGD).schedule.to_json())
+    data["step"][field] = value
+    with pytest.raises(FormatError, match=message):
+        Schedule.from_json(json.dumps(data))
+
+
+def test_a_step_plan_naming_parameters_of_another_layout_does_not_fit_the_graph() -> None:
+    g = graph()
+    schedule = plan(g, "rpi4", memory_budget=store_all_peak(g, SGD), training=SGD).schedule
+    stranger = replace(g, parameters=g.parameters[:-1] + (replace(g.parameters[-1], name="other"),))
+    with pytest.raises(ScheduleMismatchError):
+        simulate(stranger, schedule)
+
+
+def test_a_graph_without_its_parameter_layout_cannot_plan_a_whole_step() -> None:
+    with pytest.raises(PlannerError, match="parameter layout.*profile"):
+        plan(linear_graph(4), "rpi4", memory_budget=10**6, training=SGD)
+
+
+def test_parameter_layouts_are_validated_and_part_of_the_fingerprint() -> None:
+    g = graph()
+    assert replace(g, parameters=g.parameters[:-1]).fingerprint != g.fingerprint
+    assert replace(g, runtime_bytes=12345).fingerprint == g.fingerprint
+    data = g.to_dict()
+    data["parameters"][0]["nodes"] = [1]  # a forward node
+    with pytest.raises(FormatError, match="backward nodes"):
+        TrainingGraph.from_dict(data)
+    data = g.to_dict()
+    data["parameters"].append(dict(data["parameters"][0]))
+    with pytest.raises(FormatError, match="listed twice"):
+        TrainingGraph.from_dict(data)
+    assert TrainingGraph.from_dict(g.to_dict()) == g
+    assert isinstance(g.parameters[0], Parameter)
