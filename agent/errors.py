@@ -10,7 +10,7 @@ The tree, with each class's exit code (:class:`schedules.exit_codes.ExitCode`)::
         ├── DataError                     the local data set is unreadable or too small to train on  3 bad file
         ├── ConfigError                   the agent's config file has problems (all listed)  3 bad file
         ├── CheckpointError               a checkpoint cannot be written, or none can be read  7 storage
-        ├── MemoryBoundError              a step's peak memory went over the agent's bound  5 rejected
+        ├── MemoryBoundError              a step's memory went over its plan (the part is named)  5 rejected
         ├── FederationError               a federated round cannot run here (:mod:`agent.fedtask`)  2 usage
         ├── EnergyMeterError              an energy meter failed (:mod:`agent.energy.errors`)  8 meter
         ├── SuperNodeKeyError             the Flower SuperNode's key cannot be read or made  7 storage
@@ -22,13 +22,18 @@ The tree, with each class's exit code (:class:`schedules.exit_codes.ExitCode`)::
             ├── ScheduleRefusedError      the schedule is for another model/graph or breaks its budget  5 rejected
             ├── InputMismatchError        the batch differs from the one the graph was extracted with  5 rejected
             ├── LedgerError               resident bytes went over the schedule's memory budget  5 rejected
+            ├── OptimizerError            the optimizer cannot run its updates in the backward pass  5 rejected
+            ├── UpdateInterrupted         a step failed after it began updating parameters  5 rejected
             ├── SwapSpaceError            the swap directory lacks room for the schedule's pages  7 storage
             └── PageError                 a page could not be written or read back         7 storage
                 └── PageCorruptError      a page file is missing, truncated or fails its checksum  7 storage
 
 Every executor error raised during :meth:`agent.executor.Executor.step` leaves
 the model (parameters, gradients, buffers) and the RNG state as they were before
-the step, so the caller can retry, re-plan or stop without losing anything.
+the step, so the caller can retry, re-plan or stop without losing anything --
+except :class:`UpdateInterrupted`: with updates in the backward pass, a step
+that fails after its first update leaves the model between two steps, and the
+training restores its last checkpoint.
 OS errors are converted where they enter (``raise PageError(...) from exc``).
 """
 
@@ -132,9 +137,15 @@ class CheckpointError(AgentError):
 
 
 class MemoryBoundError(AgentError):
-    """A training step's peak memory went over the agent's own bound (fixed memory + budget + slack)."""
+    """A training step's memory went over what its schedule planned; ``part`` names what went over
+    (``activations``, ``gradients``, ``optimizer state``, or ``other``: memory outside those three)."""
 
     exit_code = ExitCode.REJECTED
+
+    def __init__(self, message: str, part: str = "", report: object = None) -> None:
+        super().__init__(message)
+        self.part = part
+        self.report = report  # the step's measurements (agent.training.StepReport): the step was applied
 
 
 class FederationError(AgentError):
@@ -170,3 +181,14 @@ class FleetAuthError(FleetError):
     """This device has no token the fleet server accepts: enrolment refused, name taken, or revoked."""
 
     exit_code = ExitCode.REJECTED
+
+
+class OptimizerError(ExecutorError):
+    """An optimizer cannot run its updates in the backward pass as configured (kind, flags, parameters)."""
+
+
+class UpdateInterrupted(ExecutorError):
+    """A step failed after it began updating parameters: the model is between two steps.
+
+    The training restores the last checkpoint (:mod:`agent.training`); nothing half-updated is saved.
+    """

@@ -40,13 +40,21 @@
    parameters and tensors owned by another node are not counted), its time is
    the median of the runs, its workspace the peak RSS while it computes above
    what it holds before and keeps after, and which other values each unit's
-   saved tensors point into decides the backward node's edges.
+   saved tensors point into decides the backward node's edges.  The first run
+   records which backward nodes add to each trained parameter's gradient (the
+   graph's parameter layout); the later runs free each gradient once it is
+   final and stream large linear weights' gradients in column blocks, as the
+   executor's steps with updates in the backward pass do
+   (:mod:`agent.optim`), so the workspaces are what those steps hold.
 
 Graph layout (POET's, see :mod:`agent.segments`): node 0 the inputs, units
 ``1..S``, the loss ``S+1``, backward nodes mirrored after it.  Edges: a
 forward node consumes its producers; the backward node of ``f`` consumes
 ``f`` itself, the producers whose values ``f``'s saved tensors reference, and
-the backward nodes of the consumers that hand ``f`` a gradient.
+the backward nodes whose gradients it reads: for each of ``f``'s outputs, the
+consumer holding that output's summed gradient, and for each of ``f``'s
+inputs also read by later units, the later consumer holding their running sum
+(:mod:`agent.runtime`).
 
 Extraction runs where the model is (a device, or a workstation with the
 model): the planner itself (:mod:`schedules`) never imports torch and reads
@@ -57,6 +65,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -68,9 +77,11 @@ from torch.utils._pytree import tree_flatten
 
 from agent import rss
 from agent.errors import ExtractionError, ScheduleRefusedError
+from agent.optim.chunks import Chunking
+from agent.optim.streamed import streamable, streaming
 from agent.runtime import ModelState, Runtime
 from agent.segments import Port, Segments, TensorMeta, Unit, mark_modes, pytree_leaf, run_unit, same_path
-from schedules.graph import Node, TrainingGraph
+from schedules.graph import Node, Parameter, TrainingGraph
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
@@ -506,7 +517,77 @@ class _Measured:
     compute_ms: list[float]
     refs: dict[int, set[int]]
     grad_ports: dict[int, set[Port]]
+    reads: dict[int, set[int]] = field(default_factory=dict)  # backward node -> backward values it read
     workspace: list[int] = field(default_factory=list)
+    parameters: tuple[Parameter, ...] = ()
+
+
+STREAM_PROBE_BYTES = 1 << 20
+"""Column blocks of a streamed weight's gradient while extraction measures (the plan adds its own block)."""
+
+
+class _GradientProbe:
+    """Which backward nodes add to each trained parameter's gradient; then gradients as the executor's steps
+    with updates in the backward pass hold them.
+
+    While ``counting`` (the first run) every accumulation is recorded under the node computing.  Afterwards
+    a gradient is dropped once its last recorded contribution arrived (``free_final``), and the weights
+    :attr:`stream_names` names have their gradient made in column blocks and dropped block by block
+    (:mod:`agent.optim.streamed`).
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        self.node = -1
+        self.counting = True
+        self.nodes: dict[int, list[int]] = {id(p): [] for _, p in self.params}
+        self._seen: dict[int, int] = {}
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for _, p in self.params]
+        self.stream_names: list[str] = []
+        self.free_final = True  # off while workspaces are measured: a node's own gradients are not its workspace
+
+    def _on_gradient(self, param: torch.Tensor) -> None:
+        if param.grad is None:
+            return
+        if self.counting:
+            nodes = self.nodes[id(param)]
+            if not nodes or nodes[-1] != self.node:
+                nodes.append(self.node)
+            return
+        self._seen[id(param)] = self._seen.get(id(param), 0) + 1
+        if self.free_final and self._seen[id(param)] >= len(self.nodes[id(param)]):
+            param.grad = None
+
+    def start_run(self) -> None:
+        self._seen.clear()
+        for _, p in self.params:
+            p.grad = None
+
+    def stop_counting(self) -> None:
+        """After the first run: decide which weights stream, and free gradients from now on."""
+        self.counting = False
+        single = {id(p) for _, p in self.params if len(self.nodes[id(p)]) == 1}
+        self.stream_names = [name for name, m in self.model.named_modules()
+                             if streamable(m) and id(m.weight) in single]
+
+    def streaming(self) -> Any:
+        return streaming(self.model, self.stream_names, self)
+
+    def chunking_of(self, weight: torch.Tensor) -> Chunking:
+        return Chunking.of(weight, STREAM_PROBE_BYTES, columns=True)
+
+    def apply_block(self, weight: torch.Tensor, block: int, grad: torch.Tensor) -> None:
+        """A streamed block is applied and dropped; here only dropped."""
+
+    def layout(self) -> tuple[Parameter, ...]:
+        streamed = {id(self.model.get_submodule(name).weight) for name in self.stream_names}
+        return tuple(Parameter(name, p.nbytes, tuple(self.nodes[id(p)]), id(p) in streamed)
+                     for name, p in self.params if self.nodes[id(p)])
+
+    def close(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
 
 
 def _measure(model: nn.Module, segs: Segments, inputs: Any, targets: Any, repeats: int,
@@ -521,29 +602,39 @@ def _measure(model: nn.Module, segs: Segments, inputs: Any, targets: Any, repeat
     runtime = Runtime(model, segs)
     samples: list[list[float]] = [[] for _ in range(segs.size)]
     first: _Measured | None = None
-    for run in range(repeats + 1):
-        for p in model.parameters():
-            p.grad = None
-        runtime.start(inputs, targets)
-        for node in range(segs.size):
-            started = time.perf_counter()
-            runtime.compute(node)
-            samples[node].append((time.perf_counter() - started) * 1e3)
-        if first is None:
-            first = _Measured(
-                bytes=[runtime.value_bytes(i) for i in range(segs.size)], compute_ms=[],
-                refs={f: runtime.references(f) for f in range(1, segs.loss_node + 1)},
-                grad_ports={b: runtime.gradient_ports(b) for b in range(segs.loss_node + 1, segs.size)})
-        runtime.finish()
-    first.compute_ms = [statistics.median(s[1:] if repeats else s) for s in samples]
-    # repeats=0 asks for structure and bytes only (re-cutting a model to match a saved graph)
-    measure = following and repeats > 0
-    first.workspace = _measure_workspace(runtime, segs, first.bytes, inputs, targets) if measure else [0] * segs.size
+    probe = _GradientProbe(model)
+    try:
+        for run in range(repeats + 1):
+            probe.start_run()
+            runtime.start(inputs, targets)
+            with probe.streaming() if run else nullcontext():
+                for node in range(segs.size):
+                    probe.node = node
+                    started = time.perf_counter()
+                    runtime.compute(node)
+                    samples[node].append((time.perf_counter() - started) * 1e3)
+            if first is None:
+                first = _Measured(
+                    bytes=[runtime.value_bytes(i) for i in range(segs.size)], compute_ms=[],
+                    refs={f: runtime.references(f) for f in range(1, segs.loss_node + 1)},
+                    grad_ports={b: runtime.gradient_ports(b) for b in range(segs.loss_node + 1, segs.size)},
+                    reads={b: set(r) for b, r in runtime.reads.items()})
+                probe.stop_counting()
+            runtime.finish()
+        first.compute_ms = [statistics.median(s[1:] if repeats else s) for s in samples]
+        first.parameters = probe.layout()
+        # repeats=0 asks for structure and bytes only (re-cutting a model to match a saved graph)
+        measure = following and repeats > 0
+        first.workspace = _measure_workspace(runtime, segs, first.bytes, inputs, targets, probe) if measure \
+            else [0] * segs.size
+    finally:
+        probe.close()
+        probe.start_run()
     return first
 
 
 def _measure_workspace(runtime: Runtime, segs: Segments, value_bytes: list[int], inputs: Any, targets: Any,
-                       passes: int = 2) -> list[int]:
+                       probe: _GradientProbe, passes: int = 2) -> list[int]:
     """Each node's workspace: the process's peak RSS while it computes, above what it held before and its value.
 
     Measured on the real step, because what a backward pass holds while it
@@ -551,28 +642,31 @@ def _measure_workspace(runtime: Runtime, segs: Segments, value_bytes: list[int],
     by PyTorch's kernels, not visible from Python.  Needs RSS to follow
     tensors (:func:`agent.rss.return_freed_memory`); a first run
     warms up, the largest figure of ``passes`` runs after it is kept.  Each
-    run starts with ``.grad = None``, as the executor's steps do
-    (:class:`agent.runtime.ModelState`): a parameter's gradient allocated by a
-    node is fixed memory (``fixed_bytes``) and is not counted in the node's
-    workspace.  Zero for every node where peak RSS cannot be read (not Linux).
+    run starts with ``.grad = None``, as the executor's steps do; the parameter
+    gradients a node makes are left out of its workspace (a whole-step plan
+    counts them itself, :mod:`schedules.step_memory`; an activation budget
+    leaves them out), and large linear weights stream theirs in column blocks
+    (``probe``), so none of them is ever whole.  Zero for every node where peak
+    RSS cannot be read (not Linux).
     """
     workspace = [0] * segs.size
     params = [p for p in runtime.model.parameters() if p.requires_grad]
     has_grad: set[int] = set()
+    probe.free_final = False  # the gradients a node makes are left out below (the plan counts them itself)
     for run in range(passes + 1):
-        for p in params:
-            p.grad = None
+        probe.start_run()
         runtime.start(inputs, targets)
-        for node in range(segs.size):
-            before = rss.start_window()
-            runtime.compute(node)
-            peak = rss.peak_since_start()
-            if before is None or peak is None:
-                return [0] * segs.size
-            new_grads = sum(p.grad.nbytes for p in params if p.grad is not None and id(p) not in has_grad)
-            has_grad.update(id(p) for p in params if p.grad is not None)
-            if run:
-                workspace[node] = max(workspace[node], peak - before - value_bytes[node] - new_grads)
+        with probe.streaming():
+            for node in range(segs.size):
+                before = rss.start_window()
+                runtime.compute(node)
+                peak = rss.peak_since_start()
+                if before is None or peak is None:
+                    return [0] * segs.size
+                new_grads = sum(p.grad.nbytes for p in params if p.grad is not None and id(p) not in has_grad)
+                has_grad.update(id(p) for p in params if p.grad is not None)
+                if run:
+                    workspace[node] = max(workspace[node], peak - before - value_bytes[node] - new_grads)
         has_grad.clear()
         runtime.finish()
     return workspace
@@ -589,8 +683,9 @@ def _build_graph(model: nn.Module, segs: Segments, m: _Measured) -> TrainingGrap
     buffer_bytes = sum(b.nbytes for b in model.buffers())
     return TrainingGraph(
         nodes=tuple(nodes), edges=tuple(sorted(_edges(segs, m))),
-        fixed_bytes=2 * param_bytes + buffer_bytes,  # parameters, their gradients, buffers
+        fixed_bytes=param_bytes + buffer_bytes,  # the loaded model
         model=type(model).__name__, source=f"agent.extract (torch {torch.__version__})",
+        parameters=m.parameters,
     )
 
 
@@ -601,8 +696,5 @@ def _edges(segs: Segments, m: _Measured) -> set[tuple[int, int]]:
         edges.update((port.node, f) for port in segs.inputs_of(f))
         edges.add((f, b))
         edges.update((r, b) for r in m.refs[f])
-        for port, consumers in segs.consumers.items():
-            if port.node == f:
-                edges.update((segs.backward_of(c), b) for c in consumers
-                             if port in m.grad_ports[segs.backward_of(c)])
+        edges.update((r, b) for r in m.reads.get(b, ()))  # the running gradient sums it reads (agent.runtime)
     return edges

@@ -27,6 +27,10 @@
   left by dead processes, and a pager that is garbage collected or outlives the
   interpreter removes its own.
 
+Every pager of a process -- and the optimizer state's (:mod:`agent.optim.state_pages`) -- queues its I/O on
+one paging thread (:func:`paging_thread`): pages of every kind are moved one after another, and the
+process keeps one bounce buffer for all of them.
+
 Nothing here knows torch beyond storages; page format, O_DIRECT and the copy/I-O pipeline (two disk
 threads and a 4 MiB bounce buffer per I/O thread) in :mod:`agent.pagefile`.  Every page goes through
 the pager's :class:`~agent.pagefile.SystemCalls` (the real system unless another is handed in), so a
@@ -44,20 +48,33 @@ import uuid
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Hashable, Mapping
+from typing import Any, Callable, Hashable, Mapping
 
 import torch
 
 from agent import pagefile
 from agent.errors import PageError, SwapSpaceError
 
-_NAME = re.compile(r"^poet-(\d+)-[0-9a-f]+-n\d+\.page$")
+_NAME = re.compile(r"^poet-(\d+)-[0-9a-f]+-(?:n\d+|s\d+\.\d+)\.page$")  # activation and optimizer-state pages
 # Per-page allowance for the header, whose size depends on the slot count (up to 8000 slots), and the
 # padding of the data to a whole block (pagefile.page_size).
 HEADER_ALLOWANCE = (64 << 10) + pagefile.BLOCK
 
 FreeSpace = Callable[[Path], int]
 Memory = pagefile.PageMemory | pagefile.DonatedMemory
+
+
+_THREAD: ThreadPoolExecutor | None = None
+_THREAD_LOCK = threading.Lock()
+
+
+def paging_thread() -> ThreadPoolExecutor:
+    """The process's one paging thread (made at first use; it ends with the interpreter)."""
+    global _THREAD
+    with _THREAD_LOCK:
+        if _THREAD is None:
+            _THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="poet-pager")
+        return _THREAD
 
 
 def disk_free(path: Path) -> int:
@@ -86,7 +103,7 @@ class Pager:
         self.system = system
         self.token = uuid.uuid4().hex[:8]
         self.removed_stale = remove_stale(self.dir)
-        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="poet-pager")
+        self._io = paging_thread()
         self._writes: dict[int, Future] = {}
         self._reads: dict[int, Future] = {}
         # read or freed value -> its memory, for a later read
@@ -110,21 +127,12 @@ class Pager:
     def reserve(self, page_bytes: Mapping[int, int]) -> None:
         """Make room for one page per node in ``page_bytes`` (node -> value bytes) before the step."""
         self._make_dir()
-        sizes = {node: nbytes + HEADER_ALLOWANCE for node, nbytes in page_bytes.items()}
-        needed = sum(max(0, size - _allocated(self.path(node))) for node, size in sizes.items())
-        available = self.free_space(self.dir)
-        if needed > available:
-            raise SwapSpaceError(
-                f"swap directory {self.dir} has {available:,} bytes free but this schedule's {len(sizes)} pages "
-                f"need {needed:,} bytes more; free {needed - available:,} bytes there, point swap_dir at a "
-                "larger filesystem, or plan with a larger memory budget", needed, available)
         try:
-            for node, size in sizes.items():
-                pagefile.reserve(self.path(node), size, system=self.system)
-        except OSError as exc:
+            reserve_files(self.dir, {self.path(node): nbytes + HEADER_ALLOWANCE for node, nbytes in page_bytes.items()},
+                          self.free_space, self.system, f"this schedule's {len(page_bytes)} pages")
+        except SwapSpaceError:
             self.end_step()
-            raise SwapSpaceError(f"could not reserve {needed:,} bytes in {self.dir}: {exc.strerror or exc}",
-                                 needed, available) from exc
+            raise
 
     def end_step(self, keep_files: bool = False) -> None:
         """Wait for queued I/O, then remove this pager's page files unless ``keep_files``."""
@@ -140,9 +148,8 @@ class Pager:
             _remove_files(self.dir, self._pattern)
 
     def close(self) -> None:
-        """Wait for queued I/O, remove the page files and end the I/O thread."""
+        """Wait for queued I/O and remove the page files (the paging thread stays for the next pager)."""
         self.end_step()
-        self._io.shutdown(wait=True)
         self._finalizer.detach()
 
     def reset_counters(self) -> None:
@@ -220,11 +227,7 @@ class Pager:
         return storages
 
     def _wait(self, future: Future):
-        started = time.perf_counter()
-        try:
-            return future.result()
-        finally:
-            self.wait_seconds += time.perf_counter() - started
+        return waited(future, self)
 
     def _timed(self, node: int, direction: str, job: Callable, *args):
         started = time.perf_counter()
@@ -243,6 +246,34 @@ class Pager:
                     self.kept_bytes_in += nbytes
                     self.kept_in_seconds += seconds
         return result
+
+
+def waited(future: Future, counter: Any) -> Any:
+    """``future``'s result (or its error), the seconds waited for it added to ``counter.wait_seconds``."""
+    started = time.perf_counter()
+    try:
+        return future.result()
+    finally:
+        counter.wait_seconds += time.perf_counter() - started
+
+
+def reserve_files(directory: Path, sizes: Mapping[Path, int], free_space: FreeSpace, system: pagefile.SystemCalls,
+                  what: str) -> None:
+    """Allocate each file in ``sizes`` (path -> bytes) in ``directory``, or raise :class:`SwapSpaceError` saying
+    how much ``what`` needs beyond what the files hold already and the filesystem has free."""
+    needed = sum(max(0, size - _allocated(path)) for path, size in sizes.items())
+    available = free_space(directory)
+    if needed > available:
+        raise SwapSpaceError(
+            f"swap directory {directory} has {available:,} bytes free but {what} need {needed:,} bytes more; free "
+            f"{needed - available:,} bytes there, point swap_dir at a larger filesystem, or plan with a larger "
+            "memory budget", needed, available)
+    try:
+        for path, size in sizes.items():
+            pagefile.reserve(path, size, system=system)
+    except OSError as exc:
+        raise SwapSpaceError(f"could not reserve {needed:,} bytes in {directory}: {exc.strerror or exc}",
+                             needed, available) from exc
 
 
 def _allocated(path: Path) -> int:

@@ -206,6 +206,39 @@ def _page_path(directory: Path) -> Path:
     return directory / f"poet-{os.getpid()}-{uuid.uuid4().hex[:8]}-n0.page"
 
 
+def measure_runtime_bytes(swap_dir: str | Path) -> int:
+    """The memory the executor's machinery holds beside a step's values, gradients and optimizer state.
+
+    Its paging thread (:func:`agent.pager.paging_thread`, which moves activation and optimizer-state pages)
+    keeps a bounce buffer and disk threads once it has moved a page.  Measured as the process's RSS growth
+    while a fresh thread moves a page through a whole bounce buffer, less the page's own bytes.  A whole-step
+    plan keeps this much of the budget free at every stage.
+    """
+    from agent import rss
+    from agent.pagefile.pipeline import CHUNK, SLICES
+
+    path = _page_path(_swap_dir(swap_dir))
+    size = SLICES * CHUNK
+    data = _random_storage(size)
+    figures: list[int | None] = []
+
+    def round_trip() -> None:
+        before = rss.start_window()
+        pagefile.write(path, 0, [data])
+        back = pagefile.read(path, 0, [size])
+        peak = rss.peak_since_start()
+        del back
+        figures.append(None if before is None or peak is None else peak - before - size)  # less the page read
+
+    try:
+        worker = threading.Thread(target=round_trip, name="poet-runtime-probe")
+        worker.start()
+        worker.join()
+    finally:
+        path.unlink(missing_ok=True)
+    return max(0, figures[0] or 0) if figures else 0
+
+
 def _random_storage(size: int) -> torch.UntypedStorage:
     # Random bytes, not zeros: no filesystem or device may shortcut the transfer.
     return torch.randint(0, 256, (size,), dtype=torch.uint8).untyped_storage()
@@ -680,6 +713,7 @@ def profile_workload(
     if node_j is not None:
         graph = graph.with_nodes(replace(n, compute_j=j) for n, j in zip(graph.nodes, node_j))
     graph = price_graph(graph, device)  # measured node energies stay; the rest priced from this profile
+    graph = replace(graph, runtime_bytes=measure_runtime_bytes(swap_dir))
     sources = _sources(swap, overlap, power, repeats, extract_s)
     device = replace(device, sources={k: v for k, v in sources.items() if k in _DEVICE_FIELDS})
     stats = {"extract_s": extract_s, "flops_per_s": flops_per_s}

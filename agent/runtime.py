@@ -11,10 +11,20 @@ code that later holds them.
   :class:`~agent.segments.Boundary`, under saved-tensor hooks that make the
   node own what autograd saves (see :mod:`agent.store`);
 * loss node: the same for ``loss_fn(model_output, targets)``;
-* backward node: sum the gradients its forward node's consumers left for each
-  output (latest consumer first, the order plain autograd adds them in), run
-  ``torch.autograd.backward`` on the unit's saved graph -- parameter ``.grad``
-  accumulates as usual -- and keep the gradients of the unit's inputs.
+* backward node: take the gradient of each output its forward node's consumers
+  left, run ``torch.autograd.backward`` on the unit's saved graph -- parameter
+  ``.grad`` accumulates as usual -- and keep the gradients of the unit's inputs.
+
+A value read by several units gets its gradient summed in plain autograd's
+order: plain ``backward()`` adds the contributions of the later-created
+operations first, into one buffer.  So the backward node of each consumer
+*seeds* the boundary its input entered through with the sum the later
+consumers left (a root of its ``autograd.backward`` call, which autograd
+puts in that buffer before any of the unit's own contributions), and the
+earliest consumer's gradient is the whole sum, the bits of plain autograd.
+Only that running sum is ever needed: the later consumers' partial sums die
+with the seed, and extraction makes each consumer's backward read the one
+before it (:attr:`Runtime.reads`).
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.autograd.graph import get_gradient_edge
+from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from agent.errors import ExecutorError
 from agent.replay import Replay, RngState
@@ -48,6 +58,9 @@ class Runtime:
         self._node0: list[torch.Tensor] = []
         self._filling: Value | None = None             # backward value receiving input gradients
         self._deposited: dict[int, set[Port]] = {}     # backward node -> ports it holds gradients for
+        self._holder: dict[Port, int] = {}             # port -> backward node holding its gradient's running sum
+        self._seeds: dict[Port, torch.Tensor] = {}     # seeds of the backward node running: port -> the seed
+        self.reads: dict[int, set[int]] = {}           # backward node -> backward nodes whose gradients it read
         self._buffers = {u: self._unit_buffers(u) for u in range(1, len(segments.units) + 1)}
 
     # -- step --------------------------------------------------------------------
@@ -58,6 +71,8 @@ class Runtime:
         self.store.set_fixed([*self.model.parameters(), *self.model.buffers(), *self.segments.constants])
         self.replay.reset()
         self._deposited.clear()
+        self._holder.clear()
+        self.reads.clear()
         self.loss = None
 
     def finish(self) -> None:
@@ -113,6 +128,7 @@ class Runtime:
         unit = self.segments.units[node - 1]
         env = {fx_node: self._enter(node, port) for fx_node, port in unit.inputs}
         value = self.store.new(node)
+        value.entries = _entries(dict(zip((p for _, p in unit.inputs), env.values())))
         with self.replay.computing(node, self._buffers[node]), self.store.capturing(value):
             outputs = run_unit(unit, env, self.modules)
         del env
@@ -122,6 +138,7 @@ class Runtime:
         node = self.segments.loss_node
         entered = {port: self._enter(node, port) for port in self.segments.loss_inputs()}
         value = self.store.new(node)
+        value.entries = _entries(entered)
         with self.replay.computing(node, ()), self.store.capturing(value):
             output = self.segments.model_output(entered.__getitem__)
             loss = self.segments.loss_fn(output, self.segments.targets(entered.__getitem__))  # scalar
@@ -143,13 +160,25 @@ class Runtime:
                 grads.append(grad)
         value = self.store.new(node)
         self._deposited[node] = set()
+        self.reads.setdefault(node, set())
+        self._seeds = {}
+        if roots:  # the unit's inputs start from the running sums the later consumers left (module docstring)
+            for port, edge in fvalue.entries.items():
+                holder = self._holder.get(port)
+                if holder is not None:
+                    self._seeds[port] = self.store.tensor(self.store.value(holder).grads[port])
+                    self.reads[node].add(holder)
+                    roots.append(edge)
+                    grads.append(self._seeds[port])
         self._filling = value
         try:
             if roots:
                 torch.autograd.backward(roots, grads)  # accumulates parameter .grad as loss.backward() does
         finally:
             self._filling = None
+            self._seeds = {}
         fvalue.roots = [None] * len(fvalue.roots)  # autograd freed that graph: it cannot run twice
+        fvalue.entries = {}
 
     # -- helpers -----------------------------------------------------------------
     def _enter(self, consumer: int, port: Port) -> torch.Tensor:
@@ -167,48 +196,28 @@ class Runtime:
         if value is None or value.node != self.segments.backward_of(consumer):
             raise ExecutorError(f"a gradient for {port} arrived outside backward node "
                                 f"{self.segments.backward_of(consumer)}")
+        seed = self._seeds.get(port)
+        if seed is not None and grad.untyped_storage().data_ptr() == seed.untyped_storage().data_ptr() \
+                and grad.storage_offset() == seed.storage_offset():
+            return  # the unit added nothing: the running sum stays with the consumer that holds it
         if self.store.owner_of(grad) not in (None, value.node):
             grad = grad.clone()  # a gradient passed straight through must not alias another node's value
         value.grads[port] = self.store.adopt(value, grad)
         self._deposited[value.node].add(port)
+        self._holder[port] = value.node
 
     def _output_grad(self, forward: int, index: int) -> torch.Tensor | None:
-        """The gradient of ``forward``'s output ``index``: ones for the loss, else its consumers' sum."""
+        """The gradient of ``forward``'s output ``index``: ones for the loss, else the sum its consumers left
+        (held by the earliest consumer that added to it: see the module docstring)."""
         if forward == self.segments.loss_node:
             loss = self.store.tensor(self.store.value(forward).outputs[index])
             return torch.ones_like(loss, memory_format=torch.preserve_format)  # what loss.backward() seeds
         port = Port(forward, index)
-        total = None
-        for consumer in self.segments.consumers.get(port, ()):
-            backward = self.segments.backward_of(consumer)
-            if port not in self._deposited.get(backward, ()):
-                continue
-            part = self.store.tensor(self.store.value(backward).grads[port])
-            if total is None:
-                total, first = part, backward
-            elif self._may_sum_into(first, port, total, part):
-                total.add_(part)  # as autograd's input buffer does: no fresh tensor (page faults) for the sum
-                first = None      # total is now a sum, ours to add into
-            else:
-                total, first = total + part, None
-        return total
-
-    def _may_sum_into(self, backward: int | None, port: Port, total: torch.Tensor, part: torch.Tensor) -> bool:
-        """Whether ``total`` -- ``port``'s gradient held by ``backward`` (``None``: a sum made here) -- can take
-        ``part`` in place.
-
-        A port's gradient is read once, by its producer's backward, which is running now, so its slot is free to
-        overwrite -- unless another port of the same value shares the slot (an ``add`` hands one gradient to both
-        its inputs) or the layout cannot take an in-place add (a broadcast gradient is an expanded view).
-        """
-        dense = total.is_contiguous() or total.is_contiguous(memory_format=torch.channels_last)
-        if total.dtype != part.dtype or total.shape != part.shape or not dense:
-            return False
-        if backward is None:
-            return True
-        value = self.store.value(backward)
-        slot = value.grads[port].slot
-        return sum(1 for h in value.grads.values() if h.node == backward and h.slot == slot) == 1
+        holder = self._holder.get(port)
+        if holder is None:
+            return None
+        self.reads.setdefault(self.segments.backward_of(forward), set()).add(holder)
+        return self.store.tensor(self.store.value(holder).grads[port])
 
     def _set_outputs(self, value: Value, outputs: list[Any], name: str) -> None:
         for out in outputs:
@@ -247,10 +256,14 @@ class ModelState:
       Values are those of plain ``backward()`` (``0 + g == g``);
     * anything else (gradient accumulation across steps): set aside and added back,
       in place, once the step succeeds -- the one case that holds two copies.
+
+    ``keep_grads`` leaves gradients alone (updates fused into the backward pass
+    consume them; their owner drops them if the step fails): buffers and the
+    RNG are still restored on rollback.
     """
 
-    def __init__(self, model: nn.Module) -> None:
-        self.params = [p for p in model.parameters() if p.requires_grad]
+    def __init__(self, model: nn.Module, keep_grads: bool = False) -> None:
+        self.params = [] if keep_grads else [p for p in model.parameters() if p.requires_grad]
         zero = [g is not None and _all_zero(g) for g in (p.grad for p in self.params)]
         # zeros are remembered by layout only: holding the tensors would keep their memory through the step
         self.zeros = [_layout(p.grad) if z else None for p, z in zip(self.params, zero)]
@@ -278,6 +291,11 @@ class ModelState:
             for buffer, saved in self.buffers:
                 buffer.copy_(saved)
         self.rng.restore()
+
+
+def _entries(entered: dict[Port, torch.Tensor]) -> dict[Port, GradientEdge]:
+    """The autograd edges of the boundaries a unit's inputs entered through (those that need a gradient)."""
+    return {port: get_gradient_edge(t) for port, t in entered.items() if t.requires_grad}
 
 
 def _all_zero(t: torch.Tensor) -> bool:

@@ -55,8 +55,8 @@ class Value:
     ``storages`` is empty while the value is not resident; everything else is its
     *skeleton*, kept across a page-out so a page-in can restore the value under
     the same autograd graph: slot sizes, output handles (input and forward
-    nodes), autograd edges of the outputs (forward nodes), gradient handles by
-    port (backward nodes).
+    nodes), autograd edges of the outputs and of the boundaries its inputs
+    entered through (forward nodes), gradient handles by port (backward nodes).
     """
 
     node: int
@@ -64,6 +64,7 @@ class Value:
     slot_bytes: list[int] = field(default_factory=list)
     outputs: list[Handle | torch.Tensor] = field(default_factory=list)
     roots: list[GradientEdge | None] = field(default_factory=list)
+    entries: dict[Port, GradientEdge] = field(default_factory=dict)
     grads: dict[Port, Handle] = field(default_factory=dict)
     refs: set[int] = field(default_factory=set)
     resident: bool = True

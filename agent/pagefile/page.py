@@ -1,5 +1,10 @@
 """Reserve, write and read one page file: O_DIRECT first, buffered where the filesystem refuses it.
 
+A small page (header and data within :data:`SMALL_PAGE` bytes: an optimizer-state chunk, a BatchNorm's
+saved statistics) is one read or one write of the calling thread through its bounce buffer, header and data
+together: for it the disk's latency is the cost, and handing chunks to the disk threads would add more.
+Larger pages go through :mod:`agent.pagefile.pipeline`.
+
 With O_DIRECT the bytes go between the disk and an aligned bounce buffer without the page cache, so
 nothing has to be written back, waited for and dropped (``fdatasync`` and ``posix_fadvise(DONTNEED)``
 cost more than the transfer itself for pages of a few MB).  A direct write has reached the device
@@ -25,9 +30,13 @@ from agent.errors import PageCorruptError, PageError
 from agent.pagefile import layout
 from agent.pagefile.layout import aligned, check_header, data_offset, file_order
 from agent.pagefile.memory import DonatedMemory, PageMemory, storage_bytes
-from agent.pagefile.pipeline import (BouncedRead, DirectRefused, Pipeline, Transfer, chunks, gather, open_page,
-                                     read_in_place, run_io, transfer, write_all)
+from agent.pagefile.pipeline import (CHUNK, BouncedRead, DirectRefused, Pipeline, Transfer, chunks, gather,
+                                     open_page, read_in_place, run_io, scatter, transfer, write_all)
 from agent.pagefile.system import SYSTEM, SystemCalls
+
+
+SMALL_PAGE = CHUNK
+"""Pages of at most this many bytes on disk (header included) move in one I/O."""
 
 
 def reserve(path: Path, size: int, *, system: SystemCalls = SYSTEM) -> None:
@@ -49,11 +58,12 @@ def write(path: Path, node: int, storages: Sequence[torch.UntypedStorage], *, sy
         A storage is not in CPU memory, or the file cannot be written.
     """
     views = [storage_bytes(s) for s in storages]
+    write_data = _write_small if layout.page_size([len(v) for v in views]) <= SMALL_PAGE else _write_data
     try:
         try:
-            _write_data(system, path, node, views, direct=True)
+            write_data(system, path, node, views, direct=True)
         except DirectRefused:
-            _write_data(system, path, node, views, direct=False)
+            write_data(system, path, node, views, direct=False)
     except OSError as exc:
         raise PageError(f"cannot write page {path}: {exc.strerror or exc}; check the swap directory's "
                         "filesystem") from exc
@@ -78,11 +88,12 @@ def read(path: Path, node: int, slot_bytes: Sequence[int], memory: PageMemory | 
     if memory is None or not memory.fits(slot_bytes):
         memory = PageMemory(slot_bytes)
     buffers, whole, rest = memory.views(slot_bytes)
+    read_data = _read_small if layout.page_size(slot_bytes) <= SMALL_PAGE else _read_data
     try:
         try:
-            crc, actual = _read_data(system, path, node, slot_bytes, whole, rest, direct=True, mapped=memory.mapped)
+            crc, actual = read_data(system, path, node, slot_bytes, whole, rest, direct=True, mapped=memory.mapped)
         except DirectRefused:
-            crc, actual = _read_data(system, path, node, slot_bytes, whole, rest, direct=False, mapped=memory.mapped)
+            crc, actual = read_data(system, path, node, slot_bytes, whole, rest, direct=False, mapped=memory.mapped)
     except FileNotFoundError as exc:
         raise PageCorruptError(f"page {path} for node {node} is missing; the step is aborted") from exc
     except OSError as exc:
@@ -145,6 +156,60 @@ def _read_data(system: SystemCalls, path: Path, node: int, slot_bytes: Sequence[
     finally:
         system.close(fd)
     return crc, actual
+
+
+def _write_small(system: SystemCalls, path: Path, node: int, views: Sequence[memoryview], direct: bool) -> None:
+    """Header and slots (in file order) laid out in the bounce buffer as on disk, then one write."""
+    sizes = [len(v) for v in views]
+    offset, total = data_offset(len(views)), sum(sizes)
+    page = transfer().whole[:offset + aligned(total)]
+    data = page[offset:offset + total]
+    gather([views[slot] for slot in file_order(sizes)], 0, data)
+    head = layout.header(node, crc32c(data), sizes)
+    page[:len(head)] = head
+    page[len(head):offset] = bytes(offset - len(head))
+    page[offset + total:] = bytes(len(page) - offset - total)  # the last block's padding
+    fd = open_page(system, path, os.O_WRONLY | os.O_CREAT, direct)
+    try:
+        run_io(direct, write_all, system, fd, page, 0)
+        if not direct:
+            system.fdatasync(fd)
+            system.drop_cached(fd)
+    finally:
+        system.close(fd)
+
+
+def _read_small(system: SystemCalls, path: Path, node: int, slot_bytes: Sequence[int], whole: memoryview,
+                rest: Sequence[memoryview], direct: bool, mapped: bool) -> tuple[int, int]:
+    """One read of header and data into the bounce buffer, then the slots copied out; (written CRC, CRC read)."""
+    offset, total = data_offset(len(slot_bytes)), sum(slot_bytes)
+    page = transfer().whole[:offset + aligned(total)]
+    fd = open_page(system, path, os.O_RDONLY, direct)
+    try:
+        got = run_io(direct, _read_upto, system, fd, page)
+        if not direct:
+            system.drop_cached(fd)
+    finally:
+        system.close(fd)
+    crc = check_header(min(got, offset), page, path, node, slot_bytes)
+    if got < offset + total:
+        raise PageCorruptError(f"page {path} for node {node} is truncated at byte {got}; the step is aborted")
+    data = page[offset:offset + total]
+    if len(whole):
+        whole[:] = data[:len(whole)]
+    scatter(data[len(whole):], list(rest), 0)
+    return crc, crc32c(data)
+
+
+def _read_upto(system: SystemCalls, fd: int, view: memoryview) -> int:
+    """Fill ``view`` from the file's start; returns the bytes read (fewer where the file ends first)."""
+    done = 0
+    while done < len(view):
+        got = system.pread(fd, view[done:], done)
+        if got == 0:
+            break
+        done += got
+    return done
 
 
 def _write_head(system: SystemCalls, fd: int, bounce: Transfer, head: bytes, offset: int, direct: bool) -> None:

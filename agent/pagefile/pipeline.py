@@ -45,6 +45,7 @@ class Transfer:
     def __init__(self) -> None:
         self._memory = mmap.mmap(-1, SLICES * CHUNK)  # anonymous mmap: page aligned, as O_DIRECT needs
         view = memoryview(self._memory)
+        self.whole = view  # all slices as one buffer: a small page goes through it in one I/O
         self.slices = tuple(view[i * CHUNK:(i + 1) * CHUNK] for i in range(SLICES))
         self.disk = ThreadPoolExecutor(max_workers=DISK_THREADS, thread_name_prefix="poet-page-disk")
         self._head = memoryview(mmap.mmap(-1, BLOCK))

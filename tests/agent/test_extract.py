@@ -76,8 +76,14 @@ def test_bytes_are_outputs_plus_unique_saved_tensors(resnet):
     assert graph.nodes[fc].bytes == 2 * 10 * 4                  # logits only: its input belongs to avgpool
     assert graph.nodes[segments.backward_of(fc)].bytes == 2 * 512 * 4  # gradient of the pooled features
     assert graph.nodes[segments.backward_of(1)].bytes == 0       # no gradient for the image
-    params = sum(p.nbytes for p in torchvision.models.resnet18(num_classes=10).parameters())
-    assert graph.fixed_bytes >= 2 * params
+    reference = torchvision.models.resnet18(num_classes=10)
+    params = sum(p.nbytes for p in reference.parameters())
+    assert graph.fixed_bytes == params + sum(b.nbytes for b in reference.buffers())  # the loaded model
+    assert graph.parameter_bytes == params and len(graph.parameters) == len(list(reference.parameters()))
+    # each trained parameter's gradient is made by the backward node of the unit that uses it
+    assert all(len(p.nodes) == 1 and graph.is_backward(p.nodes[0]) for p in graph.parameters)
+    (fc_weight,) = [p for p in graph.parameters if p.name == "fc.weight"]
+    assert fc_weight.nodes == (segments.backward_of(fc),)
     assert all(n.compute_ms > 0 for n in graph.nodes[1:])
 
 
@@ -128,9 +134,11 @@ def test_skip_connections_cross_segments():
     enc1 = names.index("enc1.2")  # conv, BN, then its in-place ReLU run out-of-place as a unit of its own
     dec1 = names.index("dec1.0")         # torch.cat([up1(d2), e1]) is glue of dec1's first unit
     assert (enc1, dec1) in graph.edges
-    # enc1's gradient is the sum of what pool and dec1 hand back
-    grad_enc1 = segments.backward_of(enc1)
-    assert {segments.backward_of(dec1), segments.backward_of(enc1 + 1)} <= set(graph.predecessors[grad_enc1])
+    # enc1's gradient is the sum of what dec1 and pool hand back, in plain autograd's order: dec1's backward
+    # leaves its part, pool's backward starts from it and leaves the sum, which enc1's backward reads
+    grad_enc1, grad_pool, grad_dec1 = (segments.backward_of(n) for n in (enc1, enc1 + 1, dec1))
+    assert grad_pool in graph.predecessors[grad_enc1] and grad_dec1 not in graph.predecessors[grad_enc1]
+    assert grad_dec1 in graph.predecessors[grad_pool]
     assert names.count("pool") == 1 and names.count("pool#2") == 1  # one module called twice
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import gc
 import mmap
 import os
 import struct
@@ -264,6 +265,8 @@ def test_read_back_memory_is_resident_while_held_and_returned_when_dropped(tmp_p
     sizes = [16 << 20, (16 << 20) + 100]  # one mapping for the value, a storage of its own for each slot
     path = tmp_path / "big.page"
     pagefile.write(path, 3, _storages(*sizes))
+    gc.collect()  # earlier tests' garbage, freed mid-measurement, would offset the growth measured here
+    rss.trim_heap()
     before = rss.current()
     storages = pagefile.read(path, 3, sizes)
     held = rss.current()
