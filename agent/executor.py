@@ -25,6 +25,20 @@ not match plain training).  During a step the ledger checks resident bytes
 after every instruction.  Any failure rolls the model back (gradients,
 buffers, RNG) and removes the step's page files before the error propagates.
 
+Updates: given a :class:`~agent.optim.FusedOptimizer` (``updates=``), each
+parameter is updated inside the backward node that makes its gradient final
+and the gradient freed there (large linear weights a block of columns at a
+time, :mod:`agent.optim.streamed`), so gradients never all live at once; the
+caller brackets the step with the optimizer's ``begin_step`` /
+``begin_micro_batch`` / ``finish_step`` (:mod:`agent.training` does).  A step
+that fails before its first update is rolled back as above and leaves its
+gradients to the caller (``discard_step``); one that fails after it raises
+:class:`~agent.errors.UpdateInterrupted` (the model is between two steps).
+A cancel request that comes after the first update is not honoured: the step
+runs to its end.  For a schedule planned for the step's whole memory
+(``schedule.step``) the ledger bounds the activations by what the budget
+leaves beside the step's other parts at each instruction.
+
 Energy: given an :class:`~agent.energy.EnergyMeter`, the executor runs each
 step's instructions inside a :class:`~agent.energy.StepEnergyAccount` and
 ``last_stats.energy`` holds the step's total and per node class.  Each
@@ -58,8 +72,10 @@ import torch.nn as nn
 
 from agent import rss
 from agent.energy import Activity, EnergyMeter, StepEnergy, StepEnergyAccount
-from agent.errors import ScheduleRefusedError, StepCancelled
+from agent.errors import ScheduleRefusedError, StepCancelled, UpdateInterrupted
 from agent.ledger import Ledger, StepStats
+from agent.optim import FusedOptimizer
+from agent.optim.streamed import streamed_names, streaming
 from agent.pager import FreeSpace, Pager, disk_free
 from agent.runtime import ModelState, Runtime
 from agent.segments import Segments
@@ -92,6 +108,9 @@ class Executor:
     meter:
         Energy meter; with one, each step's energy per node class is in
         ``last_stats.energy`` (see the module docstring for the attribution).
+    updates:
+        The optimizer whose updates run inside the backward pass (see the module docstring); without it the
+        step leaves parameter ``.grad`` as plain autograd would.
     """
 
     def __init__(
@@ -105,8 +124,11 @@ class Executor:
         measure_rss: bool = True,
         free_space: FreeSpace = disk_free,
         meter: EnergyMeter | None = None,
+        updates: FusedOptimizer | None = None,
     ) -> None:
         self.report = _check(segments, graph, schedule)
+        self.updates = updates
+        self._streamed = streamed_names(model, updates.streamed_weights) if updates is not None else []
         self.graph, self.schedule = graph, schedule
         self.instructions = tuple(schedule.instructions)
         self.runtime = Runtime(model, segments)
@@ -143,8 +165,9 @@ class Executor:
         step stops there, the model is rolled back to where it was before the
         step, and :class:`~agent.errors.StepCancelled` is raised.
         """
-        state = ModelState(self.runtime.model)
-        ledger = Ledger(self.report.resident_bytes, self.schedule.memory_budget)
+        updates = self.updates
+        state = ModelState(self.runtime.model, keep_grads=updates is not None)
+        ledger = Ledger(self.report.resident_bytes, self.schedule.memory_budget, self._activation_limits())
         node_seconds = [0.0] * self.graph.size
         try:
             self.runtime.start(inputs, targets)
@@ -153,10 +176,11 @@ class Executor:
                 self.pager.reserve({n: self.graph.nodes[n].bytes for n in self.paged_nodes})
             rss_before = rss.start_window() if self.measure_rss else None
             account = StepEnergyAccount(self.meter) if self.meter is not None else None
-            with account if account is not None else nullcontext():  # its window holds the step's
+            streamed = streaming(self.runtime.model, self._streamed, updates) if self._streamed else nullcontext()
+            with account if account is not None else nullcontext(), streamed:  # its window holds the step's
                 started = time.perf_counter()
                 for position, (op, node) in enumerate(self.instructions):
-                    if cancel is not None and cancel():
+                    if cancel is not None and cancel() and not (updates is not None and updates.started):
                         raise StepCancelled(f"step cancelled at instruction {position} of {len(self.instructions)}")
                     if self._behind:
                         self._settle_writes(position, account)
@@ -179,8 +203,13 @@ class Executor:
                     ledger.record(position, self.runtime.store.resident_bytes, inflight)
                 seconds = time.perf_counter() - started
             loss = self.runtime.loss
-        except BaseException:
+        except BaseException as exc:
             self._end_step(keep_files=False)
+            if updates is not None and updates.started:
+                updates.settle()
+                raise UpdateInterrupted(
+                    f"the step failed after updating {updates.updates} of {len(updates.slots)} parameters ({exc}); "
+                    "the model is between two steps: restore it from the last checkpoint") from exc
             state.rollback()
             raise
         peak = rss.peak_since_start() if rss_before is not None else None
@@ -191,6 +220,13 @@ class Executor:
         if self._read_ms is None and self.last_stats.pagein_bandwidth_bps:
             self._plan_io(self.last_stats.pagein_bandwidth_bps)
         return loss
+
+    def _activation_limits(self) -> list[int] | None:
+        """Per instruction, the bytes a whole-step schedule leaves the activations beside its other parts."""
+        budget, fixed = self.schedule.memory_budget, self.report.fixed_bytes
+        if budget is None or not fixed:
+            return None
+        return [budget - f for f in fixed]
 
     def _plan_io(self, read_bps: float | None = None) -> None:
         """Plan read-ahead, write-behind and reused read memory (:func:`schedules.timeline.plan_io`); with the
@@ -217,7 +253,12 @@ class Executor:
 
     # -- instructions ------------------------------------------------------------
     def _compute(self, node: int) -> None:
+        backward = self.updates is not None and self.graph.is_backward(node)
+        if backward:
+            self.updates.computing(node)
         self.runtime.compute(node)
+        if backward:
+            self.updates.computed(node)  # the background updates of the node before it are done now
 
     def _free(self, node: int, position: int) -> None:
         paged = self.pager is not None and self.pager.has_page(node)

@@ -1,14 +1,17 @@
 """What a federated round asks of a device, with no Flower in it: train under the device's schedule, evaluate.
 
 :class:`Task` holds one model, its training graph and segments (extracted once
-per process) and the POET schedules planned for it, one per device profile and
+per process), the optimizer it trains with (:class:`agent.training.OptimizerSettings`:
+a device agent's configured one, else SGD with momentum 0.9) and the POET
+schedules planned for the step's whole memory, one per device profile and
 memory budget (planned once, then cached).  :meth:`Task.train` loads the
-weights it is given, runs ``steps`` optimizer steps through the executor under
-the device's schedule on the device's :class:`agent.data.LocalDataset`, and
-returns the new weights with what the steps measured.  The schedule changes
-which activations stay resident, never the arithmetic: with the same weights,
-data and seed the trained weights are bit-identical with and without a memory
-budget (the executor's parity guarantee).
+weights it is given and runs ``steps`` optimizer steps through the one
+training path (:class:`agent.training.Training`: updates in the backward
+pass, every step checked against the plan part by part) on the device's
+:class:`agent.data.LocalDataset`, and returns the new weights with what the
+steps measured.  The schedule changes where memory goes, never the
+arithmetic: with the same weights, data and seed the trained weights are
+bit-identical under every budget (the executor's parity guarantee).
 
 Personal layers (:func:`personal_keys`) name state-dict entries a device keeps
 to itself: ``fedper`` its head (the last module with parameters), ``fedbn`` its
@@ -25,7 +28,7 @@ import atexit
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +37,8 @@ import torch.nn as nn
 
 from agent.data import LocalDataset
 from agent.errors import FederationError
-from agent.executor import Executor
 from agent.holdout import evaluate
+from agent.training import DEFAULT_TOLERANCE_BYTES, OptimizerSettings, Training
 from agent.zoo import Workload
 from schedules.device import DeviceProfile
 from schedules.graph import TrainingGraph
@@ -46,6 +49,8 @@ METRIC_KEYS = ("num-examples", "train-loss", "eval-loss", "accuracy", "steps", "
                "energy-j", "seconds", "startup-seconds")
 PERSONALIZATIONS = ("none", "finetune", "fedper", "fedbn")
 PLAN_TIME_LIMIT = 30.0  # seconds for one schedule; the digits model's MILP takes well under one
+ROUND_OPTIMIZER = OptimizerSettings("sgd", learning_rate=0.05, momentum=0.9)
+"""What a simulated device trains with; a device agent's rounds use its own ``[training]`` settings."""
 
 
 def metric_values(**known: float) -> dict[str, float]:
@@ -73,10 +78,10 @@ def personal_keys(model: nn.Module, personalization: str) -> frozenset[str]:
 
 @dataclass(frozen=True)
 class DevicePlan:
-    """A device's schedule and what it was planned for."""
+    """A device's schedule and what it was planned for: the step's whole memory within ``budget_bytes``."""
 
     profile: str
-    budget_bytes: int | None  # None: no limit (the plain, store-all peak)
+    budget_bytes: int | None  # None: no limit (the plain step's whole memory)
     schedule: Schedule
 
 
@@ -88,7 +93,8 @@ class TrainOutcome:
     loss: float
     steps: int
     examples: int
-    peak_bytes: int
+    peak_bytes: int  # the largest step memory: peak RSS beyond the process with the model loaded (or, where RSS
+    #                  cannot tell, the parts the executor accounted for)
     seconds: float
     energy_j: float
     position: tuple[int, int]
@@ -107,6 +113,8 @@ class Task:
     swap_dir: Path | None = None
     graph: TrainingGraph | None = None
     segments: Any = None
+    settings: OptimizerSettings = ROUND_OPTIMIZER
+    tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES
     _plans: dict[tuple[str, int | None], DevicePlan] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -125,8 +133,11 @@ class Task:
 
     @property
     def plain_peak_bytes(self) -> int:
-        """The activation peak of a plain step (store-all): what budget fractions are fractions of."""
-        return self.plan("rpi4", None).schedule.predicted_peak_bytes
+        """The whole memory of a plain step (store-all, optimizer state in RAM): what budget fractions are
+        fractions of."""
+        from schedules.budgets import store_all_peak
+
+        return store_all_peak(self.graph, self.settings.spec())
 
     def budget_for(self, fraction: float | None) -> int | None:
         """``fraction`` of the plain peak in bytes; ``None`` or 1 or more means no limit."""
@@ -135,45 +146,63 @@ class Task:
     def adopt(self, plan: DevicePlan) -> DevicePlan:
         """Use ``plan`` (a schedule obtained elsewhere, for this model's graph) for its profile and budget."""
         plan.schedule.check_graph(self.graph)
+        Training.check_schedule(plan.schedule, self.settings)
         self._plans[(plan.profile, plan.budget_bytes)] = plan
         return plan
 
     def plan(self, profile: str, budget_bytes: int | None) -> DevicePlan:
-        """The POET schedule for ``profile`` (a built-in device name) within ``budget_bytes``, cached."""
+        """The POET schedule for a step of ``profile`` (a built-in device name) within ``budget_bytes`` of
+        whole memory (``None``: the plain step's), cached."""
         from schedules.plan import plan
 
         key = (profile, budget_bytes)
         if key not in self._plans:
             device = DeviceProfile.builtin(profile)
-            result = plan(self.graph, device, memory_budget=budget_bytes, method="poet" if budget_bytes else
-                          "store-all", time_limit=PLAN_TIME_LIMIT)
+            spec = self.settings.spec()
+            budget = budget_bytes if budget_bytes is not None else self.plain_peak_bytes
+            result = plan(self.graph, device, memory_budget=budget, method="poet" if budget_bytes else "store-all",
+                          time_limit=PLAN_TIME_LIMIT, training=spec)
             if not result.feasible or result.schedule is None:
+                from schedules.budgets import memory_lower_bound
+
                 raise FederationError(
-                    f"no schedule fits {budget_bytes:,} B on {profile} for this model (plain peak "
-                    f"{self.plan(profile, None).schedule.predicted_peak_bytes:,} B): raise the device's budget")
+                    f"no schedule fits a step of this model in {budget_bytes:,} B on {profile} (a plain step takes "
+                    f"{self.plain_peak_bytes:,} B, none fits below {memory_lower_bound(self.graph, spec):,} B): "
+                    "raise the device's budget")
             self._plans[key] = DevicePlan(profile, budget_bytes, result.schedule)
         return self._plans[key]
 
     def train(self, weights: dict[str, torch.Tensor], data: LocalDataset, device: DevicePlan, *, steps: int,
-              lr: float, position: tuple[int, int] = (0, 0)) -> TrainOutcome:
-        """``steps`` SGD steps from ``weights`` on ``data`` through the executor under ``device.schedule``."""
+              lr: float | None = None, position: tuple[int, int] = (0, 0)) -> TrainOutcome:
+        """``steps`` optimizer steps from ``weights`` on ``data`` through the one training path under
+        ``device.schedule``; ``lr`` (the round's) replaces the settings' learning rate.  A fresh optimizer each
+        round: its state does not carry over between rounds."""
         self.model.load_state_dict(weights)
         self.model.train()
-        optimizer = torch.optim.SGD([p for p in self.model.parameters() if p.requires_grad], lr=lr, momentum=0.9)
-        started, losses, peak = time.perf_counter(), [], 0
-        with Executor(self.model, self.segments, self.graph, device.schedule, self.swap_dir,
-                      measure_rss=False) as executor:
+        settings = self.settings if lr is None else replace(self.settings, learning_rate=lr)
+        started, losses, peak, energy = time.perf_counter(), [], 0, 0.0
+        training = Training(self.workload, self.graph, self.segments, device.schedule, settings, self.swap_dir,
+                            tolerance_bytes=self.tolerance_bytes)
+        try:
             for _ in range(steps):
-                inputs, targets = data.batch(*position)
-                self.model.zero_grad(set_to_none=True)
-                losses.append(float(executor.step(inputs, targets)))
-                peak = max(peak, executor.last_stats.peak_with_inflight_bytes)
-                optimizer.step()
-                position = data.position_after(*position)
+                batches = []
+                for _ in range(settings.accumulation):
+                    batches.append(data.batch(*position))
+                    position = data.position_after(*position)
+                report = training.step(batches)
+                losses.append(report.loss)
+                # what RSS says the step took; where it cannot tell (no /proc, or a process shared with other
+                # virtual devices whose memory came and went), what the executor accounted for
+                measured = report.memory_bytes if report.memory_bytes and report.memory_bytes > 0 else None
+                peak = max(peak, measured or report.tracked_bytes)
+                energy += report.energy_j if report.energy_j is not None else device.schedule.predicted_energy_j
+        finally:
+            training.close()
         self.model.zero_grad(set_to_none=True)
         weights_out = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        return TrainOutcome(weights_out, sum(losses) / max(len(losses), 1), steps, steps * data.batch_size, peak,
-                            time.perf_counter() - started, steps * device.schedule.predicted_energy_j, position)
+        return TrainOutcome(weights_out, sum(losses) / max(len(losses), 1), steps,
+                            steps * settings.accumulation * data.batch_size, peak, time.perf_counter() - started,
+                            energy, position)
 
     def evaluate(self, weights: dict[str, torch.Tensor], data: LocalDataset) -> tuple[float, float, int]:
         """``(loss, accuracy, samples)`` of ``weights`` on ``data``'s held-out samples (eval mode); accuracy

@@ -187,6 +187,11 @@ class _Device:
     data: LocalDataset
     plan: DevicePlan
     personal: frozenset[str]
+    own_optimizer: bool = False  # a device agent's: it trains with its configured settings, the round's lr aside
+
+    def learning_rate(self, config: ConfigRecord) -> float | None:
+        """The round's learning rate for a simulated device; ``None`` (its own) for a device agent."""
+        return None if self.own_optimizer else float(config.get("lr", 0.05))
 
 
 def agent_device(config_path: str) -> _Device:
@@ -207,7 +212,11 @@ def agent_device(config_path: str) -> _Device:
         shape = tuple((inputs[0] if isinstance(inputs, tuple) else inputs).shape)
         data = open_dataset(config.data.path, shape, holdout=config.data.holdout, seed=config.workload.seed)
         config.swap_dir.mkdir(parents=True, exist_ok=True)
-        task = Task(prepared.workload, config.swap_dir, graph=prepared.graph, segments=prepared.segments)
+        from agent.training import OptimizerSettings
+
+        task = Task(prepared.workload, config.swap_dir, graph=prepared.graph, segments=prepared.segments,
+                    settings=OptimizerSettings.from_config(config.training),
+                    tolerance_bytes=config.training.memory_tolerance)
         plan = task.adopt(DevicePlan(prepared.device.name, config.training.memory_budget, prepared.schedule))
         setup = DeviceSetup(config.device.name, prepared.device.name, None, config.training.memory_budget, 0, 1,
                             None, 0.0, config.workload.seed)
@@ -218,7 +227,8 @@ def agent_device(config_path: str) -> _Device:
 def _device(context: Context) -> _Device:
     if "agent-config" in context.node_config:
         d = agent_device(str(context.node_config["agent-config"]))
-        return _Device(d.setup, d.task, d.data, d.plan, personal_keys(d.task.model, personalization(context)))
+        return _Device(d.setup, d.task, d.data, d.plan, personal_keys(d.task.model, personalization(context)),
+                       own_optimizer=True)
     setup = DeviceSetup.from_context(context)
     task = task_for(setup.seed)
     return _Device(setup, task, data_for(setup), device_plan(task, setup, context),
@@ -270,7 +280,7 @@ def train(msg: Message, context: Context) -> Message:
     d = _device(context)
     config = _config(msg)
     outcome = d.task.train(merged(msg.content["arrays"], context, d.task, d.personal), d.data, d.plan,
-                           steps=int(config.get("local-steps", 10)), lr=float(config.get("lr", 0.05)),
+                           steps=int(config.get("local-steps", 10)), lr=d.learning_rate(config),
                            position=_position(context))
     _keep(context, outcome.weights, d.personal, outcome.position)
     loss, accuracy, _ = d.task.evaluate(outcome.weights, d.data)
@@ -302,7 +312,7 @@ def personalize(msg: Message, context: Context) -> Message:
     weights = merged(msg.content["arrays"], context, d.task, d.personal)
     global_loss, global_accuracy, _ = d.task.evaluate(weights, d.data)
     outcome = d.task.train(weights, d.data, d.plan, steps=int(config.get("finetune-steps", 30)),
-                           lr=float(config.get("lr", 0.05)), position=_position(context))
+                           lr=d.learning_rate(config), position=_position(context))
     loss, accuracy, count = d.task.evaluate(outcome.weights, d.data)
     metrics: dict[str, Any] = metric_values(**{
         "num-examples": count, "train-loss": outcome.loss, "eval-loss": loss, "accuracy": accuracy,

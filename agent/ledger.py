@@ -99,6 +99,7 @@ class Ledger:
 
     predicted: Sequence[int]
     budget: int | None
+    limits: Sequence[int] | None = None  # per instruction: what a whole-step budget leaves the activations
     entries: list[int] = field(default_factory=list)
     peak_with_inflight: int = 0
 
@@ -106,8 +107,10 @@ class Ledger:
         """Note the bytes after instruction ``position``; refuse to go on past the budget."""
         self.entries.append(resident)
         self.peak_with_inflight = max(self.peak_with_inflight, resident + inflight)
-        if self.budget is not None and resident > self.budget:
+        limit = self.limits[position] if self.limits is not None else self.budget
+        if limit is not None and resident > limit:
+            beside = "" if self.limits is None else f" (what the budget of {self.budget} leaves the activations there)"
             raise LedgerError(
-                f"after instruction {position} the step holds {resident} activation bytes, over the budget of "
-                f"{self.budget} (the simulator predicted {self.predicted[position]}): the graph does not "
+                f"after instruction {position} the step holds {resident} activation bytes, over {limit}{beside} "
+                f"(the simulator predicted {self.predicted[position]}): the graph does not "
                 "describe this model; re-extract it and re-plan")

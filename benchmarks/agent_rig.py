@@ -50,7 +50,7 @@ def write_config(directory: Path, device: FakeDevice, data: Path, model: str, in
                    "sysfs_root": str(device.root)},
         "workload": {"model": model, "input": input, "seed": 3, "threads": 1, "profile_repeats": 1},
         "data": {"path": str(data), "holdout": 0.2},
-        "training": {"memory_budget": "1MB", "steps_per_window": 40, "checkpoint_every": 5, "optimizer": "sgd",
+        "training": {"memory_budget": "16MB", "steps_per_window": 40, "checkpoint_every": 5, "optimizer": "sgd",
                      "learning_rate": 0.05, "momentum": 0.9, "backoff_seconds": 1, "window_gap_seconds": 3600,
                      "step_cancel_seconds": 5},
         "schedule": {"solve_time_limit": 20},

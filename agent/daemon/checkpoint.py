@@ -1,30 +1,31 @@
 """Checkpoints that survive ``kill -9`` and power loss: written atomically, checked on load, the last two kept.
 
-A checkpoint file is ``MAGIC``, the SHA-256 of the body, then the body (what
-``torch.save`` writes).  It is written to a temporary file, fsynced, renamed
-over its final name and the directory fsynced, so a name either holds a whole
-checkpoint or does not exist.  :meth:`CheckpointStore.load_latest` takes the
-newest file whose hash matches and falls back to the one before when the
-newest is damaged (a disk that lied about a flush, a bit flipped on an SD
-card).  Files are loaded with ``weights_only=True``: a checkpoint holds
-tensors and plain values only.
+A checkpoint file (:mod:`agent.daemon.checkpoint_file`) is streamed to disk a
+tensor at a time -- optimizer state on flash a chunk at a time -- and carries
+the SHA-256 of its contents, so writing one never holds a second copy of the
+model or its optimizer state in memory.  It is written to a temporary file,
+fsynced, renamed over its final name and the directory fsynced, so a name
+either holds a whole checkpoint or does not exist.
+:meth:`CheckpointStore.load_latest` takes the newest file whose hash matches
+and falls back to the one before when the newest is damaged (a disk that lied
+about a flush, a bit flipped on an SD card); its tensors are read when the
+caller asks (:class:`~agent.daemon.checkpoint_file.StoredTensor`).  The
+skeleton is loaded with ``weights_only=True``: a checkpoint holds tensors and
+plain values only.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from agent.daemon import checkpoint_file
+from agent.daemon.checkpoint_file import MAGIC, DamagedError
 from agent.errors import CheckpointError
 
-MAGIC = b"POETCKPT1\n"
 KEEP = 2
 _NAME = re.compile(r"^step-(\d{9})\.ckpt$")
 
@@ -48,16 +49,17 @@ class CheckpointStore:
         self.keep = keep
 
     def save(self, steps_done: int, state: dict[str, Any]) -> Path:
-        """Write ``state`` as the checkpoint after ``steps_done`` steps; drop all but the newest ``keep``."""
-        buffer = io.BytesIO()
-        torch.save(state, buffer)
-        body = buffer.getvalue()
+        """Write ``state`` as the checkpoint after ``steps_done`` steps; drop all but the newest ``keep``.
+
+        ``state`` holds tensors, chunked sources (optimizer state on flash) and plain values; each tensor is
+        written from where it lives.
+        """
         final = self.directory / f"step-{steps_done:09d}.ckpt"
         temporary = final.with_name(f".{final.name}.{os.getpid()}.tmp")
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            with open(temporary, "wb") as f:
-                f.write(MAGIC + hashlib.sha256(body).digest() + body)
+            with open(temporary, "w+b") as f:
+                checkpoint_file.write(f, state)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(temporary, final)
@@ -103,22 +105,11 @@ class CheckpointStore:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        data = path.read_bytes()
+        return checkpoint_file.read(path)
+    except DamagedError as exc:
+        raise CheckpointError(f"{path.name}: {exc}") from exc
     except OSError as exc:
         raise CheckpointError(f"{path.name}: cannot read: {exc.strerror or exc}") from exc
-    head = len(MAGIC) + 32
-    if not data.startswith(MAGIC) or len(data) < head:
-        raise CheckpointError(f"{path.name}: not a checkpoint (bad header)")
-    body = data[head:]
-    if hashlib.sha256(body).digest() != data[len(MAGIC):head]:
-        raise CheckpointError(f"{path.name}: damaged (checksum does not match)")
-    try:
-        state = torch.load(io.BytesIO(body), weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure means an unusable file
-        raise CheckpointError(f"{path.name}: cannot be loaded: {exc}") from exc
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{path.name}: holds {type(state).__name__}, not a checkpoint")
-    return state
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -115,8 +115,12 @@ def format_status(s: dict[str, Any]) -> str:
         rows.append(("schedule", f"{s['schedule_id']} from {s.get('schedule_from')}, budget "
                                  f"{_mb(s.get('memory_budget_bytes'))}"))
     if s.get("peak_bytes"):
-        rows.append(("peak memory", f"{_mb(s['peak_bytes'])} of a bound of {_mb(s.get('bound_bytes'))} "
-                                    "(process RSS: model, optimizer and activations)"))
+        rows.append(("step memory", f"{_mb(s['peak_bytes'])} of a bound of {_mb(s.get('bound_bytes'))} "
+                                    "(peak RSS beyond the loaded model)"))
+    if s.get("memory_parts"):
+        planned = s.get("planned_parts") or {}
+        rows.append(("  parts", ", ".join(f"{name} {_mb(value)} (planned {_mb(planned.get(name))})"
+                                          for name, value in s["memory_parts"].items())))
     if s.get("energy_j"):
         rows.append(("energy", f"{s['energy_j']:,.1f} J ({s.get('energy_source') or 'unknown meter'})"))
     if s.get("data"):

@@ -67,12 +67,15 @@ class TrainingSection:
     optimizer: str = "sgd"
     learning_rate: float = 0.01
     momentum: float = 0.0
+    nesterov: bool = False
     weight_decay: float = 0.0
+    accumulation: int = 1  # micro-batches per optimizer step (their gradients summed)
+    clip_norm: float = 0.0  # clip gradients to this global norm; 0: no clipping
     step_cancel_seconds: float = 30.0
     window_gap_seconds: float = 0.0
     backoff_seconds: float = 30.0
     nice: int = 10
-    memory_slack: float = 0.10
+    memory_tolerance: int = 8_000_000  # bytes a step's measured part may exceed its plan
 
 
 @dataclass(frozen=True)
@@ -188,7 +191,9 @@ _SECTIONS: dict[str, type] = {
 }
 _PATHS = {"state_dir", "swap_dir", "sysfs_root", "path", "file", "public_key", "ca_file", "root_certificates",
           "auth_key"}
-_SIZES = {"memory_budget"}
+_SIZES = {"memory_budget", "memory_tolerance"}
+_RENAMED = {("training", "memory_slack"): "training.memory_slack was replaced by training.memory_tolerance: bytes a "
+            "step's measured memory may exceed its plan, the same for any model (e.g. \"8MB\")"}
 
 
 def load_config(path: str | Path) -> AgentConfig:
@@ -228,6 +233,9 @@ def _section(name: str, cls: type, table: dict[str, Any], base: Path, problems: 
     for key, value in table.items():
         # the energy section names its meter "kind" in the dataclass and "meter" in the file
         attr = "kind" if (name, key) == ("energy", "meter") else key
+        if (name, key) in _RENAMED:
+            problems.append(_RENAMED[name, key])
+            continue
         if attr not in known:
             problems.append(f"{name}.{key}: unknown key (keys: {', '.join(sorted(known))})")
             continue
@@ -303,19 +311,26 @@ def _check(c: AgentConfig) -> list[str]:
     if not 0 <= c.data.holdout < 1:
         found.append(f"data.holdout must be in [0, 1), not {c.data.holdout}")
     if c.training.memory_budget <= 0:
-        found.append("training.memory_budget is required: activation bytes allowed in RAM, e.g. \"40MB\"")
+        found.append("training.memory_budget is required: what a training step may use beyond the loaded model "
+                     "(activations, gradients, optimizer state), e.g. \"60MB\"")
     if c.training.runtime_budget is not None and c.training.runtime_budget < 1:
         found.append("training.runtime_budget is a factor of the plain step time, at least 1 (e.g. 1.3)")
     if c.training.optimizer not in OPTIMIZERS:
         found.append(f"training.optimizer = {c.training.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
     if not 0 <= c.training.momentum < 1:
         found.append("training.momentum must be in [0, 1)")
+    if c.training.nesterov and (c.training.optimizer != "sgd" or c.training.momentum <= 0):
+        found.append("training.nesterov needs optimizer = \"sgd\" and a momentum above 0")
+    if c.training.accumulation < 1:
+        found.append("training.accumulation is micro-batches per step: at least 1")
+    if c.training.clip_norm < 0:
+        found.append("training.clip_norm must be >= 0 (0: no clipping)")
     if c.training.weight_decay < 0:
         found.append("training.weight_decay must be >= 0")
     if not 0 <= c.training.nice <= 19:
         found.append("training.nice must be in 0..19")
-    if not 0 <= c.training.memory_slack <= 1:
-        found.append("training.memory_slack is a fraction in [0, 1] (0.10: 10% over fixed memory + budget)")
+    if c.training.memory_tolerance < 0:
+        found.append("training.memory_tolerance must be >= 0 bytes")
     if c.training.window_gap_seconds < 0:
         found.append("training.window_gap_seconds must be >= 0")
     for key, p in (("schedule.file", c.schedule.file), ("schedule.public_key", c.schedule.public_key)):

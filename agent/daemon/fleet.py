@@ -228,17 +228,18 @@ class ServerScheduleSource:
     def fetch(self, request: Request) -> Schedule:
         """Ask the server to plan ``request``, wait for it, download and verify the schedule."""
         body = {"graph": request.graph.to_dict(), "device": request.device.to_dict(),
-                "memory_budget": request.memory_budget, "runtime_budget": request.runtime_budget}
+                "memory_budget": request.memory_budget, "runtime_budget": request.runtime_budget,
+                "training": request.training.to_dict()}
         try:
             answer = _object(self.client.call("POST", "/schedule-requests", body=body), self.client.url)
             schedule_id = self._solved(answer)
             schedule = self._download(schedule_id)
         finally:
             self.client.close()
-        schedule.check_graph(request.graph)
-        if schedule.memory_budget is None or schedule.memory_budget > request.memory_budget:
-            raise FleetError(f"the fleet server's schedule {schedule_id} is planned for a memory budget of "
-                             f"{schedule.memory_budget} B, not within this device's {request.memory_budget:,} B")
+        try:
+            request.check(schedule)
+        except PlannerError as exc:
+            raise FleetError(f"the fleet server's schedule {schedule_id} does not fit this request: {exc}") from exc
         return schedule
 
     def _solved(self, answer: dict[str, Any]) -> str:

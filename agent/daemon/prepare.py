@@ -30,6 +30,7 @@ from schedules.device import DeviceProfile
 from schedules.errors import FormatError
 from schedules.graph import TrainingGraph
 from schedules.schedule import Schedule
+from schedules.step_memory import TrainingSpec
 
 log = logging.getLogger("poet-agent")
 
@@ -59,6 +60,13 @@ def build_workload(config: AgentConfig) -> Workload:
     """The model at its initial weights (seeded: every process builds the same)."""
     shape = parse_shape(config.workload.input) if config.workload.input else None
     return load_workload(config.workload.model, shape, seed=config.workload.seed)
+
+
+def training_spec(config: AgentConfig) -> TrainingSpec:
+    """What the schedule is planned for: the configured optimizer, accumulation and clipping."""
+    from agent.training import OptimizerSettings
+
+    return OptimizerSettings.from_config(config.training).spec()
 
 
 def schedule_source(config: AgentConfig, say: Callable[[str], None] = log.info) -> ScheduleSource:
@@ -105,15 +113,19 @@ def prepare(config: AgentConfig, say: Callable[[str], None] = log.info,
         except ScheduleRefusedError as exc:
             say(f"cached profile no longer matches the model, profiling again: {exc}")
             graph = None
+    if graph is not None and not graph.parameters:
+        say("cached profile has no parameter layout (an earlier release made it), profiling again")
+        graph = None
     profiled = graph is None
     if profiled:
         say(f"profiling {workload.name} on this device (first run of this workload)")
         graph, device = _profile(config, workload, directory)
         workload = build_workload(config)  # profiling ran steps: start again from the initial weights
         segments = segments_matching(workload, graph, config.workload.max_nodes)
-    request = Request(graph, device, config.training.memory_budget, config.training.runtime_budget)
+    request = Request(graph, device, config.training.memory_budget, training_spec(config),
+                      config.training.runtime_budget)
     chosen = source or schedule_source(config, say)
-    say(f"getting a schedule for {config.training.memory_budget:,} B from {chosen.description}")
+    say(f"getting a schedule for a step in {config.training.memory_budget:,} B from {chosen.description}")
     schedule, origin = get_schedule(chosen, ScheduleCache(directory, trusted_key(config)), request)
     return Prepared(key, workload, graph, device, segments, schedule, origin, profiled)
 

@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from schedules.device import DeviceProfile
-from schedules.errors import InfeasibleBudgetError, PlannerError
+from schedules.errors import InfeasibleBudgetError, PlannerError, ScheduleMismatchError
 from schedules.graph import TrainingGraph
 from schedules.schedule import Schedule
+from schedules.step_memory import TrainingSpec
+from schedules.units import format_bytes
 from schedules.signing import generate_keypair, load_private_key, load_public_key, sign
 
 log = logging.getLogger("poet-agent")
@@ -30,12 +32,38 @@ log = logging.getLogger("poet-agent")
 
 @dataclass(frozen=True)
 class Request:
-    """What a schedule is asked for: this device's graph and profile, and the budgets."""
+    """What a schedule is asked for: this device's graph and profile, its training, and the budgets.
+
+    ``memory_budget`` is the step's whole memory beyond the loaded model, planned for ``training``.
+    """
 
     graph: TrainingGraph
     device: DeviceProfile
     memory_budget: int
+    training: TrainingSpec
     runtime_budget: float | None = None  # factor of the plain step time
+
+    def check(self, schedule: Schedule) -> None:
+        """Refuse a schedule not planned for this graph, budget and training, saying what differs."""
+        schedule.check_graph(self.graph)
+        if schedule.memory_budget != self.memory_budget:
+            budget = "no memory budget" if schedule.memory_budget is None else \
+                f"a memory budget of {format_bytes(schedule.memory_budget)}"
+            raise ScheduleMismatchError(
+                f"schedule {schedule.schedule_id} is planned for {budget}, not this device's "
+                f"training.memory_budget of {format_bytes(self.memory_budget)}: plan it for "
+                f"{self.memory_budget} B (`poet-edge solve --memory {self.memory_budget} --optimizer ...`) or set "
+                "training.memory_budget to the schedule's")
+        if schedule.step is None:
+            raise ScheduleMismatchError(
+                f"schedule {schedule.schedule_id} budgets activations only; a device trains under a schedule planned "
+                "for the step's whole memory: plan it with `poet-edge solve --optimizer ...`")
+        planned = schedule.step.training
+        for name in ("optimizer", "state_tensors", "update_temporaries", "accumulation", "clip"):
+            if getattr(planned, name) != getattr(self.training, name):
+                raise ScheduleMismatchError(
+                    f"schedule {schedule.schedule_id} is planned for {planned.describe()}, this device trains with "
+                    f"{self.training.describe()}: plan it for the device's [training] settings")
 
 
 class ScheduleSource(Protocol):
@@ -58,7 +86,7 @@ class FileScheduleSource:
 
     def fetch(self, request: Request) -> Schedule:
         schedule = Schedule.load(self.path, public_key=self.public_key)  # signature first, then the content
-        schedule.check_graph(request.graph)
+        request.check(schedule)
         return schedule
 
 
@@ -74,14 +102,31 @@ class LocalSolveSource:
         from schedules.plan import plan  # the solver loads only when a solve is needed
 
         result = plan(request.graph, request.device, memory_budget=request.memory_budget,
-                      runtime_budget=request.runtime_budget, time_limit=self.time_limit)
+                      runtime_budget=request.runtime_budget, time_limit=self.time_limit, training=request.training)
         if result.schedule is None:
             raise InfeasibleBudgetError(
-                f"no schedule fits {request.memory_budget:,} B of activations"
+                f"no schedule fits a step in {format_bytes(request.memory_budget)}"
                 + (f" within {request.runtime_budget:g}x the plain step time" if request.runtime_budget else "")
-                + f" ({result.status}, stopped: {result.stop_reason}); raise training.memory_budget or "
-                  "training.runtime_budget (`poet-edge solve` prints the smallest feasible budget)")
+                + f" ({result.status}, stopped: {result.stop_reason}); {smallest_budget_advice(request, self.time_limit)}")
         return result.schedule
+
+
+def smallest_budget_advice(request: Request, time_limit: float) -> str:
+    """Where the smallest feasible budget is, in words an operator acts on (searched within ``time_limit``)."""
+    from schedules.budgets import smallest_feasible_budget
+    from schedules.plan import plan
+
+    def probe(budget: int, limit: float | None):
+        return plan(request.graph, request.device, memory_budget=budget, runtime_budget=request.runtime_budget,
+                    time_limit=limit, gap=0.5, check_timeline=False, training=request.training)
+
+    search = smallest_feasible_budget(request.graph, probe, time_budget_s=max(time_limit, 5.0),
+                                      probe_time_limit_s=min(15.0, max(time_limit, 5.0)), training=request.training)
+    if search.budget is None:
+        return (f"no budget fits within the runtime budget ({search.note}): raise training.runtime_budget")
+    about = "" if search.exact else "about "
+    return (f"the smallest budget that fits is {about}{format_bytes(search.budget)}: set training.memory_budget = "
+            f"\"{search.budget}\" or more")
 
 
 class ScheduleCache:
@@ -98,7 +143,9 @@ class ScheduleCache:
 
     def path(self, request: Request) -> Path:
         runtime = f"-rt{request.runtime_budget:g}" if request.runtime_budget else ""
-        return self.directory / f"schedule-{request.memory_budget}{runtime}.json"
+        t = request.training
+        training = f"-{t.optimizer}{t.state_tensors}{t.update_temporaries}a{t.accumulation}{'c' if t.clip else ''}"
+        return self.directory / f"schedule-{request.memory_budget}{runtime}{training}.json"
 
     def load(self, request: Request) -> Schedule | None:
         """The cached schedule for ``request`` after verification; ``None`` (and the file removed) if absent or
@@ -108,7 +155,7 @@ class ScheduleCache:
             return None
         try:
             schedule = self._verified(path)
-            schedule.check_graph(request.graph)
+            request.check(schedule)
         except PlannerError as exc:
             log.warning("cached schedule %s refused, getting a new one: %s", path, exc)
             path.unlink(missing_ok=True)
@@ -155,7 +202,7 @@ def get_schedule(source: ScheduleSource, cache: ScheduleCache, request: Request)
     if cached is not None:
         return cached, f"cache ({cache.path(request).name})"
     schedule = source.fetch(request)
-    schedule.check_graph(request.graph)
+    request.check(schedule)
     return cache.store(request, schedule), source.description
 
 

@@ -255,10 +255,11 @@ class Daemon:
             log.info("eligibility lost (%s): stopping after the step in progress", decision.reason)
             self.status["reason"] = f"stopping after the step in progress: {decision.reason}"
             worker.request_stop(now)
-        bound = self.status.get("bound_bytes")
+        bound, baseline = self.status.get("bound_bytes"), self.status.get("rss_baseline_bytes")
         rss = worker.rss_bytes()
-        if bound and rss and rss > HARD_BOUND_FACTOR * bound:
-            worker.kill(f"the training process used {rss:,} B, over {HARD_BOUND_FACTOR:g}x its bound {bound:,} B")
+        if bound and baseline and rss and rss > HARD_BOUND_FACTOR * (baseline + bound):
+            worker.kill(f"the training process used {rss:,} B, over {HARD_BOUND_FACTOR:g}x its model's "
+                        f"{baseline:,} B and its training's bound of {bound:,} B")
 
     def _read_worker(self, selector: selectors.BaseSelector) -> None:
         worker = self.worker
@@ -285,7 +286,8 @@ class Daemon:
         elif kind == "ready":
             s.update(schedule_id=event.get("schedule_id"), schedule_from=event.get("schedule_from"),
                      memory_budget_bytes=event.get("memory_budget"), steps_done=event.get("steps_done", 0),
-                     energy_source=event.get("energy_source"))
+                     energy_source=event.get("energy_source"), rss_baseline_bytes=event.get("baseline_rss"),
+                     planned_parts=event.get("predicted_parts"))
             if self.worker is not None and self.worker.stop_sent_at is None:
                 resumed = f", resumed at step {event.get('steps_done')}" if event.get("resumed_from") else ""
                 self._set_state("training", f"schedule {event.get('schedule_id')} from "
@@ -294,7 +296,8 @@ class Daemon:
                 log.warning("checkpoint passed over: %s", skipped)
         elif kind == "step":
             s.update(steps_done=event["steps_done"], loss=event.get("loss"), peak_bytes=event.get("peak_bytes"),
-                     bound_bytes=event.get("bound_bytes"), step_seconds=event.get("seconds"))
+                     bound_bytes=event.get("bound_bytes"), step_seconds=event.get("seconds"),
+                     memory_parts=event.get("parts"))
             s["energy_j"] = (s.get("energy_j") or 0.0) + (event.get("energy_j") or 0.0)
             self.backoff_seconds = self.config.training.backoff_seconds  # a step worked: errors start over
         elif kind == "checkpoint":

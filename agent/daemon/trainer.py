@@ -1,14 +1,17 @@
-"""Training on the device's own data through the executor, resumable to the bit.
+"""A training window on the device's own data through :class:`agent.training.Training`, resumable to the bit.
 
-:class:`Trainer` owns the model, its optimizer, the executor running the
-schedule, the local data set and the checkpoints.  Each :meth:`Trainer.step`
-takes the batch at the current data position, runs one executor step (which
-may be cancelled between instructions, leaving the model as it was) and the
-optimizer step, then moves the position.  A checkpoint holds the model, the
-optimizer, the step count, the data position and the RNG states, so training
-resumed from one continues exactly as an uninterrupted run would: the data
-order of an epoch is a function of the seed and the epoch
-(:meth:`agent.data.LocalDataset.batch`), and nothing else draws random numbers.
+:class:`Trainer` adds to the one training path what a daemon window needs:
+the local data set, the data position, checkpoints and the step count.  Each
+:meth:`Trainer.step` takes the batches at the current data position (one per
+micro-batch), runs one training step (cancellable between instructions until
+its first update), then moves the position.  A checkpoint holds the model,
+the optimizer (state on flash streamed chunk by chunk), the step count, the
+data position and the RNG states, so training resumed from one continues
+exactly as an uninterrupted run would: the data order of an epoch is a
+function of the seed and the epoch (:meth:`agent.data.LocalDataset.batch`),
+and nothing else draws random numbers.  A step that fails after it began
+updating parameters leaves the model between two steps: the trainer restores
+its last checkpoint (or the initial weights) before the error propagates.
 """
 
 from __future__ import annotations
@@ -24,10 +27,9 @@ from agent.daemon.checkpoint import CheckpointStore, Loaded
 from agent.daemon.config import AgentConfig
 from agent.daemon.prepare import Prepared
 from agent.data import LocalDataset
-from agent.errors import MemoryBoundError
-from agent.executor import Executor
+from agent.errors import MemoryBoundError, UpdateInterrupted
 from agent.holdout import Evaluation, evaluate
-
+from agent.training import OptimizerSettings, StepReport, Training
 
 
 @dataclass(frozen=True)
@@ -37,20 +39,10 @@ class StepResult:
     steps_done: int
     loss: float
     seconds: float
-    peak_bytes: int | None  # the process's peak RSS during the step
-    bound_bytes: int | None  # what that peak may reach: (RSS before the step + budget) x (1 + slack)
+    memory_bytes: int | None  # the step's peak RSS beyond the process with the model loaded
+    budget_bytes: int  # what the schedule allows it
+    parts: dict[str, int]  # measured peak of activations, gradients and optimizer state
     energy_j: float | None
-
-
-def make_optimizer(config: AgentConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
-    """The configured optimizer over the model's trainable parameters."""
-    t = config.training
-    params = [p for p in model.parameters() if p.requires_grad]
-    if t.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=t.learning_rate, momentum=t.momentum, weight_decay=t.weight_decay)
-    if t.optimizer == "adam":
-        return torch.optim.Adam(params, lr=t.learning_rate, weight_decay=t.weight_decay)
-    return torch.optim.AdamW(params, lr=t.learning_rate, weight_decay=t.weight_decay)
 
 
 class Trainer:
@@ -60,19 +52,21 @@ class Trainer:
                  store: CheckpointStore | None = None) -> None:
         self.config = config
         self.prepared = prepared
-        self.model = prepared.workload.model
-        self.loss_fn = prepared.workload.loss_fn
         self.data = data
-        self.optimizer = make_optimizer(config, self.model)
+        self.settings = OptimizerSettings.from_config(config.training)
+        self.initial = {k: v.clone() for k, v in prepared.workload.model.state_dict().items()}
+        self.training = Training(prepared.workload, prepared.graph, prepared.segments, prepared.schedule,
+                                 self.settings, config.swap_dir, meter=meter,
+                                 tolerance_bytes=config.training.memory_tolerance)
+        self.model = self.training.model
+        self.loss_fn = prepared.workload.loss_fn
         self.store = store or CheckpointStore(config.device.state_dir / "checkpoints" / prepared.key)
-        self.executor = Executor(self.model, prepared.segments, prepared.graph, prepared.schedule,
-                                 config.swap_dir, meter=meter)
         self.steps_done = 0
-        self.position = (0, 0)  # (epoch, batch index) of the next step's batch
+        self.position = (0, 0)  # (epoch, batch index) of the next step's first batch
         self.resumed: Loaded | None = None
 
     def close(self) -> None:
-        self.executor.close()
+        self.training.close()
 
     # -- checkpoints ---------------------------------------------------------------
     def restore(self) -> Loaded | None:
@@ -82,21 +76,19 @@ class Trainer:
         if loaded is None:
             return None
         state = loaded.state
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.steps_done = int(state["steps_done"])
+        self.training.load_state({"model": state["model"], "optimizer": state["optimizer"]})
+        self.steps_done = int(_value(state["steps_done"]))
         self.position = (int(state["position"][0]), int(state["position"][1]))
-        torch.set_rng_state(state["rng"]["torch"])
+        torch.set_rng_state(_value(state["rng"]["torch"]))
         random.setstate(_python_rng(state["rng"]["python"]))
         self.resumed = loaded
         return loaded
 
     def checkpoint(self) -> float:
-        """Write a checkpoint of the current state; returns the seconds it took."""
+        """Write a checkpoint of the current state (streamed: no second copy in memory); returns its seconds."""
         started = time.perf_counter()
         self.store.save(self.steps_done, {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            **self.training.state(),
             "steps_done": self.steps_done,
             "position": list(self.position),
             "rng": {"torch": torch.get_rng_state(), "python": _python_rng_state()},
@@ -106,33 +98,48 @@ class Trainer:
 
     # -- steps ------------------------------------------------------------------------
     def step(self, cancel: Callable[[], bool] | None = None) -> StepResult:
-        """One training step on the next batch; a cancelled step raises and changes nothing."""
-        inputs, targets = self.data.batch(*self.position)
-        self.model.zero_grad(set_to_none=True)
-        loss = self.executor.step(inputs, targets, cancel)
-        stats = self.executor.last_stats
-        bound = self._bound(stats.rss_before_bytes)
-        if bound is not None and stats.peak_rss_bytes is not None and stats.peak_rss_bytes > bound:
-            raise MemoryBoundError(
-                f"step peak {stats.peak_rss_bytes:,} B over the bound {bound:,} B (memory before the step + "
-                f"budget {self.prepared.schedule.memory_budget:,} B + {self.config.training.memory_slack:.0%}); "
-                "the step was not applied: lower training.memory_budget or check for other memory use")
-        self.optimizer.step()
-        self.model.zero_grad(set_to_none=True)  # gradients are not part of the state between steps
-        self.steps_done += 1
-        self.position = self.data.position_after(*self.position)
-        energy = stats.energy.total_joules if stats.energy is not None else None
-        return StepResult(self.steps_done, float(loss), stats.step_seconds, stats.peak_rss_bytes, bound, energy)
+        """One training step on the next batches; a cancelled step raises and changes nothing.
 
-    def _bound(self, rss_before: int | None) -> int | None:
-        budget = self.prepared.schedule.memory_budget
-        if rss_before is None or budget is None:
-            return None
-        return int((rss_before + budget) * (1 + self.config.training.memory_slack))
+        A step whose memory went over its plan was applied (its results are exact): it is counted, then
+        :class:`~agent.errors.MemoryBoundError` propagates to stop the window.
+        """
+        positions = [self.position]
+        for _ in range(self.settings.accumulation - 1):
+            positions.append(self.data.position_after(*positions[-1]))
+        batches = [self.data.batch(*p) for p in positions]
+        try:
+            report = self.training.step(batches, cancel)
+        except UpdateInterrupted:
+            self._start_over()
+            raise
+        except MemoryBoundError as exc:
+            self._count(positions, exc.report)
+            raise
+        return self._count(positions, report)
+
+    def _count(self, positions: list[tuple[int, int]], report: StepReport | None) -> StepResult:
+        self.steps_done += 1
+        self.position = self.data.position_after(*positions[-1])
+        if report is None:
+            return StepResult(self.steps_done, float("nan"), 0.0, None, self.prepared.schedule.memory_budget, {}, None)
+        return StepResult(self.steps_done, report.loss, report.seconds, report.memory_bytes, report.budget_bytes,
+                          report.parts, report.energy_j)
+
+    def _start_over(self) -> None:
+        """After a step that updated part of the model: the last checkpoint, else the initial weights."""
+        if self.restore() is None:
+            self.model.load_state_dict(self.initial)
+            self.training.reset_optimizer()
+            self.steps_done, self.position = 0, (0, 0)
 
     def evaluate(self) -> Evaluation | None:
         """Loss and accuracy on the held-out data (``None`` without any); leaves the training state alone."""
         return evaluate(self.model, self.loss_fn, self.data)
+
+
+def _value(value: Any) -> Any:
+    """A value read from a checkpoint: a stored tensor is loaded, anything else is as it is."""
+    return value.load() if hasattr(value, "load") else value
 
 
 def _python_rng_state() -> list[Any]:

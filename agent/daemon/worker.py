@@ -94,7 +94,9 @@ def run_window(config_path: str, events: Events) -> int:
             loaded = trainer.restore()
             events.emit("ready", schedule_id=prepared.schedule.schedule_id, schedule_from=prepared.schedule_from,
                         memory_budget=prepared.schedule.memory_budget,
-                        predicted_peak=prepared.schedule.predicted_peak_bytes, steps_done=trainer.steps_done,
+                        predicted_peak=prepared.schedule.predicted_peak_bytes,
+                        predicted_parts=prepared.schedule.step.parts(),
+                        baseline_rss=trainer.training.baseline_rss, steps_done=trainer.steps_done,
                         resumed_from=str(loaded.path) if loaded else None,
                         skipped_checkpoints=list(loaded.skipped) if loaded else [],
                         energy_source=getattr(meter, "source", None))
@@ -126,7 +128,8 @@ def _train(config: Any, trainer: Any, stop: StopRequest, events: Events, cancell
             return f"stop requested; {exc} after {config.training.step_cancel_seconds:g} s", time.monotonic()
         ended = time.monotonic()
         events.emit("step", steps_done=result.steps_done, loss=result.loss, seconds=result.seconds,
-                    peak_bytes=result.peak_bytes, bound_bytes=result.bound_bytes, energy_j=result.energy_j)
+                    peak_bytes=result.memory_bytes, bound_bytes=result.budget_bytes + config.training.memory_tolerance,
+                    parts=result.parts, energy_j=result.energy_j)
         if result.steps_done % config.training.checkpoint_every == 0 and not stop.requested:
             events.emit("checkpoint", steps_done=result.steps_done, seconds=trainer.checkpoint())
     return f"window done ({config.training.steps_per_window} steps)", ended

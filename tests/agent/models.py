@@ -187,3 +187,93 @@ class MixedPrecision(nn.Module):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             h = self.mid(torch.relu(self.inp(x))) * 2
         return self.out(h.float())
+
+
+class TiedLM(nn.Module):
+    """A small next-token model whose output projection is its input embedding (tied weights): the embedding's
+    gradient comes from two segments' backward nodes, and is final only after the second."""
+
+    def __init__(self, vocab: int = 50, width: int = 16) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.body = nn.Sequential(nn.Linear(width, 32), nn.GELU(), nn.Dropout(0.2), nn.Linear(32, width))
+        self.head = TiedHead(self.embed)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(self.embed(ids)))
+
+
+class TiedHead(nn.Module):
+    """Logits from the embedding's own weight."""
+
+    def __init__(self, embed: nn.Embedding) -> None:
+        super().__init__()
+        self.embed = embed
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return (h @ self.embed.weight.t()).flatten(0, 1)
+
+
+def tied_example(batch: int = 4, length: int = 6, vocab: int = 50) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randint(0, vocab, (batch, length)), torch.randint(0, vocab, (batch * length,))
+
+
+class WideHead(nn.Module):
+    """A classifier whose first layer's weight (8 MiB) is large enough to have its gradient streamed in column
+    blocks (:mod:`agent.optim.streamed`), with BatchNorm before it."""
+
+    def __init__(self, features: int = 1024, hidden: int = 2048, classes: int = 5) -> None:
+        super().__init__()
+        self.norm = nn.BatchNorm1d(features)
+        self.wide = nn.Linear(features, hidden)
+        self.act = nn.ReLU()
+        self.out = nn.Linear(hidden, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.act(self.wide(self.norm(x))))
+
+
+def wide_example(batch: int = 8, features: int = 1024, classes: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(batch, features), torch.randint(0, classes, (batch,))
+
+
+class Leaky(nn.Module):
+    """A layer that keeps a copy of every input it sees: memory no part of the plan accounts for, as a model
+    with a cache or a debugging hook left in would keep."""
+
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+        self.kept: list[torch.Tensor] = []
+        self.leak_bytes = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.leak_bytes:
+            self.kept.append(torch.ones(self.leak_bytes // 4))  # touched, so resident
+        return self.linear(x)
+
+
+def leaky_mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(32, 32), nn.ReLU(), Leaky(32), nn.ReLU(), nn.Linear(32, 5))
+
+
+def whole_step_schedule(graph: TrainingGraph, instructions: list[Instruction], spec, *, on_flash: bool = True,
+                        budget: int | None = None):
+    """Hand-made instructions as a schedule for the step's whole memory under ``spec`` (a
+    :class:`schedules.step_memory.TrainingSpec` with its chunk set), every parameter's optimizer state on flash
+    (or in RAM); the budget is the simulated peak unless given."""
+    from schedules.plan import step_plan
+    from schedules.schedule import Schedule, SolverInfo
+    from schedules.simulate import simulate
+    from schedules.step_memory import StepMemory
+
+    memory = StepMemory.build(graph, spec)
+    layout = memory.all_on_flash() if on_flash else memory.layout(())
+    report = simulate(graph, instructions, step=layout)
+    return Schedule(
+        instructions=tuple(instructions), graph_fingerprint=graph.fingerprint, graph_size=graph.size,
+        model=graph.model, device="test", memory_budget=budget or report.peak_memory_bytes, runtime_budget_ms=None,
+        predicted_peak_bytes=report.peak_memory_bytes, predicted_runtime_ms=report.runtime_ms,
+        predicted_energy_j=report.energy_j, solver=SolverInfo("hand", "none", "feasible", None, None, 0.0),
+        step=step_plan(layout, report),
+    )

@@ -27,7 +27,7 @@ def test_the_last_two_are_kept_and_the_newest_loads(tmp_path: Path) -> None:
         store.save(step, state(step))
     assert [p.name for p in store.paths()] == ["step-000000010.ckpt", "step-000000015.ckpt"]
     loaded = store.load_latest()
-    assert loaded.steps_done == 15 and torch.equal(loaded.state["model"]["w"], state(15)["model"]["w"])
+    assert loaded.steps_done == 15 and torch.equal(loaded.state["model"]["w"].load(), state(15)["model"]["w"])
     assert not loaded.skipped
 
 
@@ -105,6 +105,53 @@ def test_kill9_during_checkpoint_writes_never_leaves_a_damaged_checkpoint(tmp_pa
         loaded = store.load_latest()
         assert loaded is not None and not loaded.skipped
         assert loaded.state["steps_done"] == loaded.steps_done
-        assert torch.equal(loaded.state["w"], torch.full((2_000_000,), float(loaded.steps_done)))
+        assert torch.equal(loaded.state["w"].load(), torch.full((2_000_000,), float(loaded.steps_done)))
         store.remove_temporaries()
         assert not list(tmp_path.glob(".*.tmp"))
+
+
+class _Chunks:
+    """A tensor that exists only as chunks (optimizer state on flash): what a checkpoint streams."""
+
+    def __init__(self, whole: torch.Tensor, width: int, columns: bool) -> None:
+        self.whole, self.width, self.columns = whole, width, columns
+        self.dtype, self.shape = whole.dtype, tuple(whole.shape)
+        self.handed = 0
+
+    def chunks(self):
+        total = self.shape[1] if self.columns else self.whole.numel()
+        for start in range(0, total, self.width):
+            end = min(start + self.width, total)
+            part = self.whole[:, start:end] if self.columns else self.whole.view(-1)[start:end]
+            self.handed += 1
+            yield (start, end), part.contiguous().clone()
+
+
+@pytest.mark.parametrize("columns", [False, True])
+def test_chunked_sources_are_written_in_place_and_read_back_in_parts(tmp_path: Path, columns: bool) -> None:
+    whole = torch.arange(7 * 50, dtype=torch.float32).reshape(7, 50)
+    source = _Chunks(whole, 8, columns)
+    store = CheckpointStore(tmp_path)
+    store.save(3, {"optimizer": {"state": {0: {"exp_avg": source, "step": torch.tensor(3.0)}}}, "n": [1, "a"]})
+    assert source.handed == (7 if columns else 44)
+    loaded = store.load_latest().state
+    stored = loaded["optimizer"]["state"][0]["exp_avg"]
+    assert torch.equal(stored.load(), whole) and loaded["n"] == [1, "a"]
+    assert torch.equal(stored.read_range(9, 30), whole.view(-1)[9:30])
+    assert torch.equal(stored.read_columns(5, 21), whole[:, 5:21])
+    target = torch.empty(7, 50)
+    stored.load_into(target)
+    assert torch.equal(target, whole)
+    assert loaded["optimizer"]["state"][0]["step"].load().item() == 3.0
+
+
+def test_a_checkpoint_of_the_first_format_still_loads(tmp_path: Path) -> None:
+    import hashlib
+    import io
+
+    body = io.BytesIO()
+    torch.save({"w": torch.ones(4), "steps_done": 7}, body)
+    (tmp_path / "step-000000007.ckpt").write_bytes(b"POETCKPT1\n" + hashlib.sha256(body.getvalue()).digest()
+                                                   + body.getvalue())
+    loaded = CheckpointStore(tmp_path).load_latest()
+    assert loaded.steps_done == 7 and torch.equal(loaded.state["w"], torch.ones(4))

@@ -26,18 +26,21 @@ from agent.daemon.config import load_config
 from agent.daemon.fleet import (FallbackSource, FleetClient, HeartbeatQueue, HeartbeatReporter, ServerScheduleSource)
 from agent.daemon.sources import LocalSolveSource, Request, ScheduleCache, get_schedule
 from agent.daemon.supervisor import Daemon
-from agent.errors import ConfigError, FleetAuthError, FleetUnavailableError
+from agent.errors import ConfigError, FleetAuthError, FleetError, FleetUnavailableError
 from agent.monitors import Eligibility, Verdict
 from schedules.device import DeviceProfile
 from schedules.errors import InfeasibleBudgetError, ScheduleMismatchError, SignatureError, SolverError
 from schedules.plan import plan
 from schedules.schedule import Schedule
 from schedules.signing import generate_keypair, key_id, load_private_key, load_public_key, sign
-from tests.schedules.graphs import linear_graph
+from schedules.budgets import store_all_peak
+from schedules.step_memory import TrainingSpec
+from tests.schedules.graphs import linear_graph, with_parameters
 
-GRAPH = linear_graph(4)
+GRAPH = with_parameters(linear_graph(4))
 DEVICE = DeviceProfile.builtin("rpi4")
-BUDGET = sum(n.bytes + n.workspace_bytes for n in GRAPH.nodes)  # room for every value at once: solves at once
+SPEC = TrainingSpec.for_optimizer("sgd", momentum=0.9)
+BUDGET = store_all_peak(GRAPH, SPEC)  # room for every value and all the state at once: solves at once
 
 
 # -- the fake fleet server -------------------------------------------------------------------------------------
@@ -135,7 +138,8 @@ class FakeFleet:
         from schedules.graph import TrainingGraph
 
         result = plan(TrainingGraph.from_dict(body["graph"]), DeviceProfile.from_dict(body["device"]),
-                      memory_budget=body["memory_budget"], runtime_budget=body["runtime_budget"], time_limit=30)
+                      memory_budget=body["memory_budget"], runtime_budget=body["runtime_budget"], time_limit=30,
+                      training=TrainingSpec.from_dict(body["training"]))
         self.publish(sign(result.schedule, self.signing_key))
 
     def publish(self, schedule: Schedule) -> str:
@@ -156,7 +160,7 @@ def _json(status: int, body: Any) -> tuple[int, dict[str, str], bytes]:
 def planned() -> dict[str, Schedule]:
     """Unsigned schedules for the test's graph and for another graph (planned once for the module)."""
     other = linear_graph(3)
-    return {"this": plan(GRAPH, DEVICE, memory_budget=BUDGET).schedule,
+    return {"this": plan(GRAPH, DEVICE, memory_budget=BUDGET, training=SPEC).schedule,
             "other graph": plan(other, DEVICE, memory_budget=BUDGET).schedule}
 
 
@@ -213,7 +217,7 @@ def wait_for(condition: Callable[[], Any], seconds: float, what: str) -> Any:
     raise AssertionError(f"timed out after {seconds} s waiting for {what}")
 
 
-REQUEST = Request(GRAPH, DEVICE, BUDGET)
+REQUEST = Request(GRAPH, DEVICE, BUDGET, SPEC)
 
 
 # -- enrolment -------------------------------------------------------------------------------------------------
@@ -257,7 +261,8 @@ def test_a_schedule_is_solved_verified_cached_and_then_revalidated_with_its_etag
     assert sleeps == [0.5, 1.0, 2.0]  # polling backs off
     (upload,) = fleet.calls("/api/v1/schedule-requests")[:1]
     assert upload.body == json.loads(json.dumps({"graph": GRAPH.to_dict(), "device": DEVICE.to_dict(),
-                                                 "memory_budget": BUDGET, "runtime_budget": None}))
+                                                 "memory_budget": BUDGET, "runtime_budget": None,
+                                                 "training": SPEC.to_dict()}))
     kept = json.loads(cache.path(REQUEST).read_bytes())
     assert kept["signature"]["key_id"] == key_id(keys["public"])  # kept as the server signed it
 
@@ -288,7 +293,7 @@ def test_a_schedule_signed_by_another_key_is_refused_and_not_replaced_by_a_local
 
 def test_a_schedule_planned_for_another_graph_is_refused(fleet, tmp_path, keys, planned) -> None:
     fleet.publish(sign(planned["other graph"], keys["private"]))
-    with pytest.raises(ScheduleMismatchError, match="planned for graph"):
+    with pytest.raises(FleetError, match="does not fit this request.*planned for graph"):
         source_for(client_for(fleet.url, tmp_path, keys), tmp_path, keys).fetch(REQUEST)
 
 
