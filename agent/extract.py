@@ -545,6 +545,7 @@ class _GradientProbe:
         self._seen: dict[int, int] = {}
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for _, p in self.params]
         self.stream_names: list[str] = []
+        self.factors: dict[int, int] = {}  # streamed weight's data_ptr -> bytes of its gradient's two factors
         self.free_final = True  # off while workspaces are measured: a node's own gradients are not its workspace
 
     def _on_gradient(self, param: torch.Tensor) -> None:
@@ -577,12 +578,18 @@ class _GradientProbe:
     def chunking_of(self, weight: torch.Tensor) -> Chunking:
         return Chunking.of(weight, STREAM_PROBE_BYTES, columns=True)
 
-    def apply_block(self, weight: torch.Tensor, block: int, grad: torch.Tensor) -> None:
-        """A streamed block is applied and dropped; here only dropped."""
+    def weight_gradient(self, weight: torch.Tensor, grad_out: torch.Tensor, inputs: torch.Tensor) -> None:
+        """A streamed weight's gradient: its blocks made and dropped (a block at a time, as applied in the
+        foreground); the size of its factors noted (what a background update keeps of it)."""
+        self.factors[weight.data_ptr()] = grad_out.nbytes + inputs.nbytes
+        chunking = self.chunking_of(weight)
+        for start, end in chunking.bounds:
+            grad_out.t().mm(inputs[:, start:end])
 
     def layout(self) -> tuple[Parameter, ...]:
-        streamed = {id(self.model.get_submodule(name).weight) for name in self.stream_names}
-        return tuple(Parameter(name, p.nbytes, tuple(self.nodes[id(p)]), id(p) in streamed)
+        streamed = {self.model.get_submodule(name).weight.data_ptr() for name in self.stream_names}
+        return tuple(Parameter(name, p.nbytes, tuple(self.nodes[id(p)]), p.data_ptr() in streamed,
+                               self.factors.get(p.data_ptr(), 0))
                      for name, p in self.params if self.nodes[id(p)])
 
     def close(self) -> None:

@@ -69,13 +69,16 @@ class Parameter:
     where an update fused into the backward pass applies it.  ``streamed``
     marks a weight whose gradient the executor computes and applies in column
     blocks, never whole (:mod:`agent.optim.streamed`); extraction measured
-    its node's workspace that way.
+    its node's workspace that way, and the size of the two factors the
+    gradient is made from (``stream_bytes``), which a background update keeps
+    until it has applied every block.
     """
 
     name: str
     bytes: int
     nodes: tuple[int, ...]
     streamed: bool = False
+    stream_bytes: int = 0  # a streamed weight's gradient as its two factors (output gradient and input): bytes
 
     @property
     def first(self) -> int:
@@ -263,7 +266,8 @@ def _node_to_dict(n: Node) -> dict[str, Any]:
 
 
 def _parameter_to_dict(p: Parameter) -> dict[str, Any]:
-    return {"name": p.name, "bytes": p.bytes, "nodes": list(p.nodes), "streamed": p.streamed}
+    return {"name": p.name, "bytes": p.bytes, "nodes": list(p.nodes), "streamed": p.streamed,
+            "stream_bytes": p.stream_bytes}
 
 
 _NODE_KEYS = frozenset(f.name for f in fields(Node))
@@ -274,7 +278,7 @@ _GRAPH_KEYS = frozenset({"format", "version", "model", "source", "fixed_bytes", 
 
 def _parameters_from(raw: Any) -> tuple[Parameter, ...]:
     if not isinstance(raw, list):
-        raise FormatError("'parameters' must be a list of {name, bytes, nodes, streamed} objects")
+        raise FormatError("'parameters' must be a list of {name, bytes, nodes, streamed, stream_bytes} objects")
     out = []
     for i, d in enumerate(raw):
         if not isinstance(d, dict):
@@ -292,7 +296,8 @@ def _parameters_from(raw: Any) -> tuple[Parameter, ...]:
             raise FormatError(f"parameter {i}: 'streamed' must be true or false, got {streamed!r}")
         out.append(Parameter(name=str(d.get("name", f"p{i}")),
                              bytes=int(finite_number(d.get("bytes"), f"parameter {i} bytes", minimum=0)),
-                             nodes=tuple(nodes), streamed=streamed))
+                             nodes=tuple(nodes), streamed=streamed,
+                             stream_bytes=int(finite_number(d.get("stream_bytes", 0), f"parameter {i} stream_bytes"))))
     return tuple(out)
 
 

@@ -114,7 +114,8 @@ class _Replay:
         self.g = graph
         self.budget = budget
         self.layout = step
-        self.stage = 0  # the first node not computed yet: the stage the next instructions belong to
+        self.stage = 0  # the first node not computed yet: the stage of the next computation
+        self.compute_stage = 0  # the stage of the last computation
         self.fixed: list[int] = []
         self.activation_peak = 0
         self.paging_time_ms = paging_time_ms
@@ -136,7 +137,13 @@ class _Replay:
         handler = getattr(self, f"_{op}", None)
         if handler is None:
             raise ScheduleViolation(f"instruction {position}: unknown op {op!r}", position)
-        stage = self.stage
+        # a computation belongs to the stage of the first node not computed yet; what follows it (frees,
+        # page-ins) to the same stage until the next computation: the MILP checks memory at computations, and
+        # what its next stage holds beside activations (a background update's gradients) is in the workspace
+        # of the computation that makes it
+        stage = self.stage if op == "compute" else self.compute_stage
+        if op == "compute":
+            self.compute_stage = stage
         handler(position, node)
         while self.stage < self.g.size and self.computed[self.stage]:
             self.stage += 1

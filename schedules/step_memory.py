@@ -27,9 +27,12 @@ activations:
   either stays in RAM for the whole step or lives in page files on flash and
   is read and written chunk by chunk at its update, which costs the paging's
   energy and I/O time every step.  The update of state on flash runs in the
-  background while the next backward node computes (the agent's
-  :mod:`agent.optim.background`), so its gradients and its transient are held
-  one stage longer (``StateGroup.behind_bytes``);  The MILP decides group by group
+  background (the agent's :mod:`agent.optim.background`) while the next
+  backward node computes, so its gradients and its transient are held one
+  stage longer (``StateGroup.behind_bytes``); a streamed weight's update runs
+  in the background from its node to the end of the backward pass, holding the
+  gradient's two factors (``Parameter.stream_bytes``) and one block at a time
+  (``StateGroup.late``).  The MILP decides group by group
   (:mod:`schedules.milp.formulation`); the schedule records which parameters'
   state is on flash.
 
@@ -184,7 +187,9 @@ class StateGroup:
     """Optimizer state decided together: resident for the whole step, or on flash.
 
     On flash, its update runs in the background during the stage after ``node``: its gradients
-    (``grad_bytes``) and the update's transient wait into that stage (``behind_bytes`` in all).
+    (``grad_bytes``) and the update's transient wait into that stage (``behind_bytes`` in all).  A ``late``
+    group (a streamed weight's) is updated in the background any time from ``node`` to the end of the step:
+    what it holds is held over all those stages.
     """
 
     parameters: tuple[int, ...]  # indices into graph.parameters
@@ -192,6 +197,11 @@ class StateGroup:
     node: int  # the backward node whose computation updates them
     grad_bytes: int = 0
     behind_bytes: int = 0
+    late: bool = False
+
+    def holds_at(self, stage: int) -> bool:
+        """Whether this group's background update (once on flash) holds ``behind_bytes`` at ``stage``."""
+        return self.node <= stage if self.late else stage == self.node + 1
 
 
 @dataclass(frozen=True)
@@ -315,18 +325,12 @@ class StepLayout:
 
     @property
     def exposed_paging_ms(self) -> float:
-        """What of that time the step waits for: each node's background updates beyond what the next node's
-        computation covers, and the device's exposed share of the rest (0 when unpriced)."""
+        """What of that time the step waits for (0 when unpriced): see :func:`background_waits`, plus the
+        device's exposed share of all of it."""
         if self.costs is None:
             return 0.0
-        by_node: dict[int, float] = {}
-        for k in self.state_on_flash:
-            node = self.memory.groups[k].node
-            by_node[node] = by_node.get(node, 0.0) + self.costs.io_ms[k]
-        nodes = self.memory.graph.nodes
-        beyond = sum(max(0.0, ms - (nodes[b + 1].compute_ms if b + 1 < len(nodes) else 0.0))
-                     for b, ms in by_node.items())
-        return beyond + self.costs.exposed_fraction * sum(by_node.values())
+        waits = background_waits(self.memory, self.state_on_flash, self.costs)
+        return waits.total_ms + self.costs.exposed_fraction * self.paging_io_ms
 
     @cached_property
     def resident_state_bytes(self) -> int:
@@ -347,9 +351,9 @@ class StepLayout:
         return self.memory.constant_bytes + self.resident_state_bytes + inside + self.behind_at(stage)
 
     def behind_at(self, stage: int) -> int:
-        """What the background updates of the state on flash updated at the stage before hold at ``stage``."""
+        """What the background updates of the state on flash hold at ``stage``."""
         return sum(g.behind_bytes for k, g in enumerate(self.memory.groups)
-                   if k in self.state_on_flash and g.node == stage - 1)
+                   if k in self.state_on_flash and g.holds_at(stage))
 
     @cached_property
     def gradient_peak_bytes(self) -> int:
@@ -357,9 +361,48 @@ class StepLayout:
         memory, peaks = self.memory, list(self.memory.gradient_peaks)
         for k in self.state_on_flash:
             group = memory.groups[k]
-            if group.node + 1 < len(peaks):
-                peaks[group.node + 1] += group.grad_bytes
+            for stage in range(len(peaks)):
+                if group.holds_at(stage):
+                    peaks[stage] += group.grad_bytes
         return max(peaks, default=0)
+
+
+@dataclass(frozen=True)
+class BackgroundWaits:
+    """How long a step waits for the background updates of its state on flash, beyond the computation they
+    run beside (:func:`background_waits`)."""
+
+    by_node: dict[int, float]  # backward node -> ms its updates run past the next node's computation
+    tail_ms: float  # ms the late groups' updates run past the end of the backward pass
+
+    @property
+    def total_ms(self) -> float:
+        return sum(self.by_node.values()) + self.tail_ms
+
+
+def background_waits(memory: StepMemory, on_flash: Iterable[int], costs: StateCosts) -> BackgroundWaits:
+    """The step's waits for one update thread running the paged groups' I/O, earliest deadline first.
+
+    A group updated at node ``b`` must be done by the end of node ``b + 1``: the step waits for what of its
+    node's groups' I/O that computation does not cover.  Late groups must be done by the end of the backward
+    pass: for each stage ``s`` a late group's update may start at, the I/O due from ``s`` on, less the
+    computation from ``s`` on and the waits there already, is what the end of the step waits for.  The MILP
+    holds the same rows (:mod:`schedules.milp.formulation`).
+    """
+    nodes = memory.graph.nodes
+    groups = [(memory.groups[k], costs.io_ms[k]) for k in on_flash]
+    by_node: dict[int, float] = {}
+    for group, ms in groups:
+        if not group.late:
+            by_node[group.node] = by_node.get(group.node, 0.0) + ms
+    for b, ms in by_node.items():
+        by_node[b] = max(0.0, ms - (nodes[b + 1].compute_ms if b + 1 < len(nodes) else 0.0))
+    tail = 0.0
+    for start in sorted({g.node + 1 for g, _ in groups if g.late}):
+        work = sum(ms for g, ms in groups if g.node + 1 >= start)
+        covered = sum(n.compute_ms for n in nodes[start:]) + sum(w for b, w in by_node.items() if b + 1 >= start)
+        tail = max(tail, work - covered)
+    return BackgroundWaits(by_node, tail)
 
 
 def _groups(graph: TrainingGraph, spec: TrainingSpec) -> tuple[StateGroup, ...]:
@@ -431,10 +474,11 @@ def _group(graph: TrainingGraph, spec: TrainingSpec, indices: tuple[int, ...]) -
     if spec.accumulation > 1 or spec.clip:
         return StateGroup(indices, state, params[0].last)
     in_flight = READ_AHEAD_CHUNKS + 1 + WRITE_BEHIND_CHUNKS
-    grads, transient = 0, 0
+    grads, transient, late = 0, 0, False
     for p in params:
         chunk = min(p.bytes, spec.chunk_bytes)
         streamed = p.streamed and len(p.nodes) == 1
-        grads += (READ_AHEAD_CHUNKS + 1) * chunk if streamed else p.bytes  # blocks wait, at most two ahead
+        late = late or streamed
+        grads += p.stream_bytes + chunk if streamed else p.bytes  # the factors, and the block being applied
         transient = max(transient, chunk * (spec.update_temporaries + in_flight * spec.state_tensors))
-    return StateGroup(indices, state, params[0].last, grads, grads + transient)
+    return StateGroup(indices, state, params[0].last, grads, grads + transient, late)

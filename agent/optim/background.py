@@ -3,93 +3,109 @@
 An update whose state lives on flash spends most of its time waiting for the
 state's chunks to be read and written; run on the computing thread it would
 hold the backward pass for all of it.  :class:`UpdateWorker` runs such
-updates one after another on its own thread, tagged with the backward node
-that made their gradients final.  The executor says when a backward node has
-been computed (:meth:`UpdateWorker.wait_before`): every update tagged with an
-earlier node must then be done, so an update runs beside the computation of
-the next backward node and no longer -- which is what the plan holds memory
-for (:mod:`schedules.step_memory`: ``StateGroup.behind_bytes``).  The math is
-the same code on the same tensors as on the computing thread, so no bit
-changes.  An update that fails is re-raised on the computing thread at its
-next wait.
+updates on its own thread, each with a deadline: the backward node whose
+computation it must be done by (:meth:`UpdateWorker.wait_for`, which the
+executor calls as each backward node is computed).  It always runs the job
+with the earliest deadline first, so a parameter's update, due by the end of
+the next backward node, goes before the blocks of a streamed weight's
+gradient, due only by the end of the step (:meth:`UpdateWorker.drain`).
+What the plan holds memory for follows (:mod:`schedules.step_memory`:
+``StateGroup.behind_bytes`` over the stages a group's update may run).  The
+math is the same code on the same tensors as on the computing thread, so no
+bit changes.  A job that fails is re-raised on the computing thread at its
+next wait, and the jobs after it are not run.
 """
 
 from __future__ import annotations
 
-import queue
+import heapq
+import itertools
+import math
 import threading
-from typing import Any, Callable, Hashable
+from typing import Any, Callable
+
+END = math.inf  # the deadline of a job that may run until the step ends
 
 
 class UpdateWorker:
-    """One thread running submitted updates in order; see the module docstring."""
+    """One thread running submitted jobs, earliest deadline first; see the module docstring."""
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Hashable, Callable[..., None], tuple[Any, ...]] | None] = \
-            queue.SimpleQueue()
-        self._done = threading.Condition()
-        self._pending: dict[Hashable, int] = {}
+        self._queue: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
+        self._order = itertools.count()
+        self._lock = threading.Condition()
+        self._due: dict[float, int] = {}  # deadline -> jobs not done
         self._error: BaseException | None = None
+        self._closing = False
         self._thread = threading.Thread(target=self._run, name="poet-updates", daemon=True)
         self._thread.start()
 
-    def submit(self, tag: Hashable, job: Callable[..., None], *args: Any) -> None:
-        """Queue ``job(*args)``, done after every job queued before it."""
+    def submit(self, due: float, job: Callable[..., None], *args: Any) -> None:
+        """Queue ``job(*args)``, to be done by the computation of backward node ``due`` (:data:`END`: by the end
+        of the step)."""
         self.raise_error()
-        with self._done:
-            self._pending[tag] = self._pending.get(tag, 0) + 1
-        self._jobs.put((tag, job, args))
+        with self._lock:
+            self._due[due] = self._due.get(due, 0) + 1
+            heapq.heappush(self._queue, (due, next(self._order), job, args))
+            self._lock.notify_all()
 
-    def pending(self, tag: Hashable) -> int:
-        """Jobs with ``tag`` not done yet."""
-        with self._done:
-            return self._pending.get(tag, 0)
+    def waiting(self, due: float) -> int:
+        """Jobs with deadline ``due`` not done yet."""
+        with self._lock:
+            return self._due.get(due, 0)
 
-    def wait_until(self, done: Callable[[dict[Hashable, int]], bool]) -> None:
-        """Block until ``done(pending jobs by tag)`` holds; re-raise a job's error."""
-        with self._done:
-            self._done.wait_for(lambda: self._error is not None or done(self._pending))
+    def wait_until(self, done: Callable[[dict[float, int]], bool]) -> None:
+        """Block until ``done(jobs not done, by deadline)`` holds; re-raise a job's error."""
+        with self._lock:
+            self._lock.wait_for(lambda: self._error is not None or done(self._due))
         self.raise_error()
 
-    def wait_before(self, node: int) -> None:
-        """Block until every job tagged with a backward node before ``node`` is done."""
-        self.wait_until(lambda pending: not any(isinstance(t, int) and t < node for t in pending))
+    def wait_for(self, node: int) -> None:
+        """Block until every job due by the computation of backward node ``node`` is done."""
+        self.wait_until(lambda due: not any(d <= node for d in due))
 
     def drain(self) -> None:
         """Block until every job is done; re-raise a job's error."""
-        self.wait_until(lambda pending: not pending)
+        self.wait_until(lambda due: not due)
 
     def settle(self) -> BaseException | None:
-        """Block until every job is done or failed; return the error instead of raising it (a step that
+        """Block until every job is done or dropped; return the error instead of raising it (a step that
         already failed needs its updates stopped, not another exception)."""
-        with self._done:
-            self._done.wait_for(lambda: not self._pending)
+        with self._lock:
+            self._lock.wait_for(lambda: not self._due)
             error, self._error = self._error, None
         return error
 
     def raise_error(self) -> None:
-        with self._done:
+        with self._lock:
             error, self._error = self._error, None
         if error is not None:
             raise error
 
     def close(self) -> None:
         self.settle()
-        self._jobs.put(None)
+        with self._lock:
+            self._closing = True
+            self._lock.notify_all()
         self._thread.join()
 
     def _run(self) -> None:
-        while (item := self._jobs.get()) is not None:
-            tag, job, args = item
+        while True:
+            with self._lock:
+                self._lock.wait_for(lambda: self._queue or self._closing)
+                if not self._queue:
+                    return
+                due, _, job, args = heapq.heappop(self._queue)
+                failed = self._error is not None
             try:
-                if self._error is None:  # after a failure the step is lost: the rest is not run
+                if not failed:  # after a failure the step is lost: the rest is dropped
                     job(*args)
             except BaseException as exc:  # noqa: BLE001 - handed to the computing thread
-                with self._done:
+                with self._lock:
                     self._error = self._error or exc
             finally:
-                with self._done:
-                    self._pending[tag] -= 1
-                    if not self._pending[tag]:
-                        del self._pending[tag]
-                    self._done.notify_all()
+                with self._lock:
+                    self._due[due] -= 1
+                    if not self._due[due]:
+                        del self._due[due]
+                    self._lock.notify_all()

@@ -45,7 +45,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from agent.optim.background import UpdateWorker
+from agent.optim.background import END, UpdateWorker
 from agent.errors import OptimizerError
 from agent.optim.chunks import Chunking
 from agent.optim.rules import UpdateRule, rule_for
@@ -152,7 +152,6 @@ class FusedOptimizer:
         self._lock = threading.Lock()
         self._node: int | None = None  # the backward node computing (tags background updates)
         self._submitted = 0
-        self._blocks_waiting = 0
         fused = accumulation == 1 and clip is None
         self._worker = UpdateWorker() if background and fused and any(s.paged for s in self.slots) else None
         if pages is not None:
@@ -169,10 +168,10 @@ class FusedOptimizer:
         self._node = node
 
     def computed(self, node: int) -> None:
-        """Backward node ``node`` is computed: the background updates of earlier nodes must be done."""
+        """Backward node ``node`` is computed: the background updates due by now must be done."""
         self._node = None
         if self._worker is not None:
-            self._worker.wait_before(node)
+            self._worker.wait_for(node)
 
     def settle(self) -> None:
         """After a failed step: wait for background updates to stop (their errors are the step's, already)."""
@@ -259,37 +258,45 @@ class FusedOptimizer:
         if self.clip is not None:
             slot.norm = torch.linalg.vector_norm(param.grad, self.clip.norm_type)
             return
-        if slot.paged and self._worker is not None:
+        if slot.paged and self._worker is not None:  # due by the end of the next backward node
             self._submitted += 1
-            self._worker.submit(self._node, self._apply, slot)
+            self._worker.submit(END if self._node is None else self._node + 1, self._apply, slot)
             return
         self._apply(slot)
 
-    def apply_block(self, param: torch.Tensor, block: int, grad: torch.Tensor) -> None:
-        """Apply column block ``block`` of a streamed weight's gradient (:mod:`agent.optim.streamed`)."""
-        slot = self._slot_of(param)
-        self._count(grad.nbytes)
+    def weight_gradient(self, weight: torch.Tensor, grad_out: torch.Tensor, inputs: torch.Tensor) -> None:
+        """Apply a streamed weight's gradient, ``grad_out.t() @ inputs``, a column block at a time
+        (:mod:`agent.optim.streamed`).  With its state on flash the blocks are made and applied in the
+        background, the gradient kept as its two small factors until the step ends; otherwise here."""
+        slot = self._slot_of(weight)
         if slot.paged and self._worker is not None:
-            # at most READ_AHEAD_CHUNKS blocks wait: the plan holds that much of them into the next stage
-            self._worker.wait_until(lambda _: self._blocks_waiting < READ_AHEAD_CHUNKS)
-            self._blocks_waiting += 1
+            grad_out, inputs = grad_out.detach().clone(), inputs.detach().clone()
+            self._count(grad_out.nbytes + inputs.nbytes)
             self._submitted += 1
-            self._worker.submit(self._node, self._apply_block, slot, block, grad)
+            for k in range(len(slot.chunking)):
+                self._worker.submit(END, self._made_block, slot, k, grad_out, inputs)
             return
-        self._apply_block(slot, block, grad)
+        for k in range(len(slot.chunking)):
+            self._made_block(slot, k, grad_out, inputs)
 
-    def _apply_block(self, slot: _Slot, block: int, grad: torch.Tensor) -> None:
+    def _made_block(self, slot: _Slot, block: int, grad_out: torch.Tensor, inputs: torch.Tensor) -> None:
+        """Make column block ``block`` of the weight's gradient and apply it (the same product ``F.linear``'s
+        backward computes whole: :mod:`agent.optim.streamed`)."""
+        start, end = slot.chunking.bounds[block]
+        with torch.no_grad():
+            grad = grad_out.t().mm(inputs[:, start:end])
+        self._count(grad.nbytes)
         try:
             if block == 0:
                 self._begin_update(slot)
             with torch.no_grad():
                 self._update_chunk(slot, block, grad)
-            if block == len(slot.chunking) - 1:
-                self._finished(slot)
         finally:
             self._count(-grad.nbytes)
+        if block == len(slot.chunking) - 1:
             if slot.paged and self._worker is not None:
-                self._blocks_waiting -= 1
+                self._count(-(grad_out.nbytes + inputs.nbytes))
+            self._finished(slot)
 
     # -- updates ----------------------------------------------------------------------
     def _apply(self, slot: _Slot, coefficient: torch.Tensor | None = None) -> None:

@@ -5,11 +5,12 @@ gradient can still be most of a step's memory: vgg11_bn's first classifier
 layer has a 411 MB weight, so its gradient alone is a third of what plain
 training of the whole model needs.  For ``nn.Linear`` layers with a weight
 of at least :data:`STREAM_MIN_BYTES` (and a 2-D input), the backward pass
-computes the weight gradient one block of columns at a time
-(``grad_out.t() @ input[:, a:b]``) and hands each block to the fused
-optimizer, which updates the same columns of the weight and of its state
-(:meth:`agent.optim.fused.FusedOptimizer.apply_block`) before the next block
-is made.  The forward pass and the input and bias gradients are computed by
+hands the weight gradient to the fused optimizer as its two factors, and the
+optimizer makes it one block of columns at a time (``grad_out.t() @
+input[:, a:b]``), updating the same columns of the weight and of its state
+before the next block is made (:meth:`agent.optim.fused.FusedOptimizer.weight_gradient`;
+with the state on flash, in the background while the backward pass goes on:
+the factors are small, a batch of rows each).  The forward pass and the input and bias gradients are computed by
 the same kernels as ``F.linear``'s own backward; each output element of the
 weight gradient is the same dot product over the batch, which this BLAS sums
 the same way in a block as in the whole (tests and ``benchmarks.memory``
@@ -35,11 +36,12 @@ STREAM_MIN_BYTES = 8 << 20
 
 
 class BlockSink(Protocol):
-    """Where a streamed weight's gradient blocks go (the fused optimizer; extraction's probe)."""
+    """Where a streamed weight's gradient goes (the fused optimizer; extraction's probe): as its two factors,
+    ``grad_out.t() @ inputs``, to be made a column block at a time (``chunking_of(weight)``'s blocks)."""
 
     def chunking_of(self, weight: torch.Tensor) -> Chunking: ...
 
-    def apply_block(self, weight: torch.Tensor, block: int, grad: torch.Tensor) -> None: ...
+    def weight_gradient(self, weight: torch.Tensor, grad_out: torch.Tensor, inputs: torch.Tensor) -> None: ...
 
 
 def streamable(module: nn.Module) -> bool:
@@ -61,13 +63,7 @@ class _StreamedLinear(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         grad_x = grad_out.mm(weight) if ctx.needs_input_grad[0] else None  # addmm's input gradient
         grad_bias = grad_out.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        sink = ctx.sink
-        chunking = sink.chunking_of(weight)
-        transposed = grad_out.t()
-        for k, (start, end) in enumerate(chunking.bounds):
-            block = transposed.mm(x[:, start:end])
-            sink.apply_block(weight, k, block)
-            del block
+        ctx.sink.weight_gradient(weight, grad_out, x)
         return grad_x, None, grad_bias, None
 
 

@@ -93,11 +93,14 @@ holds beside activations there (``constant + stage_bytes[t]``, see
 
     binary  Y[g]   state group g lives on flash (read and written at its update, every step)
     real    Z      resident optimizer state / budget,   Z + sum_g s_g Y[g] >= S
-    U[t,first] >= Z + (constant + stage_bytes[t]) / budget + sum_{g: node(g) = t-1} behind_g Y[g] / budget + ...
-                   (the first memory row of each stage; behind_g: a background update's gradients and transient)
+    U[t,first] >= Z + (constant + stage_bytes[t]) / budget + sum_{g holds at t} behind_g Y[g] / budget + ...
+                   (the first memory row of each stage; behind_g: a background update's gradients and
+                   transient, held at the stage after node(g), or from node(g) on for a late group)
     minimise ... + sum_g Y[g] paging_j[g];  the I/O-thread row gains sum_g Y[g] io_ms[g], the runtime row
-    what of it the next node's computation does not cover:
-    E[b] >= sum_{g: node(g) = b} io_ms[g] Y[g] - compute_ms[b+1],  E[b] >= 0,  runtime += sum_b E[b]
+    what of it the computation beside does not cover:
+    E[b] >= sum_{g: node(g) = b, not late} io_ms[g] Y[g] - compute_ms[b+1],  E[b] >= 0,
+    E_tail >= sum_{g: node(g)+1 >= s} io_ms[g] Y[g] - sum_{t >= s} compute_ms[t] - sum_{b+1 >= s} E[b]
+              (each stage s a late group starts at),  runtime += sum_b E[b] + E_tail
 
 Without state paging (``state_paging=False``) ``Z`` is the constant ``S``.
 Each update's transient memory joins its node's workspace.
@@ -153,6 +156,7 @@ class PoetFormulation:
         self.Z: int | None = None    # resident optimizer state / budget
         self._behind: dict[int, dict[int, float]] = {}  # stage -> {Y column: what its background update holds}
         self._memory_rows: list[tuple[int, int]] = []  # (U column, its defining row), in chain order
+        self._wait_rows: list[tuple[int, int]] = []  # (E column, a row bounding it below), E[b] before E_tail
         self._add_columns()
         self._add_dependencies()
         self._add_persistence()
@@ -281,24 +285,41 @@ class PoetFormulation:
         self.model.add_row(terms, -INF, allowance / scale, "runtime budget")
 
     def _exposed_state_paging(self, scale: float) -> dict[int, float]:
-        """Columns of the time the step waits for optimizer state on flash: a node's background updates run
-        beside the next node's computation and hold the step only for what that does not cover,
-        ``E[b] >= sum_{g: node(g) = b} io_ms[g] Y[g] - compute_ms[b + 1]``, ``E[b] >= 0``, and slow it by the
-        device's exposed share of paging beside compute."""
+        """Columns of the time the step waits for optimizer state on flash, the rows of
+        :func:`schedules.step_memory.background_waits`: a node's background updates run beside the next
+        node's computation and hold the step only for what that does not cover,
+        ``E[b] >= sum_{g: node(g) = b} io_ms[g] Y[g] - compute_ms[b + 1]``, ``E[b] >= 0``; late groups' beside
+        the rest of the backward pass, ``E_tail >= sum_{g: node(g) + 1 >= s} io_ms[g] Y[g] - sum_{t >= s}
+        compute_ms[t] - sum_{b + 1 >= s} E[b]`` for each stage ``s`` a late group starts at.  Paging beside
+        compute also slows it by the device's exposed share."""
         if not self.Y:
             return {}
-        by_node: dict[int, dict[int, float]] = {}
+        groups = self.step.groups
         share = self.state_costs.exposed_fraction  # paging beside compute slows it by this share anyway
-        exposed = {}
+        io = {col: self.state_costs.io_ms[k] / scale for k, col in self.Y.items()}
+        exposed = {col: share * ms for col, ms in io.items()}
+        by_node: dict[int, dict[int, float]] = {}
         for k, col in self.Y.items():
-            by_node.setdefault(self.step.groups[k].node, {})[col] = self.state_costs.io_ms[k] / scale
-            exposed[col] = share * self.state_costs.io_ms[k] / scale
+            if not groups[k].late:
+                by_node.setdefault(groups[k].node, {})[col] = io[col]
+        waits: dict[int, int] = {}  # node -> its E column
         for node, paging in by_node.items():
             covered = self.graph.nodes[node + 1].compute_ms / scale if node + 1 < self.T else 0.0
-            col = self.model.add_col(f"E_{node}", 0.0, INF, 0.0, False)
+            waits[node] = col = self.model.add_col(f"E_{node}", 0.0, INF, 0.0, False)
+            self._wait_rows.append((col, self.model.num_rows))
             self.model.add_row({col: 1.0, **{c: -v for c, v in paging.items()}}, -covered, INF,
                                f"state paging of node {node} beyond the next node's compute")
             exposed[col] = 1.0
+        starts = sorted({groups[k].node + 1 for k in self.Y if groups[k].late})
+        if starts:
+            tail = self.model.add_col("E_tail", 0.0, INF, 0.0, False)
+            exposed[tail] = 1.0
+            for start in starts:
+                terms = {tail: 1.0, **{col: -io[col] for k, col in self.Y.items() if groups[k].node + 1 >= start}}
+                terms.update({col: 1.0 for node, col in waits.items() if node + 1 >= start})
+                covered = sum(n.compute_ms for n in self.graph.nodes[start:]) / scale
+                self._wait_rows.append((tail, self.model.num_rows))
+                self.model.add_row(terms, -covered, INF, f"late state paging from stage {start} beyond the compute left")
         return exposed
 
     def _add_io_time(self, budget_ms: float, io_time_ms: tuple[Sequence[float], Sequence[float]]) -> None:
@@ -342,12 +363,13 @@ class PoetFormulation:
             self.Z = self.model.add_col("Z", 0.0, state, 0.0, False)
             terms = {self.Z: 1.0, **{col: step.groups[k].bytes / budget for k, col in self.Y.items()}}
             self.model.add_row(terms, state, INF, "optimizer state in RAM or on flash")
-            behind = [0.0] * self.T  # background updates of state on flash, held into the next stage
+            behind = [0.0] * self.T  # background updates of state on flash, held into the stages they run in
             for k, col in self.Y.items():
-                stage = step.groups[k].node + 1
-                if stage < self.T and step.groups[k].behind_bytes:
-                    self._behind.setdefault(stage, {})[col] = step.groups[k].behind_bytes / budget
-                    behind[stage] += step.groups[k].behind_bytes / budget
+                group = step.groups[k]
+                for stage in range(self.T):
+                    if group.behind_bytes and group.holds_at(stage):
+                        self._behind.setdefault(stage, {})[col] = group.behind_bytes / budget
+                        behind[stage] += group.behind_bytes / budget
             return [(f, state + b) for f, b in zip(fixed, behind)]
         return [(f + state, 0.0) for f in fixed]
 
@@ -489,6 +511,10 @@ class PoetFormulation:
             start, end = m.row_start[row], m.row_start[row + 1]
             others = sum(v * x[c] for c, v in zip(m.row_index[start:end], m.row_value[start:end]) if c != u_col)
             x[u_col] = max(others - m.row_upper[row], 0.0)
+        for e_col, row in self._wait_rows:  # E >= lower - others: the least wait the rows allow
+            start, end = m.row_start[row], m.row_start[row + 1]
+            others = sum(v * x[c] for c, v in zip(m.row_index[start:end], m.row_value[start:end]) if c != e_col)
+            x[e_col] = max(x[e_col], m.row_lower[row] - others, 0.0)
         return x
 
     def _free_value(self, x: np.ndarray, t: int, i: int, k: int) -> float:

@@ -130,8 +130,11 @@ def test_a_large_weight_streams_its_gradient_in_blocks_and_stays_exact(tmp_path:
     try:
         (streamed,) = [p for p in training.graph.parameters if p.streamed]
         assert streamed.name == "wide.weight"
-        # the 8 MiB gradient never existed whole: at most the blocks waiting for the background update
-        assert training.fused.peak_grad_bytes <= 3 * (1 << 20)
+        # the 8 MiB gradient never existed whole: its two factors wait for the background update, which makes
+        # and applies it a 1 MiB block at a time, as the plan holds memory for
+        assert 0 < streamed.stream_bytes < 1 << 20
+        assert training.fused.peak_grad_bytes <= streamed.stream_bytes + 2 * (1 << 20)
+        assert training.fused.peak_grad_bytes <= training.schedule.step.gradient_peak_bytes
         assert training.pages.bytes_out > 8 << 20  # its momentum went to flash, block by block
     finally:
         training.close()

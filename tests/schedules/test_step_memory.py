@@ -13,7 +13,8 @@ from schedules.graph import Parameter, TrainingGraph
 from schedules.plan import plan
 from schedules.schedule import Schedule
 from schedules.simulate import simulate
-from schedules.step_memory import (READ_AHEAD_CHUNKS, WRITE_BEHIND_CHUNKS, StepMemory, TrainingSpec, chunk_for)
+from schedules.step_memory import (READ_AHEAD_CHUNKS, WRITE_BEHIND_CHUNKS, StateCosts, StepMemory, TrainingSpec,
+                                   background_waits, chunk_for)
 from tests.schedules.graphs import linear_graph, with_parameters, with_workspace
 
 SGD = TrainingSpec.for_optimizer("sgd", momentum=0.9, chunk_bytes=64)
@@ -67,6 +68,58 @@ def test_update_transients_grow_with_the_chunk_and_the_state_in_flight() -> None
         if params:  # the gradients the node makes, and the largest update's temporaries and state in flight
             transient = max(min(p.bytes, 64) for p in params) * (2 + (READ_AHEAD_CHUNKS + 1 + WRITE_BEHIND_CHUNKS) * 2)
             assert held == sum(p.bytes for p in params) + transient
+
+
+def streamed_graph() -> TrainingGraph:
+    """``graph()`` whose first backward node's weight is streamed, its gradient kept as two factors of 40 bytes."""
+    g = graph()
+    first = min(range(len(g.parameters)), key=lambda i: g.parameters[i].first)
+    params = list(g.parameters)
+    params[first] = replace(params[first], streamed=True, stream_bytes=40)
+    return replace(g, parameters=tuple(params))
+
+
+def test_a_streamed_weights_background_update_holds_its_factors_to_the_end_of_the_step() -> None:
+    g = streamed_graph()
+    memory = StepMemory.build(g, SGD)
+    late = next(k for k, group in enumerate(memory.groups) if group.late)
+    group = memory.groups[late]
+    weight = g.parameters[group.parameters[0]]
+    assert weight.streamed and group.grad_bytes == 40 + min(weight.bytes, 64)
+    paged = memory.layout({late})
+    # from the node that makes the factors to the end of the step, and nowhere before
+    assert [t for t in range(g.size) if paged.behind_at(t)] == list(range(group.node, g.size))
+    assert paged.gradient_peak_bytes >= max(memory.gradient_peaks) + group.grad_bytes - weight.bytes
+    other = next(k for k, group in enumerate(memory.groups) if not group.late)
+    assert [t for t in range(g.size) if memory.layout({other}).behind_at(t)] == [memory.groups[other].node + 1]
+
+
+@pytest.mark.parametrize("io_ms", [1.0, 1000.0])
+def test_a_late_update_waits_only_for_what_the_rest_of_the_backward_pass_does_not_cover(io_ms: float) -> None:
+    g = streamed_graph()
+    memory = StepMemory.build(g, SGD)
+    late = next(k for k, group in enumerate(memory.groups) if group.late)
+    n = len(memory.groups)
+    costs = StateCosts((0.0,) * n, (0.0,) * n, tuple(io_ms if k == late else 0.0 for k in range(n)))
+    waits = background_waits(memory, {late}, costs)
+    left = sum(node.compute_ms for node in g.nodes[memory.groups[late].node + 1:])
+    assert waits.by_node == {} and waits.tail_ms == pytest.approx(max(0.0, io_ms - left))
+    # another update due earlier takes the thread first: what it does not leave is waited for at the end
+    other = max((k for k in range(n) if k != late), key=lambda k: memory.groups[k].node)
+    costs = StateCosts((0.0,) * n, (0.0,) * n, tuple(io_ms if k in (late, other) else 0.0 for k in range(n)))
+    both = background_waits(memory, {late, other}, costs)
+    assert both.tail_ms == pytest.approx(max(0.0, 2 * io_ms - left - sum(both.by_node.values())))
+
+
+def test_a_plan_may_page_a_streamed_weights_state_and_the_simulator_agrees() -> None:
+    g = streamed_graph()
+    memory = StepMemory.build(g, SGD)
+    late = next(group for group in memory.groups if group.late)
+    plain = store_all_peak(g, SGD)
+    tight = plan(g, "rpi4", memory_budget=plain - 1500, training=SGD, time_limit=30)
+    assert tight.feasible and set(late.parameters) <= set(tight.schedule.step.state_on_flash)
+    report = simulate(g, tight.schedule)
+    assert report.peak_memory_bytes == tight.schedule.predicted_peak_bytes <= plain - 1500
 
 
 def test_the_chunk_follows_the_budget_within_bounds() -> None:
