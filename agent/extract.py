@@ -77,7 +77,7 @@ from torch.utils._pytree import tree_flatten
 
 from agent import rss
 from agent.errors import ExtractionError, ScheduleRefusedError
-from agent.optim.chunks import Chunking
+from agent.optim.chunks import Chunking, column_unit_bytes
 from agent.optim.streamed import streamable, streaming
 from agent.runtime import ModelState, Runtime
 from agent.segments import Port, Segments, TensorMeta, Unit, mark_modes, pytree_leaf, run_unit, same_path
@@ -589,7 +589,8 @@ class _GradientProbe:
     def layout(self) -> tuple[Parameter, ...]:
         streamed = {self.model.get_submodule(name).weight.data_ptr() for name in self.stream_names}
         return tuple(Parameter(name, p.nbytes, tuple(self.nodes[id(p)]), p.data_ptr() in streamed,
-                               self.factors.get(p.data_ptr(), 0))
+                               self.factors.get(p.data_ptr(), 0),
+                               column_unit_bytes(p) if p.data_ptr() in streamed else 0)
                      for name, p in self.params if self.nodes[id(p)])
 
     def close(self) -> None:

@@ -2,7 +2,7 @@
 
 Flower's simulation engine gives each virtual SuperNode only ``partition-id`` and
 ``num-partitions``.  The run config's ``device-classes`` (``NAME=PROFILE:FRACTION,...``,
-e.g. ``small=rpi4:0.8,large=jetson-orin-nano:1``) and ``skew`` fill in the rest,
+e.g. ``small=rpi4:0.5,large=jetson-orin-nano:1``) and ``skew`` fill in the rest,
 deterministically: device ``i`` is of class ``i mod len(classes)``, named
 ``NAME-iii``, and its viewpoint angle follows from its partition
 (:func:`agent.digits.device_angle`).  The ClientApp (:mod:`agent.flower`) and
@@ -28,7 +28,7 @@ def parse_device_classes(text: str) -> list[tuple[str, str, float]]:
         except ValueError:
             value = -1.0
         if not name or not profile or value <= 0:
-            raise FederationError(f"device class {part!r} is not NAME=PROFILE:FRACTION (e.g. small=rpi4:0.8)")
+            raise FederationError(f"device class {part!r} is not NAME=PROFILE:FRACTION (e.g. small=rpi4:0.5)")
         classes.append((name, profile, value))
     return classes
 

@@ -71,7 +71,9 @@ class Parameter:
     blocks, never whole (:mod:`agent.optim.streamed`); extraction measured
     its node's workspace that way, and the size of the two factors the
     gradient is made from (``stream_bytes``), which a background update keeps
-    until it has applied every block.
+    until it has applied every block, and the bytes of the column unit its
+    blocks are multiples of (``block_bytes``: blocks keep the whole product's
+    bits only so).
     """
 
     name: str
@@ -79,6 +81,15 @@ class Parameter:
     nodes: tuple[int, ...]
     streamed: bool = False
     stream_bytes: int = 0  # a streamed weight's gradient as its two factors (output gradient and input): bytes
+    block_bytes: int = 0  # a streamed weight's column unit: its gradient's blocks are whole multiples of it
+
+    def chunk_bytes(self, chunk: int) -> int:
+        """The largest piece of this parameter an update holds at once with update chunks of ``chunk`` bytes:
+        a streamed weight's column block is a multiple of ``block_bytes`` (at least one) and its last block
+        may carry up to one more unit (:mod:`agent.optim.chunks`)."""
+        if self.streamed and self.block_bytes:
+            return min(self.bytes, max(chunk, self.block_bytes) + self.block_bytes)
+        return min(self.bytes, chunk)
 
     @property
     def first(self) -> int:
@@ -267,7 +278,7 @@ def _node_to_dict(n: Node) -> dict[str, Any]:
 
 def _parameter_to_dict(p: Parameter) -> dict[str, Any]:
     return {"name": p.name, "bytes": p.bytes, "nodes": list(p.nodes), "streamed": p.streamed,
-            "stream_bytes": p.stream_bytes}
+            "stream_bytes": p.stream_bytes, "block_bytes": p.block_bytes}
 
 
 _NODE_KEYS = frozenset(f.name for f in fields(Node))
@@ -297,7 +308,9 @@ def _parameters_from(raw: Any) -> tuple[Parameter, ...]:
         out.append(Parameter(name=str(d.get("name", f"p{i}")),
                              bytes=int(finite_number(d.get("bytes"), f"parameter {i} bytes", minimum=0)),
                              nodes=tuple(nodes), streamed=streamed,
-                             stream_bytes=int(finite_number(d.get("stream_bytes", 0), f"parameter {i} stream_bytes"))))
+                             stream_bytes=int(finite_number(d.get("stream_bytes", 0), f"parameter {i} stream_bytes")),
+                             block_bytes=int(finite_number(d.get("block_bytes", 0), f"parameter {i} block_bytes",
+                                                           minimum=0))))
     return tuple(out)
 
 

@@ -244,7 +244,7 @@ class StepMemory:
         last_backward = max(graph.backward_nodes, default=T - 1)
         made = [0] * T  # per node: the gradients it makes (measured workspaces leave parameter gradients out)
         for p in graph.parameters:
-            chunk = min(p.bytes, spec.chunk_bytes)
+            chunk = p.chunk_bytes(spec.chunk_bytes)
             in_flight = READ_AHEAD_CHUNKS + 1 + WRITE_BEHIND_CHUNKS if spec.state_paging else 0
             transient = chunk * (spec.update_temporaries + in_flight * spec.state_tensors)
             streamed = p.streamed and fused and len(p.nodes) == 1
@@ -450,13 +450,14 @@ def state_costs(memory: StepMemory, device: Any) -> StateCosts:
     """Price each group's paging on ``device`` (a :class:`schedules.device.DeviceProfile`): every chunk is one
     read and one write, each paying the device's latency."""
     pagein, pageout, io_ms = [], [], []
-    chunk = memory.spec.chunk_bytes
     for group in memory.groups:
         read = write = 0.0
         for index in group.parameters:
-            state = memory.graph.parameters[index].bytes * memory.spec.state_tensors
-            full, rest = divmod(state, chunk)
-            for size, count in ((chunk, full), (rest, 1 if rest else 0)):
+            p = memory.graph.parameters[index]
+            chunk = p.chunk_bytes(memory.spec.chunk_bytes)
+            full, rest = divmod(p.bytes, chunk)  # per state tensor
+            tensors = memory.spec.state_tensors
+            for size, count in ((chunk, full * tensors), (rest, tensors if rest else 0)):
                 read += count * device.pagein_seconds(size)
                 write += count * device.pageout_seconds(size)
         pagein.append(read * device.memory_power_w)
@@ -476,7 +477,7 @@ def _group(graph: TrainingGraph, spec: TrainingSpec, indices: tuple[int, ...]) -
     in_flight = READ_AHEAD_CHUNKS + 1 + WRITE_BEHIND_CHUNKS
     grads, transient, late = 0, 0, False
     for p in params:
-        chunk = min(p.bytes, spec.chunk_bytes)
+        chunk = p.chunk_bytes(spec.chunk_bytes)
         streamed = p.streamed and len(p.nodes) == 1
         late = late or streamed
         grads += p.stream_bytes + chunk if streamed else p.bytes  # the factors, and the block being applied

@@ -113,8 +113,10 @@ def prepare(config: AgentConfig, say: Callable[[str], None] = log.info,
         except ScheduleRefusedError as exc:
             say(f"cached profile no longer matches the model, profiling again: {exc}")
             graph = None
-    if graph is not None and not graph.parameters:
-        say("cached profile has no parameter layout (an earlier release made it), profiling again")
+    if graph is not None and (not graph.parameters or any(p.streamed and not p.block_bytes
+                                                          for p in graph.parameters)):
+        say("cached profile lacks its parameter layout or streamed column blocks (an earlier release made it), "
+            "profiling again")
         graph = None
     profiled = graph is None
     if profiled:

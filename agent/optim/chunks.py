@@ -6,6 +6,14 @@ the state chunks read from flash).  A contiguous parameter is cut into ranges
 of its flat view.  A streamed weight (:mod:`agent.optim.streamed`), whose
 gradient is computed a block of columns at a time, is cut into the same column
 blocks, so each block's gradient is applied as soon as it exists.
+
+A block of a matrix product is bit-identical to the same columns of the whole
+product only where the BLAS computes both with the same kernel: a narrow block
+(a few columns) or one that starts off a vector boundary takes another path
+and sums in another order.  Column blocks are therefore whole multiples of
+:data:`EXACT_COLUMNS` wide, start on such a multiple, and a last block
+narrower than that is merged into the one before (the whole product's own
+last columns then fall in the same place).
 """
 
 from __future__ import annotations
@@ -13,6 +21,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+EXACT_COLUMNS = 64  # a streamed gradient's column blocks: multiples of this wide, starting on one
+
+
+def column_unit_bytes(weight: torch.Tensor) -> int:
+    """The bytes of :data:`EXACT_COLUMNS` columns of a 2-D ``weight``: its column blocks are multiples of this
+    (a last one may be up to one more unit), what the planner needs to budget them."""
+    return weight.shape[0] * weight.element_size() * min(EXACT_COLUMNS, weight.shape[1])
 
 
 @dataclass(frozen=True)
@@ -27,11 +43,16 @@ class Chunking:
 
     @classmethod
     def of(cls, param: torch.Tensor, chunk_bytes: int, *, columns: bool = False) -> "Chunking":
-        """Chunks of at most ``chunk_bytes`` (at least one element or column each)."""
+        """Chunks of at most ``chunk_bytes`` (at least one element each); column blocks as the module docstring
+        says (at most ``max(chunk_bytes, unit) + unit`` bytes, ``unit`` :func:`column_unit_bytes`)."""
         if columns:
             rows, cols = param.shape
-            width = max(1, chunk_bytes // max(1, rows * param.element_size()))
-            return cls(tuple(param.shape), _ranges(cols, width), True)
+            fitting = chunk_bytes // max(1, rows * param.element_size())
+            width = max(EXACT_COLUMNS, fitting - fitting % EXACT_COLUMNS)
+            bounds = list(_ranges(cols, width))
+            if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] < EXACT_COLUMNS:
+                bounds[-2:] = [(bounds[-2][0], cols)]
+            return cls(tuple(param.shape), tuple(bounds), True)
         if not param.is_contiguous():
             return cls(tuple(param.shape), ((0, param.numel()),), whole=True)
         return cls(tuple(param.shape), _ranges(param.numel(), max(1, chunk_bytes // param.element_size())))

@@ -8,6 +8,7 @@ parameters, buffers and optimizer state must then be equal bit for bit.
 from __future__ import annotations
 
 import copy
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -16,6 +17,7 @@ import torch
 
 from agent.errors import MemoryBoundError, ScheduleRefusedError, UpdateInterrupted
 from agent.extract import extract
+from agent.optim.chunks import EXACT_COLUMNS
 from agent.parity import bits_equal
 from agent.training import OptimizerSettings, Training
 from agent.zoo import Workload
@@ -124,16 +126,23 @@ def test_optimizer_state_in_ram_is_exact_too(tmp_path: Path) -> None:
         training.close()
 
 
-def test_a_large_weight_streams_its_gradient_in_blocks_and_stays_exact(tmp_path: Path) -> None:
-    training = train_side_by_side(WideHead, wide_example, SETTINGS["sgd momentum"], page_everything, tmp_path,
-                                  chunk=1 << 20)
+@pytest.mark.parametrize("features, chunk", [(1024, 1 << 20), (1090, 45 * 2048 * 4)])
+def test_a_large_weight_streams_its_gradient_in_blocks_and_stays_exact(tmp_path: Path, features: int,
+                                                                        chunk: int) -> None:
+    # 45 columns a chunk, 1090 in all: narrow blocks and a 10-column tail, which BLAS computes with other
+    # kernels than the whole product's; the blocks are widened and the tail joined so that no bit changes
+    training = train_side_by_side(partial(WideHead, features), partial(wide_example, features=features),
+                                  SETTINGS["sgd momentum"], page_everything, tmp_path, chunk=chunk)
     try:
         (streamed,) = [p for p in training.graph.parameters if p.streamed]
-        assert streamed.name == "wide.weight"
+        assert streamed.name == "wide.weight" and streamed.block_bytes == 2048 * 4 * EXACT_COLUMNS
+        bounds = training.fused.chunking_of(training.model.wide.weight).bounds
+        assert all(start % EXACT_COLUMNS == 0 and end - start >= EXACT_COLUMNS for start, end in bounds)
+        assert bounds[-1][1] == features
         # the 8 MiB gradient never existed whole: its two factors wait for the background update, which makes
-        # and applies it a 1 MiB block at a time, as the plan holds memory for
+        # and applies it a block at a time, as the plan holds memory for
         assert 0 < streamed.stream_bytes < 1 << 20
-        assert training.fused.peak_grad_bytes <= streamed.stream_bytes + 2 * (1 << 20)
+        assert training.fused.peak_grad_bytes <= streamed.stream_bytes + 2 * streamed.chunk_bytes(chunk)
         assert training.fused.peak_grad_bytes <= training.schedule.step.gradient_peak_bytes
         assert training.pages.bytes_out > 8 << 20  # its momentum went to flash, block by block
     finally:
