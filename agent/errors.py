@@ -10,6 +10,7 @@ The tree, with each class's exit code (:class:`schedules.exit_codes.ExitCode`)::
         ├── DataError                     the local data set is unreadable or too small to train on  3 bad file
         ├── ConfigError                   the agent's config file has problems (all listed)  3 bad file
         ├── CheckpointError               a checkpoint cannot be written, or none can be read  7 storage
+        ├── PersonalModelError            no personalized model is kept, or its files disagree  3 bad file
         ├── MemoryBoundError              a step's memory went over its plan (the part is named)  5 rejected
         ├── FederationError               a federated round cannot run here (:mod:`agent.fedtask`)  2 usage
         ├── EnergyMeterError              an energy meter failed (:mod:`agent.energy.errors`)  8 meter
@@ -126,6 +127,12 @@ class PageCorruptError(PageError):
 
 class ConfigError(AgentError):
     """The agent's config file is missing, not TOML, or has values the agent cannot use; lists every problem."""
+
+    exit_code = ExitCode.BAD_FILE
+
+
+class PersonalModelError(AgentError):
+    """No personalized model is kept in the state directory, or its weights do not match their provenance."""
 
     exit_code = ExitCode.BAD_FILE
 

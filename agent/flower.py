@@ -3,13 +3,15 @@
 Messages it answers (Flower's Message API):
 
 =====================  =================================================================================
-``query.initial``      the model's seeded initial weights, shared layers only (the server builds no model)
+``query.initial``      the model's seeded initial weights, shared layers only, and its name (a
+                       ``ConfigRecord`` ``model``): the server builds no model
 ``train``              train the received weights on local data under this device's POET schedule; reply
                        with the shared weights, a ``MetricRecord`` of :data:`agent.fedtask.METRIC_KEYS`
                        and a ``ConfigRecord`` (``schedule-id``, ``device-name``, ``device-profile``)
 ``evaluate``           the received weights (with the device's personal layers) on its held-out data
 ``train.personalize``  evaluate the global model, fine-tune it locally under the schedule, evaluate again;
-                       metrics only (``global-accuracy``, ``personal-accuracy`` added), no weights back
+                       metrics only (``global-accuracy``, ``personal-accuracy`` and the ``global-version``
+                       it started from added), no weights back
 =====================  =================================================================================
 
 A device agent's SuperNode (:mod:`agent.daemon.supernode`) gives the node config ``agent-config``, the
@@ -17,7 +19,7 @@ path of the agent's config: the round then trains the agent's own model on its o
 schedule the agent holds for its memory budget (:func:`agent_device`; profiled and cached by the agent).
 Otherwise the device is described by its node config (``--node-config`` of ``flower-supernode``):
 ``device-name``, ``device-profile`` (a built-in profile, default ``rpi4``),
-``budget-fraction`` (of the model's plain activation peak; absent or 1: no limit) or
+``budget-fraction`` (of a plain step's whole memory; absent or 1: no limit) or
 ``memory-budget`` (bytes), and its data: ``partition-id`` / ``num-partitions`` of the digits
 (:mod:`agent.digits`) with ``angle`` and ``skew``.  The run config says ``personalization``
 (``none``, ``finetune``, ``fedper``, ``fedbn``) and ``seed``.  In Flower's simulation engine a
@@ -39,7 +41,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -188,6 +191,8 @@ class _Device:
     plan: DevicePlan
     personal: frozenset[str]
     own_optimizer: bool = False  # a device agent's: it trains with its configured settings, the round's lr aside
+    state_dir: Path | None = None  # a device agent's: where its personalized model is kept
+    input: str = ""  # the input shape it trains on, as the agent's config says it
 
     def learning_rate(self, config: ConfigRecord) -> float | None:
         """The round's learning rate for a simulated device; ``None`` (its own) for a device agent."""
@@ -220,15 +225,15 @@ def agent_device(config_path: str) -> _Device:
         plan = task.adopt(DevicePlan(prepared.device.name, config.training.memory_budget, prepared.schedule))
         setup = DeviceSetup(config.device.name, prepared.device.name, None, config.training.memory_budget, 0, 1,
                             None, 0.0, config.workload.seed)
-        _AGENTS[config_path] = _Device(setup, task, data, plan, frozenset())
+        _AGENTS[config_path] = _Device(setup, task, data, plan, frozenset(), state_dir=config.device.state_dir,
+                                       input=config.workload.input)
     return _AGENTS[config_path]
 
 
 def _device(context: Context) -> _Device:
     if "agent-config" in context.node_config:
         d = agent_device(str(context.node_config["agent-config"]))
-        return _Device(d.setup, d.task, d.data, d.plan, personal_keys(d.task.model, personalization(context)),
-                       own_optimizer=True)
+        return replace(d, personal=personal_keys(d.task.model, personalization(context)), own_optimizer=True)
     setup = DeviceSetup.from_context(context)
     task = task_for(setup.seed)
     return _Device(setup, task, data_for(setup), device_plan(task, setup, context),
@@ -270,7 +275,8 @@ def initial(msg: Message, context: Context) -> Message:
     else:
         task = task_for(DeviceSetup.from_context(context).seed)
     personal = personal_keys(task.model, personalization(context))
-    return Message(RecordDict({"arrays": shared(task.initial, personal)}), reply_to=msg)
+    return Message(RecordDict({"arrays": shared(task.initial, personal),
+                               "model": ConfigRecord({"name": task.workload.name})}), reply_to=msg)
 
 
 @app.train()
@@ -318,5 +324,14 @@ def personalize(msg: Message, context: Context) -> Message:
         "num-examples": count, "train-loss": outcome.loss, "eval-loss": loss, "accuracy": accuracy,
         "steps": outcome.steps, "peak-bytes": outcome.peak_bytes, "budget-bytes": d.plan.budget_bytes or -1,
         "energy-j": outcome.energy_j, "seconds": outcome.seconds, "startup-seconds": startup})
-    metrics.update({"global-accuracy": global_accuracy, "global-loss": global_loss, "personal-accuracy": accuracy})
+    version = int(config.get("global-version", -1))
+    metrics.update({"global-accuracy": global_accuracy, "global-loss": global_loss, "personal-accuracy": accuracy,
+                    "global-version": version})
+    if d.state_dir is not None:  # a device agent keeps what it made (the simulation's devices do not)
+        from agent.personal_model import keep
+
+        keep(d.state_dir, outcome.weights, model=d.task.workload.name, input=d.input,
+             global_version=version if version >= 0 else None, run_id=int(context.run_id),
+             personalization=personalization(context), steps=outcome.steps, accuracy_before=global_accuracy,
+             accuracy_after=accuracy)
     return Message(RecordDict({"metrics": MetricRecord(metrics), "device": _info(d.setup, d.plan)}), reply_to=msg)

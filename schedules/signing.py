@@ -1,9 +1,11 @@
-"""Ed25519 keys and schedule signatures.
+"""Ed25519 keys and signatures of schedules and other signed documents (global model versions).
 
 The operator's server holds the private key and signs each schedule it
 publishes; devices hold the public key and refuse anything that does not
 verify.  The signature covers the canonical JSON of every schedule field but
 itself, so changing one instruction, budget or prediction breaks it.
+:func:`sign_payload` and :func:`verify_payload` do the same for any JSON
+object (a model version's row: its weights' hash and provenance).
 """
 
 from __future__ import annotations
@@ -68,12 +70,23 @@ def key_id(public_key: Ed25519PublicKey) -> str:
 
 def sign(schedule: Schedule, private_key: Ed25519PrivateKey) -> Schedule:
     """Return ``schedule`` carrying an Ed25519 signature over its payload."""
-    value = private_key.sign(canonical_json(schedule.payload()))
-    return schedule.with_signature({
-        "algorithm": ALGORITHM,
-        "key_id": key_id(private_key.public_key()),
-        "value": base64.b64encode(value).decode("ascii"),
-    })
+    return schedule.with_signature(sign_payload(schedule.payload(), private_key))
+
+
+def sign_payload(payload: dict[str, Any], private_key: Ed25519PrivateKey) -> dict[str, str]:
+    """The signature (``algorithm``, ``key_id``, ``value``) of ``payload``'s canonical JSON."""
+    value = private_key.sign(canonical_json(payload))
+    return {"algorithm": ALGORITHM, "key_id": key_id(private_key.public_key()),
+            "value": base64.b64encode(value).decode("ascii")}
+
+
+def verify_payload(payload: dict[str, Any], signature: Any, public_key: Ed25519PublicKey, what: str) -> None:
+    """Raise :class:`SignatureError` (naming ``what``) unless ``signature`` signs ``payload`` with ``public_key``."""
+    if not (isinstance(signature, dict) and set(signature) == {"algorithm", "key_id", "value"}
+            and all(isinstance(v, str) for v in signature.values())):
+        raise SignatureError(f"{what} is not signed, or its signature is malformed: it was not stored by this "
+                             "server, or was changed after")
+    _verify(payload, signature, public_key, what)
 
 
 def verify(schedule: Schedule, public_key: Ed25519PublicKey) -> None:
@@ -96,20 +109,21 @@ def verify_document(document: dict[str, Any], public_key: Ed25519PublicKey) -> N
     _verify(payload, signature, public_key)
 
 
-def _verify(payload: dict[str, Any], sig: dict[str, str] | None, public_key: Ed25519PublicKey) -> None:
+def _verify(payload: dict[str, Any], sig: dict[str, str] | None, public_key: Ed25519PublicKey,
+            what: str = "schedule") -> None:
     if sig is None:
         raise SignatureError("schedule is not signed; sign it with `poet-edge solve --sign KEY` or get it from the server")
     if sig["algorithm"] != ALGORITHM:
         raise SignatureError(f"unsupported signature algorithm {sig['algorithm']!r} (expected {ALGORITHM})")
     if sig["key_id"] != key_id(public_key):
         raise SignatureError(
-            f"schedule was signed by key {sig['key_id']}, not by the trusted key {key_id(public_key)}: "
+            f"{what} was signed by key {sig['key_id']}, not by the trusted key {key_id(public_key)}: "
             "it comes from another server, or the device has the wrong public key"
         )
     try:
         public_key.verify(base64.b64decode(sig["value"], validate=True), canonical_json(payload))
     except (InvalidSignature, ValueError) as exc:
-        raise SignatureError("schedule signature does not verify: the file was modified after signing") from exc
+        raise SignatureError(f"{what} signature does not verify: it was modified after signing") from exc
 
 
 def _load(path: str | Path, loader, **kwargs):

@@ -12,8 +12,9 @@
     poet-edge server operator list
     poet-edge server supernode register NAME KEY.pub  # admit a device's Flower SuperNode (prints its node id)
     poet-edge server supernode list                   # the SuperLink's nodes, online or not, with device names
-    poet-edge server federate [--rounds N] [--min-nodes N] [--personalization P] [--detach] ...
+    poet-edge server federate [--rounds N] [--min-nodes N] [--personalization P] [--from-version V] ...
                                                       # federated rounds on the connected devices
+    poet-edge server versions                         # the stored global model versions, newest first
 
 Registered in the ``poet_edge.commands`` entry-point group (see
 :mod:`schedules.cli`).  Importing this module is cheap: the web framework and
@@ -132,8 +133,28 @@ def _add_federate_command(commands: Any) -> None:
     p.add_argument("--finetune-steps", type=int, default=30, help="local fine-tuning steps after the rounds")
     p.add_argument("--round-timeout", type=float, default=600.0, help="seconds a round waits for replies")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--from-version", default="latest", type=_initial_version, metavar="VERSION",
+                   help="the global model to start from: latest (the newest stored version of the devices' model, "
+                        "default), none (the seeded initial weights) or a version number")
+    p.add_argument("--retries", type=int, default=2, metavar="N",
+                   help="a run that fails (a SuperLink or ServerApp restart mid-round) is submitted again up to N "
+                        "times, from its last stored global model, for the rounds it has not finished "
+                        "(default: %(default)s)")
     p.add_argument("--detach", action="store_true", help="print the run id and return without waiting")
     p.set_defaults(handler=federate)
+    versions = commands.add_parser("versions", help="list the stored global model versions",
+                                   description="Each version of the global model, newest first: its number, the "
+                                               "Flower run and round that made it, the version it was aggregated "
+                                               "from, the round's mean accuracy, and its weights file's hash.")
+    _storage_options(versions)
+    versions.add_argument("--limit", type=_positive_int, default=20, help="how many (default: %(default)s)")
+    versions.set_defaults(handler=list_model_versions)
+
+
+def _initial_version(text: str) -> str:
+    if text in ("latest", "none") or text.isdigit():
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r}: use latest, none or a version number")
 
 
 def _add_operator_commands(commands: Any) -> None:
@@ -301,20 +322,65 @@ def list_supernodes(args: argparse.Namespace) -> int:
 
 
 def federate(args: argparse.Namespace) -> int:
-    """Submit the fleet's Flower app to the server's SuperLink; wait for it and print its rounds."""
-    from server.federation import start_run, wait_finished
+    """Submit the fleet's Flower app to the server's SuperLink; wait for it and print its rounds.
+
+    A run that fails after storing some rounds' global models (the SuperLink or the ServerApp restarted
+    mid-round) is submitted again for the rounds it did not finish, from its last stored version; the rows
+    it stored stay.
+    """
+    from server.datadir import open_database
+    from server.errors import FlowerError
+    from server.federation import start_run, wait_finished, wait_reachable
+    from server.model_versions import list_versions
 
     settings = settings_from(args)
     home = settings.flower_dir / "home"
     if not (home / "config.toml").is_file():
         raise ServerStartError(f"no SuperLink connection in {home}: start the server with --flower "
                                f"(poet-edge server run --flower --data-dir {settings.data_dir})")
-    run_id = start_run(home, federate_run_config(args, settings))
-    print(f"federated run {run_id} started: {args.rounds} rounds on at least {args.min_nodes} devices", flush=True)
-    if args.detach:
-        return ExitCode.OK
-    wait_finished(home, run_id, timeout=(args.rounds + 2) * 2 * args.round_timeout)
-    print_rounds(settings, run_id)
+    run_config = federate_run_config(args, settings)
+    run_ids: list[int] = []
+    first_round, start = 1, args.from_version
+    for attempt in range(args.retries + 1):
+        rounds = args.rounds - first_round + 1
+        run_id = start_run(home, {**run_config, "num-server-rounds": rounds, "first-round": first_round,
+                                  "initial-version": start})
+        run_ids.append(run_id)
+        print(f"federated run {run_id} started: rounds {first_round}-{args.rounds} on at least {args.min_nodes} "
+              f"devices, from global model {start}", flush=True)
+        if args.detach:
+            return ExitCode.OK
+        try:
+            wait_finished(home, run_id, timeout=(rounds + 2) * 2 * args.round_timeout)
+            break
+        except FlowerError as exc:
+            if attempt == args.retries:
+                raise
+            stored = list_versions(open_database(settings), limit=1, run_id=str(run_id))
+            if stored:
+                first_round, start = stored[0].round + 1, str(stored[0].version)
+            print(f"run {run_id} failed ({str(exc).splitlines()[0]}); submitting again from round {first_round} "
+                  f"and global model {start}", flush=True)
+            wait_reachable(home)
+    print_rounds(settings, run_ids)
+    return ExitCode.OK
+
+
+def list_model_versions(args: argparse.Namespace) -> int:
+    """Print the newest stored global model versions."""
+    from server.datadir import open_database
+    from server.model_versions import list_versions
+
+    versions = list_versions(open_database(settings_from(args)), limit=args.limit)
+    if not versions:
+        print("no global model stored yet: `poet-edge server federate` stores one per round")
+    for v in versions:
+        made = datetime.datetime.fromtimestamp(v.created_at).strftime("%Y-%m-%d %H:%M:%S")
+        accuracy = v.metrics.get("evaluate.accuracy")
+        shown = f"{accuracy:.3f}" if isinstance(accuracy, (int, float)) else "-"
+        parent = v.parent if v.parent is not None else "-"
+        print(f"v{v.version}\trun {v.run_id} round {v.round}\tfrom {parent}\taccuracy {shown}\t{v.model}\t"
+              f"{v.sha256[:16]}\t{made}")
     return ExitCode.OK
 
 
@@ -329,12 +395,15 @@ def federate_run_config(args: argparse.Namespace, settings: ServerSettings) -> d
             "database-url": ""}
 
 
-def print_rounds(settings: ServerSettings, run_id: int) -> None:
-    """Per round the devices that answered and their mean accuracy; per device the personalization."""
+def print_rounds(settings: ServerSettings, run_ids: list[int]) -> None:
+    """Per round the devices that answered and their mean accuracy; per device the personalization (over the
+    Flower runs of one federation, in order)."""
     from server.datadir import open_database
     from server.rounds import round_rows
 
-    rows = sorted(round_rows(open_database(settings), run_id), key=lambda r: (r.round, r.phase, r.device_name))
+    database = open_database(settings)
+    rows = sorted((row for run_id in run_ids for row in round_rows(database, run_id)),
+                  key=lambda r: (r.round, r.phase, r.device_name))
     for row in rows:
         m = row.metrics
         if "error" in m:

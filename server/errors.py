@@ -10,6 +10,7 @@ request can meet, the HTTP status the API answers with::
         ├── DataDirError               the data directory cannot be created or written     3 bad file
         ├── DatabaseError              the database cannot be opened or migrated           3 bad file
         ├── ServerKeyError             the server's signing key cannot be read or made     3 bad file
+        ├── ModelVersionError          a stored global model is missing, changed or unsigned  3 bad file
         ├── UnknownDeviceError         no enrolled device has that name                    2 usage     404
         ├── DeviceNameTakenError       another device already has that name                2 usage     409
         ├── EnrolmentRefusedError      an enrolment token is wrong, used or expired        5 rejected  401
@@ -46,6 +47,12 @@ class ServerConfigError(ServerError):
 
 class ServerStartError(ServerError):
     """The server cannot listen on the host and port it was given."""
+
+
+class ModelVersionError(ServerError):
+    """A stored global model version is missing, its weights file changed, or its row not signed by this server."""
+
+    exit_code = ExitCode.BAD_FILE
 
 
 class DataDirError(ServerError):

@@ -23,6 +23,7 @@ from server.superlink import CONNECTION, flower_binary, flower_environment
 
 APP_DIR = Path(__file__).resolve().parent / "flwr_app"
 POLL_SECONDS = 1.0
+UNREACHABLE_GRACE = 60.0
 
 
 def toml_value(value: Any) -> str:
@@ -47,11 +48,19 @@ def start_run(home: Path, run_config: dict[str, Any], *extra: str) -> int:
 
 
 def wait_finished(home: Path, run_id: int, timeout: float) -> None:
-    """Poll the run's status until it has finished; raise unless it completed."""
+    """Poll the run's status until it has finished; raise unless it completed.  A SuperLink that stops
+    answering is waited for :data:`UNREACHABLE_GRACE` seconds (its supervisor restarts it within seconds)."""
     deadline = time.monotonic() + timeout
-    status = ""
+    status, unreachable_since = "", None
     while time.monotonic() < deadline:
-        runs = flwr(home, "list", CONNECTION, "--run-id", str(run_id)).get("runs", [])
+        try:
+            runs = _answered(flwr(home, "list", CONNECTION, "--run-id", str(run_id))).get("runs", [])
+            unreachable_since = None
+        except FlowerError:
+            unreachable_since = unreachable_since or time.monotonic()
+            if time.monotonic() - unreachable_since > UNREACHABLE_GRACE:
+                raise
+            runs = []
         status = str(runs[0].get("status", "")) if runs else ""
         if status.startswith("finished"):
             break
@@ -62,6 +71,25 @@ def wait_finished(home: Path, run_id: int, timeout: float) -> None:
     raise FlowerError(f"run {run_id} ended {status or 'unfinished'} "
                        f"({'timed out after %g s' % timeout if not status.startswith('finished') else 'see below'})"
                        f"; its log ends:\n{tail}")
+
+
+def wait_reachable(home: Path, grace: float = UNREACHABLE_GRACE) -> None:
+    """Return once the SuperLink answers ``flwr list``; raise :class:`FlowerError` after ``grace`` seconds."""
+    deadline = time.monotonic() + grace
+    while True:
+        try:
+            _answered(flwr(home, "list", CONNECTION))
+            return
+        except FlowerError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(POLL_SECONDS)
+
+
+def _answered(answer: dict[str, Any]) -> dict[str, Any]:
+    if answer.get("success") is False:
+        raise FlowerError(f"the SuperLink did not answer: {answer.get('error-message', answer)}")
+    return answer
 
 
 def flwr(home: Path, *arguments: str) -> dict[str, Any]:

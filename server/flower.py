@@ -8,21 +8,30 @@ rows to a recorder: the rounds table when the run config names a database.
 
 :func:`run_federation` is the whole run, in three phases:
 
-1. ``query.initial`` to one node: the model's initial shared weights (the server
-   builds no model: it imports no torch);
-2. ``rounds`` of FedAvg (train, then evaluate on the devices' held-out data);
+1. the starting weights: ``query.initial`` to one node gives the model's initial
+   shared weights and its name (the server builds no model: it imports no torch);
+   where the server keeps global models (:class:`GlobalModels`: a database and a
+   data folder), the run starts instead from the newest stored version of the same
+   model (``initial-version = "latest"``), a version it names, or afresh (``"none"``);
+2. ``num-server-rounds`` rounds of FedAvg (train, then evaluate on the devices'
+   held-out data), numbered from ``first-round``; each round's global model is
+   stored as a new signed version (:mod:`server.model_versions`) whose parent is
+   the version it started from, so a run cut short leaves every finished round
+   behind and a later run (``poet-edge server federate`` retries one) goes on from
+   there;
 3. personalization (unless ``personalization = "none"``): ``train.personalize``
-   to every node with the final global weights; each device reports the global
-   model's accuracy on its own data and the accuracy after fine-tuning under its
-   schedule.  Which layers stay on the device (``fedper``: the head, ``fedbn``:
-   BatchNorm) is the devices' business (:mod:`agent.flower`): they never send
-   them, so the global model is made of the shared layers only.  Its rows carry
-   round number ``num-server-rounds + 1``.
+   to every node with the final global weights and their version; each device
+   reports the global model's accuracy on its own data and the accuracy after
+   fine-tuning under its schedule.  Which layers stay on the device (``fedper``:
+   the head, ``fedbn``: BatchNorm) is the devices' business (:mod:`agent.flower`):
+   they never send them, so the global model is made of the shared layers only.
+   Its rows carry the round number after the last.
 
-Run config keys (``[tool.flwr.app.config]``, ``flwr run -c``): ``num-server-rounds``, ``fraction-train``,
-``fraction-evaluate``, ``min-nodes``, ``round-timeout`` (s), ``local-steps``, ``lr``,
-``personalization``, ``finetune-steps``, ``database-url`` (empty: the database of the server whose
-SuperLink runs this app, ``$POET_EDGE_DATABASE_URL``, else record nothing); the devices also read
+Run config keys (``[tool.flwr.app.config]``, ``flwr run -c``): ``num-server-rounds``, ``first-round``,
+``fraction-train``, ``fraction-evaluate``, ``min-nodes``, ``round-timeout`` (s), ``local-steps``, ``lr``,
+``personalization``, ``finetune-steps``, ``initial-version``, ``database-url`` (empty: the database of the
+server whose SuperLink runs this app, ``$POET_EDGE_DATABASE_URL``, else record nothing), ``data-dir``
+(empty: that server's data folder, ``$POET_EDGE_DATA_DIR``, else keep no versions); the devices also read
 ``personalization``, ``seed``, ``device-classes`` and ``skew`` (:mod:`agent.virtual`).
 
 The same app runs in a deployment (real SuperNodes) and in Flower's simulation
@@ -39,11 +48,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import FedAvg, Result
+from flwr.serverapp.strategy import FedAvg
 
-from server.errors import ServerConfigError, ServerError
+from server.db.engine import Database
+from server.errors import ModelVersionError, ServerConfigError, ServerError
+from server.keys import ServerKey, load_or_create
+from server.model_versions import load_version, model_identity, store_version, version_info
+from server.config import ServerSettings
 from server.rounds import RoundRow, open_store, record_rounds
 from server.superlink import DATA_DIR_VARIABLE, DATABASE_VARIABLE
 
@@ -68,6 +81,9 @@ class FederationConfig:
     personalization: str = "finetune"
     finetune_steps: int = 30
     database_url: str = ""
+    data_dir: str = ""
+    initial_version: str = "latest"
+    first_round: int = 1
 
     @classmethod
     def from_run_config(cls, run: Mapping[str, Any]) -> FederationConfig:
@@ -79,7 +95,9 @@ class FederationConfig:
                          float(run.get("round-timeout", d.round_timeout)), int(run.get("local-steps", d.local_steps)),
                          float(run.get("lr", d.lr)), str(run.get("personalization", d.personalization)),
                          int(run.get("finetune-steps", d.finetune_steps)),
-                         str(run.get("database-url", "")) or os.environ.get(DATABASE_VARIABLE, ""))
+                         str(run.get("database-url", "")) or os.environ.get(DATABASE_VARIABLE, ""),
+                         str(run.get("data-dir", "")), str(run.get("initial-version", d.initial_version)).strip(),
+                         int(run.get("first-round", d.first_round)))
         except (TypeError, ValueError) as exc:
             raise ServerConfigError(f"run config has a value of the wrong type: {exc}") from exc
         config.check()
@@ -88,7 +106,7 @@ class FederationConfig:
     def check(self) -> None:
         """Raise :class:`ServerConfigError` listing every out-of-range setting."""
         problems = [text for bad, text in (
-            (self.rounds < 1, "num-server-rounds must be 1 or more"),
+            (self.rounds < 0, "num-server-rounds must be 0 (personalization only) or more"),
             (not 0 < self.fraction_train <= 1, "fraction-train must be in (0, 1]"),
             (not 0 <= self.fraction_evaluate <= 1, "fraction-evaluate must be in [0, 1]"),
             (self.min_nodes < 1, "min-nodes must be 1 or more"),
@@ -97,7 +115,10 @@ class FederationConfig:
             (self.lr <= 0, "lr must be positive"),
             (self.personalization not in PERSONALIZATIONS,
              f"personalization must be one of {', '.join(PERSONALIZATIONS)}"),
-            (self.finetune_steps < 0, "finetune-steps must be 0 or more")) if bad]
+            (self.finetune_steps < 0, "finetune-steps must be 0 or more"),
+            (not (self.initial_version in ("latest", "none") or self.initial_version.isdigit()),
+             "initial-version must be latest, none or a version number"),
+            (self.first_round < 1, "first-round must be 1 or more")) if bad]
         if problems:
             raise ServerConfigError("federation settings: " + "; ".join(problems))
 
@@ -123,7 +144,6 @@ def _device_for_node(node: int) -> str | None:
     data_dir = os.environ.get(DATA_DIR_VARIABLE)
     if not data_dir:
         return None
-    from server.config import ServerSettings
     from server.supernodes import device_for_node
 
     try:
@@ -167,8 +187,9 @@ class RecordingFedAvg(FedAvg):
         return super().aggregate_evaluate(server_round, replies)
 
 
-def initial_arrays(grid: Grid, config: FederationConfig) -> ArrayRecord:
-    """Ask one device for the model's initial shared weights (``query.initial``)."""
+def initial_arrays(grid: Grid, config: FederationConfig) -> tuple[ArrayRecord, str]:
+    """Ask one device for the model's initial shared weights (``query.initial``); them and the model's identity
+    (:func:`server.model_versions.model_identity`: its name and the weights' layout)."""
     nodes = sorted(grid.get_node_ids())
     if not nodes:
         raise ServerError("no device is connected: start SuperNodes (or agents) before the run")
@@ -176,14 +197,19 @@ def initial_arrays(grid: Grid, config: FederationConfig) -> ArrayRecord:
     replies = [m for m in grid.send_and_receive([ask], timeout=config.round_timeout) if not m.has_error()]
     if not replies or "arrays" not in replies[0].content:
         raise ServerError(f"node {nodes[0]} sent no initial weights: check its log (flwr log RUN_ID)")
-    return replies[0].content["arrays"]
+    content = replies[0].content
+    name = str(content["model"].get("name", "model")) if "model" in content else "model"
+    arrays = content["arrays"]
+    return arrays, model_identity(name, _numpy(arrays))
 
 
 def personalize(grid: Grid, arrays: ArrayRecord, config: FederationConfig, recorder: Recorder,
-                server_round: int) -> list[RoundRow]:
-    """Phase 3: every device evaluates the global model and fine-tunes it; their rows, recorded."""
-    content = RecordDict({"arrays": arrays, "config": ConfigRecord({"finetune-steps": config.finetune_steps,
-                                                                     "lr": config.lr})})
+                server_round: int, version: int | None = None) -> list[RoundRow]:
+    """Phase 3: every device evaluates the global model (``version``, where stored) and fine-tunes it; their
+    rows, recorded."""
+    content = RecordDict({"arrays": arrays, "config": ConfigRecord({
+        "finetune-steps": config.finetune_steps, "lr": config.lr,
+        "global-version": version if version is not None else -1})})
     asks = [Message(content, dst_node_id=node, message_type="train.personalize") for node in grid.get_node_ids()]
     replies = grid.send_and_receive(asks, timeout=config.round_timeout)
     rows = [reply_row(m, "personalize", server_round, grid.run.run_id, asks) for m in replies]
@@ -192,18 +218,102 @@ def personalize(grid: Grid, arrays: ArrayRecord, config: FederationConfig, recor
     return rows
 
 
-def run_federation(grid: Grid, config: FederationConfig, recorder: Recorder) -> Result:
-    """The whole run (module docstring): initial weights, FedAvg rounds, personalization."""
+@dataclass(frozen=True)
+class Federated:
+    """What a run leaves: the final global weights and the version they were stored as (``None``: not stored)."""
+
+    arrays: ArrayRecord
+    version: int | None
+    rounds: int
+
+
+def run_federation(grid: Grid, config: FederationConfig, recorder: Recorder,
+                   models: GlobalModels | None = None) -> Federated:
+    """The whole run (module docstring): the starting weights, FedAvg rounds storing each round's global model
+    in ``models``, personalization."""
     strategy = RecordingFedAvg(recorder, grid.run.run_id, fraction_train=config.fraction_train,
                                fraction_evaluate=config.fraction_evaluate, min_train_nodes=config.min_nodes,
                                min_evaluate_nodes=config.min_nodes if config.fraction_evaluate else 0,
                                min_available_nodes=config.min_nodes)
-    result = strategy.start(grid=grid, initial_arrays=initial_arrays(grid, config), num_rounds=config.rounds,
-                            timeout=config.round_timeout,
-                            train_config=ConfigRecord({"local-steps": config.local_steps, "lr": config.lr}))
+    arrays, model = initial_arrays(grid, config)
+    version = None
+    if models is not None:
+        arrays, version = models.start(config.initial_version, model, arrays)
+    train_config = ConfigRecord({"local-steps": config.local_steps, "lr": config.lr})
+    last = config.first_round + config.rounds - 1
+    for server_round in range(config.first_round, last + 1):
+        log.info("round %d of %d, from global model version %s", server_round, last, version)
+        replies = grid.send_and_receive(strategy.configure_train(server_round, arrays, train_config, grid),
+                                        timeout=config.round_timeout)
+        aggregated, train_metrics = strategy.aggregate_train(server_round, replies)
+        if aggregated is None:  # no usable reply: the round leaves the model as it was, and no new version
+            log.warning("round %d: no device's training could be aggregated", server_round)
+            continue
+        arrays = aggregated
+        replies = grid.send_and_receive(strategy.configure_evaluate(server_round, arrays, ConfigRecord(), grid),
+                                        timeout=config.round_timeout)
+        evaluate_metrics = strategy.aggregate_evaluate(server_round, replies)
+        if models is not None:
+            metrics = {**_prefixed("train", train_metrics), **_prefixed("evaluate", evaluate_metrics)}
+            version = models.store(arrays, grid.run.run_id, server_round, version, model, metrics)
     if config.personalization != "none":
-        personalize(grid, result.arrays, config, recorder, config.rounds + 1)
-    return result
+        personalize(grid, arrays, config, recorder, last + 1, version)
+    return Federated(arrays, version, config.rounds)
+
+
+def _prefixed(phase: str, metrics: Any) -> dict[str, Any]:
+    return {f"{phase}.{key}": value for key, value in (metrics or {}).items()}
+
+
+def _numpy(arrays: ArrayRecord) -> dict[str, Any]:
+    return {name: array.numpy() for name, array in arrays.items()}
+
+
+@dataclass(frozen=True)
+class GlobalModels:
+    """Where the ServerApp keeps each round's global model: the server's database, data folder and signing key
+    (:mod:`server.model_versions`)."""
+
+    database: Database
+    data_dir: Path
+    key: ServerKey
+
+    @classmethod
+    def for_config(cls, config: FederationConfig) -> GlobalModels | None:
+        """The store the run config (``data-dir``, else ``$POET_EDGE_DATA_DIR``, and a database) names, or
+        ``None`` when it names none."""
+        data_dir = config.data_dir or os.environ.get(DATA_DIR_VARIABLE, "")
+        if not data_dir or not config.database_url:
+            return None
+        settings = ServerSettings(data_dir=Path(data_dir))
+        return cls(open_store(config.database_url), settings.data_dir, load_or_create(settings.keys_dir))
+
+    def start(self, choice: str, model: str, initial: ArrayRecord) -> tuple[ArrayRecord, int | None]:
+        """The weights a run starts from: ``initial`` (``choice`` ``none``, or ``latest`` with no version of
+        this model stored yet), the newest version of ``model`` (``latest``), or version ``choice``."""
+        if choice == "none":
+            return initial, None
+        wanted = None if choice == "latest" else int(choice)
+        if wanted is None and version_info(self.database, model=model) is None:
+            return initial, None
+        try:
+            info, weights = load_version(self.database, self.data_dir, self.key.private_key.public_key(), wanted,
+                                         model if wanted is None else None)
+        except ModelVersionError as exc:
+            raise ServerConfigError(f"{exc} (run config initial-version = \"none\" starts afresh)") from exc
+        if info.model != model:
+            raise ServerConfigError(f"global model version {info.version} is of {info.model!r}, but the devices "
+                                    f"train {model!r}: name a version of their model, or initial-version = \"none\"")
+        log.info("starting from global model version %d (run %s, round %d)", info.version, info.run_id, info.round)
+        return ArrayRecord({name: Array(value) for name, value in weights.items()}), info.version
+
+    def store(self, arrays: ArrayRecord, run_id: int, server_round: int, parent: int | None, model: str,
+              metrics: dict[str, Any]) -> int:
+        """Store ``arrays`` as the round's version; its number."""
+        info = store_version(self.database, self.data_dir, self.key.private_key, _numpy(arrays), run_id=run_id,
+                             round=server_round, parent=parent, model=model, metrics=metrics)
+        log.info("round %d: global model version %d stored (%s)", server_round, info.version, info.sha256[:12])
+        return info.version
 
 
 def store_recorder(database_url: str) -> Recorder:
@@ -222,5 +332,5 @@ def store_recorder(database_url: str) -> Recorder:
 def main(grid: Grid, context: Context) -> None:
     """The ServerApp: settings from the run config, rows into the server's store."""
     config = FederationConfig.from_run_config(context.run_config)
-    run_federation(grid, config, store_recorder(config.database_url))
+    run_federation(grid, config, store_recorder(config.database_url), GlobalModels.for_config(config))
 

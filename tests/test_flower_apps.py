@@ -23,8 +23,11 @@ from agent import flower as client  # noqa: E402
 from agent.fedtask import METRIC_KEYS, personal_keys  # noqa: E402
 from agent.parity import bits_equal  # noqa: E402
 from agent.training import DEFAULT_TOLERANCE_BYTES  # noqa: E402
+from server.config import ServerSettings  # noqa: E402
 from server.errors import ServerConfigError  # noqa: E402
 from server.flower import FederationConfig  # noqa: E402
+from server.keys import load_or_create  # noqa: E402
+from server.model_versions import list_versions, load_version  # noqa: E402
 from server.rounds import open_store, round_rows  # noqa: E402
 from simulation.engine import run_on_engine  # noqa: E402
 from simulation.fleet import DEFAULT_CLASSES, classes_config, fleet_node_configs  # noqa: E402
@@ -41,10 +44,12 @@ def run_config(**changes) -> dict:
 
 def test_a_round_trip_in_the_simulation_engine_stores_a_row_per_device_per_round(tmp_path) -> None:
     url = f"sqlite:///{tmp_path / 'server.db'}"
+    data_dir = tmp_path / "server"
     scratch = tmp_path / "engine"
     scratch.mkdir()
     before = {p.pid for p in psutil.Process().children(recursive=True)}  # earlier tests' helpers, not ours
-    run_id = run_on_engine(run_config(**{"database-url": url}), devices=3, cpus_per_device=1, scratch=scratch)
+    run_id = run_on_engine(run_config(**{"database-url": url, "data-dir": str(data_dir)}), devices=3,
+                           cpus_per_device=1, scratch=scratch)
     rows = round_rows(open_store(url), run_id)
     counts = {(phase, r): sum(1 for x in rows if (x.phase, x.round) == (phase, r))
               for phase, r in [("train", 1), ("evaluate", 1), ("train", 2), ("evaluate", 2), ("personalize", 3)]}
@@ -59,7 +64,21 @@ def test_a_round_trip_in_the_simulation_engine_stores_a_row_per_device_per_round
             assert 0 < r.metrics["peak-bytes"] <= r.metrics["budget-bytes"] + DEFAULT_TOLERANCE_BYTES
     final = [r for r in rows if r.phase == "personalize"]
     assert all(0 <= r.metrics["global-accuracy"] <= 1 and 0 <= r.metrics["personal-accuracy"] <= 1 for r in final)
-    # nothing outlives the run: no SuperLink, SuperExec, Ray raylet or gcs_server
+    # each round's global model is a signed version, chained to the one before; the devices personalized the last
+    database = open_store(url)
+    versions = list_versions(database, run_id=str(run_id))
+    assert [(v.round, v.parent) for v in versions] == [(2, versions[1].version), (1, None)]
+    assert versions[0].metrics["evaluate.accuracy"] == pytest.approx(
+        sum(r.metrics["accuracy"] * r.metrics["num-examples"] for r in rows if (r.phase, r.round) == ("evaluate", 2))
+        / sum(r.metrics["num-examples"] for r in rows if (r.phase, r.round) == ("evaluate", 2)))
+    assert {r.metrics["global-version"] for r in final} == {versions[0].version}
+    key = load_or_create(ServerSettings(data_dir=data_dir).keys_dir).private_key.public_key()
+    assert load_version(database, data_dir, key)[0] == versions[0]
+    # a new run starts from the newest version: its first round's parent
+    again = run_on_engine(run_config(**{"database-url": url, "data-dir": str(data_dir), "num-server-rounds": 1,
+                                        "personalization": "none"}), devices=3, cpus_per_device=1, scratch=scratch)
+    assert [(v.round, v.parent) for v in list_versions(database, run_id=str(again))] == [(1, versions[0].version)]
+    # nothing outlives the runs: no SuperLink, SuperExec, Ray raylet or gcs_server
     assert not {p.pid for p in psutil.Process().children(recursive=True)} - before
     assert not [p.pid for p in psutil.process_iter(["cmdline"]) if str(scratch) in " ".join(p.info["cmdline"] or ())]
 
@@ -140,9 +159,11 @@ def test_the_same_seed_trains_bit_identical_weights_with_and_without_a_memory_bu
 
 def test_the_server_refuses_bad_settings_listing_every_problem() -> None:
     with pytest.raises(ServerConfigError) as caught:
-        FederationConfig.from_run_config({"num-server-rounds": 0, "fraction-train": 2.0, "personalization": "x"})
+        FederationConfig.from_run_config({"num-server-rounds": -1, "fraction-train": 2.0, "personalization": "x",
+                                         "initial-version": "newest"})
     text = str(caught.value)
     assert "num-server-rounds" in text and "fraction-train" in text and "personalization" in text
+    assert "initial-version must be latest, none or a version number" in text
 
 
 def test_the_shipped_app_declares_every_run_config_key_the_simulation_sets() -> None:
@@ -162,10 +183,13 @@ def test_the_shipped_app_declares_every_run_config_key_the_simulation_sets() -> 
 def _parse(*argv: str):
     import argparse
 
-    from server.cli import add_commands
+    from agent.daemon.cli import add_commands as agent_commands
+    from server.cli import add_commands as server_commands
 
     parser = argparse.ArgumentParser()
-    add_commands(parser.add_subparsers(dest="command"))
+    subparsers = parser.add_subparsers(dest="command")
+    server_commands(subparsers)
+    agent_commands(subparsers)
     return parser.parse_args(list(argv))
 
 
@@ -197,6 +221,59 @@ def test_an_agents_device_trains_its_own_model_on_its_own_data_under_its_budget(
     reference = _plain_steps(initial.to_torch_state_dict(), path, steps=4)
     for key, value in reference.items():
         assert bits_equal(changed[key], value), key
+
+
+@pytest.mark.parametrize("personalization", ["finetune", "fedbn"])
+def test_an_agents_device_keeps_its_personalized_model_shows_it_and_exports_it(tmp_path, capsys,
+                                                                                 personalization) -> None:
+    import torch
+
+    from agent.daemon.cli import export_model, show_status
+    from agent.daemon.prepare import build_workload
+    from agent.digits import write_device_data
+    from agent.personal_model import folder, load
+    from benchmarks.agent_rig import FakeDevice, write_config
+
+    data = write_device_data(tmp_path / "digits.npz", 1, 3)
+    path = write_config(tmp_path, FakeDevice(tmp_path / "root"), data, "agent.digits:digits_workload", "16x1x8x8",
+                        device_name="pi-kitchen", training_memory_budget="12MB")
+    device = Device(0, node_config={"agent-config": str(path.resolve()), "device-name": "pi-kitchen"},
+                    personalization=personalization)
+    initial = device.ask("query.initial", RecordDict({"config": ConfigRecord()})).content["arrays"]
+    reply = device.ask("train.personalize", weights_message(initial, **{"finetune-steps": 5, "global-version": 7}))
+    assert not reply.content.array_records  # the personalized weights stay on the device ...
+    metrics = reply.content["metrics"]
+    config = _parse("agent", "status", "--config", str(path))
+    provenance, weights = load(load_config_of(path).device.state_dir)  # ... in its state directory
+    assert (provenance.global_version, provenance.steps, provenance.run_id) == (7, 5, 1)
+    assert provenance.personalization == personalization and provenance.input == "16x1x8x8"
+    assert provenance.accuracy_after == pytest.approx(metrics["personal-accuracy"])
+    assert provenance.accuracy_before == pytest.approx(metrics["global-accuracy"])
+    shared = initial.to_torch_state_dict()
+    assert any(not bits_equal(weights[k], shared[k]) for k in shared)  # fine-tuned, not the weights it was sent
+    show_status(config)
+    shown = capsys.readouterr().out
+    assert "personalized  from global model v7 (run 1" in shown and str(folder(tmp_path / "state")) in shown
+    # exported for inference, loaded with plain torch: the same outputs as the kept weights in the model
+    out = tmp_path / "exported.pt"
+    assert export_model(_parse("agent", "export", "--config", str(path), "--out", str(out))) == 0
+    work = build_workload(load_config_of(path))
+    work.model.load_state_dict(weights)
+    work.model.eval()
+    with torch.no_grad():
+        assert torch.equal(torch.jit.load(str(out))(work.inputs), work.model(work.inputs))
+    # a changed weights file is refused, not exported
+    (folder(tmp_path / "state") / "model.pt").write_bytes(b"not a model")
+    from agent.errors import PersonalModelError
+
+    with pytest.raises(PersonalModelError, match="does not match its provenance"):
+        export_model(_parse("agent", "export", "--config", str(path), "--out", str(out)))
+
+
+def load_config_of(path: Path):
+    from agent.daemon.config import load_config
+
+    return load_config(path)
 
 
 def _plain_steps(weights: dict, config_path: Path, steps: int) -> dict:
@@ -257,3 +334,19 @@ def test_a_device_that_left_mid_round_is_a_row_with_its_error_and_its_name(tmp_p
                                                                       "registered_at": 0.0}}))
     monkeypatch.setenv("POET_EDGE_DATA_DIR", str(tmp_path))  # as the server's SuperLink sets it for its apps
     assert reply_row(error, "train", 1, 7, sent).device_name == "pi-2"
+
+
+def test_an_onnx_export_without_the_onnx_package_says_what_to_install(tmp_path) -> None:
+    import importlib.util
+
+    from agent.digits import digits_workload
+    from agent.errors import PersonalModelError
+    from agent.personal_model import export, keep
+
+    if importlib.util.find_spec("onnx") is not None:
+        pytest.skip("the onnx package is installed here")
+    work = digits_workload(0)
+    keep(tmp_path, work.model.state_dict(), model="digits", input="16x1x8x8", global_version=None, run_id=1,
+         personalization="finetune", steps=0, accuracy_before=0.0, accuracy_after=0.0)
+    with pytest.raises(PersonalModelError, match="pip install onnx"):
+        export(tmp_path, work.model, work.inputs, tmp_path / "m.onnx", "onnx")

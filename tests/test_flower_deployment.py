@@ -18,14 +18,16 @@ from typing import Any
 import pytest
 
 from agent.daemon.supernode import ensure_key, flower_binary
+from agent.training import DEFAULT_TOLERANCE_BYTES
 from benchmarks.flower_rig import Fleet, run_id_of, wait_for
 from schedules.programs import flower_environment, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 DEVICES = ("pi-0", "pi-1", "pi-2")
-# Activation budgets: the digits model's plain step peaks near 865 KB; pi-2 has room for all of it.
-BUDGETS = {"pi-0": "700KB", "pi-1": "780KB", "pi-2": "2MB"}
+# Whole-step budgets: a plain step of the digits model in an agent takes about 6 MB (1.7 MB of its own, the
+# rest the pager's I/O buffers) and none fits below about 5 MB; pi-2 has room for all of it.
+BUDGETS = {"pi-0": "5.2MB", "pi-1": "5.5MB", "pi-2": "12MB"}
 LOCAL_STEPS = 1000  # seconds of training: long enough to unplug a device in the middle
 
 
@@ -142,8 +144,9 @@ def test_federated_rounds_complete_with_a_device_unplugged_mid_round(fleet: Flee
     for phase in ("train", "evaluate", "personalize"):
         assert len({frozenset(r.metrics) for r in rows if r.phase == phase}) == 1
     for row in train:
-        budget = {"pi-0": 700_000, "pi-1": 780_000}[row.device_name]
-        assert row.metrics["budget-bytes"] == budget and 0 < row.metrics["peak-bytes"] <= budget
+        budget = {"pi-0": 5_200_000, "pi-1": 5_500_000}[row.device_name]
+        assert row.metrics["budget-bytes"] == budget
+        assert 0 < row.metrics["peak-bytes"] <= budget + DEFAULT_TOLERANCE_BYTES  # as the memory check judges
         assert row.metrics["steps"] == LOCAL_STEPS and row.schedule_id
         assert row.metrics["startup-seconds"] >= 0  # measured (benchmarks/flower_overhead.py has the figure)
     printed = output.read_text()
@@ -153,6 +156,36 @@ def test_federated_rounds_complete_with_a_device_unplugged_mid_round(fleet: Flee
         assert "Start `flwr-clientapp` process" in runner_log
         supernode_log = fleet.flower_file(name, "supernode.log").read_text(errors="replace")
         assert "Start `flwr-clientapp` process" not in supernode_log
+
+
+def test_a_run_survives_a_superlink_killed_mid_round_from_its_last_stored_global_model(fleet: Fleet) -> None:
+    from server.model_versions import list_versions
+    from server.rounds import open_store
+
+    fleet.wait_online()
+    database = open_store(fleet.settings.database_url)
+    output = fleet.root / "federate-restart.log"
+    federate = fleet.federate(output, "--rounds", "3", "--min-nodes", "2", "--local-steps", "300",
+                              "--personalization", "none", "--round-timeout", "240")
+    try:
+        first = wait_for(lambda: "federated run " in output.read_text() and run_id_of(output), 120, "the run")
+        wait_for(lambda: list_versions(database, run_id=str(first)), 300, "round 1's global model stored")
+        fleet.superlink.kill()  # in round 2
+        assert federate.wait(900) == 0, output.read_text()
+    finally:
+        if federate.poll() is None:
+            federate.kill()
+    printed = output.read_text()
+    runs = [int(part.split()[0]) for part in printed.split("federated run ")[1:]]
+    assert len(runs) == 2 and runs[0] == first, printed
+    done = max(v.round for v in list_versions(database, run_id=str(first)))
+    assert f"submitting again from round {done + 1}" in printed
+    chain = sorted((v for run in runs for v in list_versions(database, run_id=str(run))), key=lambda v: v.version)
+    assert [v.round for v in chain] == [1, 2, 3]
+    # the second run went on from the first's last stored model: one unbroken chain of versions
+    assert [v.parent for v in chain[1:]] == [v.version for v in chain[:-1]]
+    assert {r.round for r in fleet.rows(first) if r.phase == "train"} >= set(range(1, done + 1))  # rows stay
+    assert {r.round for r in fleet.rows(runs[1]) if r.phase == "train"} == set(range(done + 1, 4))
 
 
 def _flower_processes_of(agent_pid: int) -> list[str]:

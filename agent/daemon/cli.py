@@ -4,10 +4,11 @@
 
     poet-edge agent run    --config /etc/poet-agent/agent.toml     # systemd runs this (deploy/poet-agent.service)
     poet-edge agent status --config /etc/poet-agent/agent.toml [--json]
+    poet-edge agent export --config /etc/poet-agent/agent.toml --out model.pt [--format onnx]
 
 Registered in the ``poet_edge.commands`` entry-point group (see
-:mod:`schedules.cli`).  Neither command imports torch: ``run`` trains in a
-worker process (:mod:`agent.daemon.worker`).
+:mod:`schedules.cli`).  ``run`` and ``status`` do not import torch: ``run`` trains in a
+worker process (:mod:`agent.daemon.worker`); ``export`` builds the model.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import argparse
 import datetime
 import json
 import sys
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from schedules.errors import CommandError
@@ -41,6 +44,16 @@ def add_commands(subparsers: Any) -> None:
     status.add_argument("--json", action="store_true", help="print the status as JSON (keys state, reason, "
                                                             "steps_done are stable)")
     status.set_defaults(handler=show_status)
+    export = commands.add_parser("export", help="write the personalized model for inference (TorchScript or ONNX)",
+                                 description="The model this device personalized in its last federated run "
+                                             "(STATE_DIR/personal), checked against its provenance and written "
+                                             "in inference mode as TorchScript (torch.jit.trace) or ONNX "
+                                             "(torch.onnx.export).")
+    export.add_argument("--config", required=True, metavar="FILE", help="the agent's config")
+    export.add_argument("--format", choices=("torchscript", "onnx"), default="torchscript",
+                        help="default: %(default)s")
+    export.add_argument("--out", required=True, type=Path, metavar="FILE", help="where to write it")
+    export.set_defaults(handler=export_model)
 
 
 def run_agent(args: argparse.Namespace) -> int:
@@ -86,18 +99,46 @@ def show_status(args: argparse.Namespace) -> int:
     """Print the daemon's last status."""
     from agent.daemon.config import load_config
     from agent.daemon.status import read_status
+    from agent.personal_model import folder as personal_folder
+    from agent.personal_model import read_provenance
 
     config = load_config(args.config)
     status = read_status(config.status_path)
     if status is None:
         status = {"state": "stopped", "reason": f"the agent has not run yet (no {config.status_path})",
                   "steps_done": 0}
+    personal = read_provenance(config.device.state_dir)
+    if personal is not None:
+        status["personalized"] = {**asdict(personal), "path": str(personal_folder(config.device.state_dir))}
     if args.json:
         json.dump(status, sys.stdout, indent=1)
         print()
     else:
         print(format_status(status))
     return ExitCode.OK
+
+
+def export_model(args: argparse.Namespace) -> int:
+    """Write the kept personalized model as TorchScript or ONNX."""
+    from agent.daemon.config import load_config
+    from agent.daemon.prepare import build_workload
+    from agent.personal_model import export, read_provenance
+
+    config = load_config(args.config)
+    provenance = read_provenance(config.device.state_dir)
+    workload = build_workload(config)
+    if provenance is not None and (provenance.model, provenance.input) != (workload.name, config.workload.input):
+        raise CommandError(f"the kept personalized model is a {provenance.model} for {provenance.input}, but the "
+                           f"config names a {workload.name} for {config.workload.input}: personalize again",
+                           ExitCode.BAD_FILE)
+    export(config.device.state_dir, workload.model, workload.inputs, args.out, args.format)
+    print(f"wrote {args.out} ({args.format}): personalized from global model "
+          f"{_version(provenance.global_version) if provenance else '?'}")
+    return ExitCode.OK
+
+
+def _version(version: int | None) -> str:
+    return f"v{version}" if version is not None else "(not stored)"
 
 
 def format_status(s: dict[str, Any]) -> str:
@@ -127,6 +168,13 @@ def format_status(s: dict[str, Any]) -> str:
         rows.append(("data", s["data"]))
     for verdict in s.get("eligibility") or []:
         rows.append((f"  {verdict['name']}", f"{'ok' if verdict['eligible'] else 'no'}: {verdict['reason']}"))
+    if s.get("personalized"):
+        p = s["personalized"]
+        made = datetime.datetime.fromtimestamp(p["saved_at"]).strftime("%Y-%m-%d %H:%M:%S")
+        rows.append(("personalized", f"from global model {_version(p['global_version'])} (run {p['run_id']}, "
+                                     f"{p['personalization']}, {p['steps']} steps, {made}): held-out accuracy "
+                                     f"{100 * p['accuracy_before']:.1f}% -> {100 * p['accuracy_after']:.1f}%, "
+                                     f"in {p['path']}"))
     rows.append(("last error", s.get("last_error") or "none"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

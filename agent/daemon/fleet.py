@@ -49,6 +49,7 @@ from agent.daemon.config import AgentConfig
 from agent.daemon.sources import NoReporter, Reporter, Request, ScheduleSource
 from agent.errors import FleetAuthError, FleetError, FleetUnavailableError
 from schedules.errors import InfeasibleBudgetError, PlannerError, SolverError
+from schedules.files import write_atomically
 from schedules.schedule import Schedule
 from schedules.signing import key_id, load_public_key
 
@@ -134,7 +135,7 @@ class FleetClient:
             if not isinstance(token, str) or not token.strip() or any(c.isspace() for c in token):
                 raise FleetError(f"the fleet server {self.url} enrolled {self.device_name!r} but sent no usable "
                                  "device token")
-            _write_file(self.token_path, token.encode() + b"\n")
+            write_atomically(self.token_path, token.encode() + b"\n")
             self._compare_keys(answer.get("server_public_key"))
             log.info("enrolled with the fleet server %s as %r", self.url, self.device_name)
             return token
@@ -280,8 +281,8 @@ class ServerScheduleSource:
                 return self._download(schedule_id, conditional=False)
         schedule = Schedule.from_json(response.content, public_key=self.public_key,
                                       what=f"schedule {schedule_id} from the fleet server")
-        _write_file(path, response.content)
-        _write_file(etag_path, (response.headers.get("etag") or f'"{schedule_id}"').encode())
+        write_atomically(path, response.content)
+        write_atomically(etag_path, (response.headers.get("etag") or f'"{schedule_id}"').encode())
         return schedule
 
 
@@ -414,7 +415,7 @@ class HeartbeatQueue:
     def _rewrite(self, records: list[tuple[int, dict[str, Any]]]) -> None:
         text = "".join(json.dumps({"seq": s, "heartbeat": h}, separators=(",", ":"), default=str) + "\n"
                        for s, h in records)
-        _write_file(self.path, text.encode(), sync_directory=False)
+        write_atomically(self.path, text.encode(), sync_directory=False)
         self._count = len(records)
 
 
@@ -582,25 +583,6 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_json_safe(v) for v in value]
     return value
-
-
-def _write_file(path: Path, data: bytes, sync_directory: bool = True) -> None:
-    """Replace ``path`` with ``data`` (mode 0600): written beside it, fsynced, renamed over it."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        os.fchmod(fd, 0o600)  # a leftover temporary file would keep its old mode through O_CREAT
-        handle.write(data)
-        handle.flush()
-        os.fsync(fd)
-    os.replace(temporary, path)
-    if sync_directory:
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
 
 
 @contextmanager

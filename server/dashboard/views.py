@@ -14,7 +14,9 @@ from sqlalchemy import func, select
 
 from server.dashboard import display
 from server.db.engine import Database
-from server.db.models import Device, DeviceSchedule, EnrolmentToken, Heartbeat, SolveRequest, StoredSchedule
+from server.db.models import (Device, DeviceSchedule, EnrolmentToken, FederatedRound, Heartbeat, SolveRequest,
+                              StoredSchedule)
+from server.model_versions import list_versions
 from server.rounds import RoundRow, round_rows, run_ids
 
 STATES = ("waiting", "preparing", "training", "backing off", "stopped")
@@ -69,6 +71,7 @@ class DeviceView:
     history: list[Heartbeat]
     schedule: StoredSchedule | None
     schedule_downloaded_at: float | None
+    personalized: dict[str, str] | None = None  # its latest personalization: global version, accuracies
 
 
 def device_view(db: Database, name: str, now: float, online_seconds: float) -> DeviceView | None:
@@ -81,10 +84,23 @@ def device_view(db: Database, name: str, now: float, online_seconds: float) -> D
                                                 .order_by(Heartbeat.id.desc()).limit(HISTORY)).all()))
         used = session.get(DeviceSchedule, device.id)
         schedule = _schedule_summary(session, used.schedule_id) if used is not None else None
+        personalized = session.scalars(select(FederatedRound).where(FederatedRound.device_name == name,
+                                                                    FederatedRound.phase == "personalize")
+                                       .order_by(FederatedRound.id.desc()).limit(1)).first()
     fields = [(key, _field_text(value)) for key, value in sorted((device.last_heartbeat or {}).items())
               if key != "eligibility"]
     return DeviceView(device, fleet_row(device, now, online_seconds), fields, history, schedule,
-                      used.downloaded_at if used is not None else None)
+                      used.downloaded_at if used is not None else None,
+                      _personalization(personalized) if personalized is not None else None)
+
+
+def _personalization(row: FederatedRound) -> dict[str, str]:
+    m = row.metrics
+    version = m.get("global-version")
+    return {"version": f"v{int(version)}" if isinstance(version, (int, float)) and version >= 0 else display.DASH,
+            "run": row.run_id, "round": str(row.round), "when": display.clock(row.recorded_at),
+            "error": str(m["error"]) if "error" in m else "",
+            "accuracy": f"{display.percent(m.get('global-accuracy'))} → {display.percent(m.get('personal-accuracy'))}"}
 
 
 def _field_text(value: Any) -> str:
@@ -170,19 +186,31 @@ ROUND_COLUMNS = (
 
 @dataclass(frozen=True)
 class RoundsView:
-    """The rounds page: the runs stored, the one shown, and its rows (a dict of strings per device per round)."""
+    """The rounds page: the runs stored, the one shown, and its rows (a dict of strings per device per round);
+    the newest global model versions."""
 
     runs: list[int]
     run_id: int | None
     rows: list[dict[str, Any]]
+    versions: list[dict[str, str]]
+
+
+VERSIONS_SHOWN = 50
 
 
 def rounds_view(db: Database, run_id: int | None = None) -> RoundsView:
-    """The rows of run ``run_id`` (the newest run when ``None``), newest round first."""
+    """The rows of run ``run_id`` (the newest run when ``None``), newest round first; the newest versions."""
     runs = run_ids(db)
     shown = run_id if run_id in runs else (runs[0] if runs else None)
     rows = round_rows(db, shown) if shown is not None else []
-    return RoundsView(runs, shown, [_round_cells(r) for r in rows])
+    versions = [{"version": f"v{v.version}", "run": v.run_id, "round": str(v.round),
+                 "parent": f"v{v.parent}" if v.parent is not None else display.DASH,
+                 "accuracy": display.percent(v.metrics.get("evaluate.accuracy")),
+                 "loss": display.number(v.metrics.get("evaluate.eval-loss")),
+                 "train_loss": display.number(v.metrics.get("train.train-loss")),
+                 "model": v.model, "sha256": v.sha256[:16], "when": display.clock(v.created_at)}
+                for v in list_versions(db, limit=VERSIONS_SHOWN)]
+    return RoundsView(runs, shown, [_round_cells(r) for r in rows], versions)
 
 
 def _round_cells(row: RoundRow) -> dict[str, Any]:

@@ -16,6 +16,8 @@ migrations in ``server/db/migrations`` (a test checks the two agree).
     operators           dashboard accounts: a username and an argon2 password hash
     operator_sessions   signed-in dashboard sessions: the SHA-256 of the session cookie, the CSRF token, expiry
     rounds              one row per device per federated round and phase (train, evaluate, personalize)
+    model_versions      the global model after each federated round: its weights file's hash, provenance,
+                        metrics and the server's signature
 """
 
 from __future__ import annotations
@@ -196,3 +198,26 @@ class FederatedRound(Base):
     schedule_id: Mapped[str | None] = mapped_column(String(16))
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
     recorded_at: Mapped[float] = mapped_column(Float)
+
+
+class ModelVersion(Base):
+    """The global model after one federated round (:mod:`server.model_versions`).
+
+    The weights live in the data directory's ``models/<sha256>.npz``; the row holds their hash, where they
+    came from (the Flower run and round, the version they were aggregated from) and the server's signature
+    over all of that.  A version never changes once stored.
+    """
+
+    __tablename__ = "model_versions"
+    __table_args__ = (Index("ix_model_versions_run_id_round", "run_id", "round"),)
+
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(20))
+    round: Mapped[int] = mapped_column(Integer)
+    parent: Mapped[int | None] = mapped_column(Integer)
+    model: Mapped[str] = mapped_column(String(200))
+    sha256: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
+    signature: Mapped[dict[str, str]] = mapped_column(JSON)
+    created_at: Mapped[float] = mapped_column(Float)

@@ -337,6 +337,35 @@ def test_a_device_that_answered_with_an_error_shows_the_error_in_its_row(dashboa
     assert 'class="c-error"' not in html[html.index('data-device="pi-1"'):].split("</tr>")[0]
 
 
+def test_the_rounds_page_lists_global_model_versions_and_a_device_page_its_personalization(
+        dashboard: Dashboard, tmp_path) -> None:
+    import numpy as np
+
+    from server.keys import load_or_create
+    from server.model_versions import store_version
+
+    client = dashboard.client
+    assert 'id="no-versions"' in client.get("/rounds").text
+    key = load_or_create(tmp_path / "keys").private_key
+    first = store_version(db(client), tmp_path, key, {"w": np.zeros(3, dtype=np.float32)}, run_id=7, round=1,
+                          parent=None, model=f"digits {XSS}", metrics={"evaluate.accuracy": 0.5})
+    second = store_version(db(client), tmp_path, key, {"w": np.ones(3, dtype=np.float32)}, run_id=7, round=2,
+                           parent=first.version, model=f"digits {XSS}", metrics={"evaluate.accuracy": 0.625})
+    html = client.get("/rounds").text
+    rows = re.findall(r'<tr class="version-row" data-version="(v\d+)">(.*?)</tr>', html, re.S)
+    assert [v for v, _ in rows] == [f"v{second.version}", f"v{first.version}"]  # newest first
+    assert f"<td>v{first.version}</td>" in rows[0][1] and "62.5 %" in rows[0][1]  # its parent, its accuracy
+    assert XSS not in html and second.sha256[:16] in html
+    beat_for(client, "pi-1")
+    assert 'id="no-personalization"' in client.get("/devices/pi-1").text
+    record_rounds(db(client), [round_row(7, 3, "personalize", "pi-1", **{"global-accuracy": 0.5,
+                                                                         "personal-accuracy": 0.75,
+                                                                         "global-version": float(second.version)})])
+    page = client.get("/devices/pi-1").text
+    assert re.search(rf'id="personalized-version">v{second.version} \(run 7,', page)
+    assert "50.0 % → 75.0 %" in page
+
+
 # -- enrolment tokens and revocation ----------------------------------------------------------
 def test_a_token_made_on_the_page_is_shown_once_and_enrols_one_device(dashboard: Dashboard) -> None:
     client = dashboard.client

@@ -1,0 +1,169 @@
+"""Global model versions: the model after every federated round, kept in the server's data directory and signed.
+
+A version is a weights file and a row.  The file, ``<data dir>/models/<sha256>.npz``, is the round's
+aggregated ``ArrayRecord`` as NumPy arrays in their order (``numpy.savez``, no pickles), written
+atomically; its name is its hash, so a file is never overwritten with other bytes.  The row
+(:class:`server.db.models.ModelVersion`) says where it came from: the Flower run and round, the version it
+was aggregated from (``parent``), the round's aggregated metrics, and the server's Ed25519 signature over
+all of that and the file's hash (:func:`schedules.signing.sign_payload`), so a device or an operator can
+check a downloaded model as it checks a schedule.
+
+The ServerApp (:mod:`server.flower`) stores a version after each round and starts a run from the newest
+unless told otherwise; the dashboard lists them.  No Flower and no torch here: arrays are NumPy's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import time
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sqlalchemy import desc, select
+from sqlalchemy.exc import SQLAlchemyError
+
+from schedules.errors import SignatureError
+from schedules.files import write_atomically
+from schedules.signing import sign_payload, verify_payload
+from server.db.engine import Database
+from server.db.models import ModelVersion
+from server.errors import DatabaseError, ModelVersionError
+
+MODELS_FOLDER = "models"
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    """A stored version's row, as plain data."""
+
+    version: int
+    run_id: str
+    round: int
+    parent: int | None
+    model: str
+    sha256: str
+    size_bytes: int
+    metrics: dict[str, Any]
+    signature: dict[str, str]
+    created_at: float
+
+    def payload(self) -> dict[str, Any]:
+        """What the signature covers: everything but the signature."""
+        return {"format": "poet-edge/model-version", "version": self.version, "run_id": self.run_id,
+                "round": self.round, "parent": self.parent, "model": self.model, "sha256": self.sha256,
+                "size_bytes": self.size_bytes, "metrics": self.metrics, "created_at": self.created_at}
+
+    @classmethod
+    def of(cls, row: ModelVersion) -> VersionInfo:
+        return cls(row.version, row.run_id, row.round, row.parent, row.model, row.sha256, row.size_bytes,
+                   dict(row.metrics), dict(row.signature), row.created_at)
+
+
+def model_identity(name: str, arrays: Mapping[str, np.ndarray]) -> str:
+    """``name`` and a hash of the arrays' names, shapes and dtypes: versions of one identity fit one model."""
+    layout = ";".join(f"{key}:{tuple(value.shape)}:{value.dtype.str}" for key, value in arrays.items())
+    return f"{name[:170]} {hashlib.sha256(layout.encode()).hexdigest()[:16]}"
+
+
+def weights_path(data_dir: Path, sha256: str) -> Path:
+    """Where the weights file with this hash lives."""
+    return data_dir / MODELS_FOLDER / f"{sha256}.npz"
+
+
+def encode_weights(arrays: Mapping[str, np.ndarray]) -> bytes:
+    """``arrays`` as an ``.npz`` file's bytes, in their order."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **{name: np.asarray(value, order="C") for name, value in arrays.items()})
+    return buffer.getvalue()
+
+
+def decode_weights(data: bytes, what: str) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` file's bytes, in their order; pickled objects are refused."""
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+            return {name: archive[name] for name in archive.files}
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+        raise ModelVersionError(f"{what} is not a weights file: {exc}") from exc
+
+
+def store_version(database: Database, data_dir: Path, private_key: Any, arrays: Mapping[str, np.ndarray], *,
+                  run_id: int | str, round: int, parent: int | None, model: str,
+                  metrics: Mapping[str, Any]) -> VersionInfo:
+    """Write ``arrays`` as a new version (the file first, fsynced, then the signed row); its row."""
+    data = encode_weights(arrays)
+    sha256 = hashlib.sha256(data).hexdigest()
+    path = weights_path(data_dir, sha256)
+    if not (path.exists() and path.stat().st_size == len(data)):  # content-addressed: the same bytes are there
+        try:
+            write_atomically(path, data)
+        except OSError as exc:
+            raise ModelVersionError(f"cannot write the global model to {path}: {exc.strerror or exc}") from exc
+    clean = {str(k): v for k, v in metrics.items() if isinstance(v, (int, float, str, bool))}
+    try:
+        with database.write() as session:
+            row = ModelVersion(run_id=str(run_id), round=round, parent=parent, model=model[:200], sha256=sha256,
+                               size_bytes=len(data), metrics=clean, signature={}, created_at=time.time())
+            session.add(row)
+            session.flush()  # the version number is the row's id
+            info = VersionInfo.of(row)
+            row.signature = sign_payload(info.payload(), private_key)
+            return VersionInfo.of(row)
+    except SQLAlchemyError as exc:
+        raise DatabaseError(f"cannot store model version: {getattr(exc, 'orig', None) or exc}") from exc
+
+
+def list_versions(database: Database, limit: int = 100, run_id: str | None = None) -> list[VersionInfo]:
+    """The newest ``limit`` versions (of one Flower run where ``run_id`` is given), newest first."""
+    query = select(ModelVersion).order_by(desc(ModelVersion.version)).limit(limit)
+    if run_id is not None:
+        query = query.where(ModelVersion.run_id == str(run_id))
+    with database.read() as session:
+        return [VersionInfo.of(row) for row in session.scalars(query)]
+
+
+def version_info(database: Database, version: int | None = None, model: str | None = None) -> VersionInfo | None:
+    """Version ``version``'s row, or the newest's (of ``model`` where given) when ``None``; ``None`` when there
+    is none."""
+    with database.read() as session:
+        if version is not None:
+            row = session.get(ModelVersion, version)
+        else:
+            query = select(ModelVersion).order_by(desc(ModelVersion.version)).limit(1)
+            if model is not None:
+                query = query.where(ModelVersion.model == model)
+            row = session.scalars(query).first()
+        return VersionInfo.of(row) if row is not None else None
+
+
+def load_version(database: Database, data_dir: Path, public_key: Any,
+                 version: int | None = None, model: str | None = None) -> tuple[VersionInfo, dict[str, np.ndarray]]:
+    """Version ``version`` (the newest, of ``model`` where given, when ``None``), checked against its hash and
+    the server's signature.
+
+    Raises
+    ------
+    ModelVersionError
+        No such version, its file is missing or changed, or its row is not signed by ``public_key``.
+    """
+    info = version_info(database, version, model)
+    if info is None:
+        raise ModelVersionError("no global model is stored yet" if version is None else
+                                f"no global model version {version}: `poet-edge server versions` lists them")
+    try:
+        verify_payload(info.payload(), info.signature, public_key, what=f"model version {info.version}")
+    except SignatureError as exc:
+        raise ModelVersionError(str(exc)) from exc
+    path = weights_path(data_dir, info.sha256)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ModelVersionError(f"model version {info.version}: cannot read {path}: {exc.strerror or exc}") from exc
+    if hashlib.sha256(data).hexdigest() != info.sha256:
+        raise ModelVersionError(f"model version {info.version}: {path} was changed after it was stored (its hash "
+                                "differs): restore it from a backup, or start the next run afresh")
+    return info, decode_weights(data, str(path))
