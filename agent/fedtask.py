@@ -25,6 +25,7 @@ FedAvg refuses a round whose replies differ in keys.
 from __future__ import annotations
 
 import atexit
+import os
 import shutil
 import tempfile
 import time
@@ -116,6 +117,7 @@ class Task:
     settings: OptimizerSettings = ROUND_OPTIMIZER
     tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES
     _plans: dict[tuple[str, int | None], DevicePlan] = field(default_factory=dict, init=False, repr=False)
+    _warmed_in: int = field(default=0, init=False, repr=False)  # the process that ran the warm-up step
 
     def __post_init__(self) -> None:
         self.model = self.workload.model
@@ -173,16 +175,18 @@ class Task:
         return self._plans[key]
 
     def train(self, weights: dict[str, torch.Tensor], data: LocalDataset, device: DevicePlan, *, steps: int,
-              lr: float | None = None, position: tuple[int, int] = (0, 0)) -> TrainOutcome:
+              lr: float | None = None, position: tuple[int, int] = (0, 0), check_memory: bool = True) -> TrainOutcome:
         """``steps`` optimizer steps from ``weights`` on ``data`` through the one training path under
         ``device.schedule``; ``lr`` (the round's) replaces the settings' learning rate.  A fresh optimizer each
         round: its state does not carry over between rounds."""
+        if check_memory:
+            self._warm_up(device, data)
         self.model.load_state_dict(weights)
         self.model.train()
         settings = self.settings if lr is None else replace(self.settings, learning_rate=lr)
         started, losses, peak, energy = time.perf_counter(), [], 0, 0.0
         training = Training(self.workload, self.graph, self.segments, device.schedule, settings, self.swap_dir,
-                            tolerance_bytes=self.tolerance_bytes)
+                            tolerance_bytes=self.tolerance_bytes, check_memory=check_memory)
         try:
             for _ in range(steps):
                 batches = []
@@ -203,6 +207,18 @@ class Task:
         return TrainOutcome(weights_out, sum(losses) / max(len(losses), 1), steps,
                             steps * settings.accumulation * data.batch_size, peak, time.perf_counter() - started,
                             energy, position)
+
+    def _warm_up(self, device: DevicePlan, data: LocalDataset) -> None:
+        """Once per process, one training step unchecked and undone (the RNG restored; the caller loads its
+        weights).  A process's first step maps in the code it runs and allocates caches once: memory of the
+        process, not of a step.  A ClientApp forked from the warm runner faults its shared libraries' pages in
+        anew, about 20 MB of RSS that its first step's memory check would count."""
+        if self._warmed_in == os.getpid():
+            return
+        self._warmed_in = os.getpid()
+        rng = torch.get_rng_state()
+        self.train(self.initial, data, device, steps=1, check_memory=False)
+        torch.set_rng_state(rng)
 
     def evaluate(self, weights: dict[str, torch.Tensor], data: LocalDataset) -> tuple[float, float, int]:
         """``(loss, accuracy, samples)`` of ``weights`` on ``data``'s held-out samples (eval mode); accuracy
