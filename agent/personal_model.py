@@ -14,6 +14,7 @@ weights against the hash; :func:`export` writes them as a TorchScript or ONNX fi
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import io
 import json
 import time
@@ -101,6 +102,9 @@ def export(state_dir: Path, model: Any, example: Any, out: Path, format: str) ->
 
     if format not in EXPORT_FORMATS:
         raise PersonalModelError(f"export format {format!r} unknown; use one of {', '.join(EXPORT_FORMATS)}")
+    if format == "onnx" and importlib.util.find_spec("onnx") is None:  # torch's exporter writes with it
+        raise PersonalModelError("ONNX export needs the onnx package (pip install onnx); "
+                                 "--format torchscript needs nothing more")
     _, weights = load(state_dir)
     model.load_state_dict(weights)
     model.eval()
@@ -110,14 +114,8 @@ def export(state_dir: Path, model: Any, example: Any, out: Path, format: str) ->
         if format == "torchscript":
             torch.jit.trace(model, inputs).save(str(out))
         else:
-            try:
-                torch.onnx.export(model, inputs, str(out), input_names=["input"], output_names=["output"],
-                                  dynamo=False)
-            except Exception as exc:  # torch's exporter raises its own error when the onnx package is absent
-                if "onnx is not installed" not in str(exc):
-                    raise
-                raise PersonalModelError("ONNX export needs the onnx package (pip install onnx); "
-                                         "--format torchscript needs nothing more") from exc
+            torch.onnx.export(model, inputs, str(out), input_names=["input"], output_names=["output"],
+                              dynamo=False)
     return out
 
 

@@ -55,7 +55,7 @@ from flwr.serverapp.strategy import FedAvg
 from server.db.engine import Database
 from server.errors import ModelVersionError, ServerConfigError, ServerError
 from server.keys import ServerKey, load_or_create
-from server.model_versions import load_version, model_identity, store_version, version_info
+from server.model_versions import checked_weights, load_version, model_identity, store_version, version_info
 from server.config import ServerSettings
 from server.rounds import RoundRow, open_store, record_rounds
 from server.superlink import DATA_DIR_VARIABLE, DATABASE_VARIABLE
@@ -293,12 +293,15 @@ class GlobalModels:
         this model stored yet), the newest version of ``model`` (``latest``), or version ``choice``."""
         if choice == "none":
             return initial, None
-        wanted = None if choice == "latest" else int(choice)
-        if wanted is None and version_info(self.database, model=model) is None:
-            return initial, None
+        key = self.key.private_key.public_key()
         try:
-            info, weights = load_version(self.database, self.data_dir, self.key.private_key.public_key(), wanted,
-                                         model if wanted is None else None)
+            if choice == "latest":
+                info = version_info(self.database, model=model)
+                if info is None:
+                    return initial, None
+                weights = checked_weights(info, self.data_dir, key)
+            else:
+                info, weights = load_version(self.database, self.data_dir, key, int(choice))
         except ModelVersionError as exc:
             raise ServerConfigError(f"{exc} (run config initial-version = \"none\" starts afresh)") from exc
         if info.model != model:

@@ -154,6 +154,11 @@ def load_version(database: Database, data_dir: Path, public_key: Any,
     if info is None:
         raise ModelVersionError("no global model is stored yet" if version is None else
                                 f"no global model version {version}: `poet-edge server versions` lists them")
+    return info, checked_weights(info, data_dir, public_key)
+
+
+def checked_weights(info: VersionInfo, data_dir: Path, public_key: Any) -> dict[str, np.ndarray]:
+    """The weights of the version ``info`` describes, once its row's signature and its file's hash check out."""
     try:
         verify_payload(info.payload(), info.signature, public_key, what=f"model version {info.version}")
     except SignatureError as exc:
@@ -166,4 +171,4 @@ def load_version(database: Database, data_dir: Path, public_key: Any,
     if hashlib.sha256(data).hexdigest() != info.sha256:
         raise ModelVersionError(f"model version {info.version}: {path} was changed after it was stored (its hash "
                                 "differs): restore it from a backup, or start the next run afresh")
-    return info, decode_weights(data, str(path))
+    return decode_weights(data, str(path))
