@@ -156,6 +156,7 @@ def test_federated_rounds_complete_with_a_device_unplugged_mid_round(fleet: Flee
         assert "Start `flwr-clientapp` process" in runner_log
         supernode_log = fleet.flower_file(name, "supernode.log").read_text(errors="replace")
         assert "Start `flwr-clientapp` process" not in supernode_log
+    fleet.devices["pi-2"].plug()  # back for the tests after this one
 
 
 def test_a_run_survives_a_superlink_killed_mid_round_from_its_last_stored_global_model(fleet: Fleet) -> None:
