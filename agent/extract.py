@@ -78,6 +78,7 @@ from torch.utils._pytree import tree_flatten
 from agent import rss
 from agent.errors import ExtractionError, ScheduleRefusedError
 from agent.optim.chunks import Chunking, column_unit_bytes
+from agent.optim.rows import row_updatable
 from agent.optim.streamed import streamable, streaming
 from agent.runtime import ModelState, Runtime
 from agent.segments import Port, Segments, TensorMeta, Unit, mark_modes, pytree_leaf, run_unit, same_path
@@ -533,7 +534,9 @@ class _GradientProbe:
     While ``counting`` (the first run) every accumulation is recorded under the node computing.  Afterwards
     a gradient is dropped once its last recorded contribution arrived (``free_final``), and the weights
     :attr:`stream_names` names have their gradient made in column blocks and dropped block by block
-    (:mod:`agent.optim.streamed`).
+    (:mod:`agent.optim.streamed`).  An embedding table looked up once per step whose gradient, in the first
+    run, is zero outside the rows looked up is marked for updates by rows (:mod:`agent.optim.rows`), with the
+    number of ids a step looked it up by.
     """
 
     def __init__(self, model: nn.Module) -> None:
@@ -547,6 +550,17 @@ class _GradientProbe:
         self.stream_names: list[str] = []
         self.factors: dict[int, int] = {}  # streamed weight's data_ptr -> bytes of its gradient's two factors
         self.free_final = True  # off while workspaces are measured: a node's own gradients are not its workspace
+        trained = {id(p) for _, p in self.params}
+        self._lookups: dict[int, list[torch.Tensor]] = {}  # table weight's id -> the ids of its lookups (first run)
+        self._row_sparse: dict[int, bool] = {}  # ... -> its gradient was zero outside the looked-up rows
+        for m in model.modules():
+            if row_updatable(m) and id(m.weight) in trained:
+                self._lookups[id(m.weight)] = []
+                self._hooks.append(m.register_forward_pre_hook(self._on_lookup))
+
+    def _on_lookup(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        if self.counting and args and isinstance(args[0], torch.Tensor):
+            self._lookups[id(module.weight)].append(args[0].detach().reshape(-1).clone())
 
     def _on_gradient(self, param: torch.Tensor) -> None:
         if param.grad is None:
@@ -555,6 +569,11 @@ class _GradientProbe:
             nodes = self.nodes[id(param)]
             if not nodes or nodes[-1] != self.node:
                 nodes.append(self.node)
+            lookups = self._lookups.get(id(param))
+            if lookups is not None and len(lookups) == 1:
+                others = torch.ones(param.shape[0], dtype=torch.bool)
+                others[lookups[0]] = False
+                self._row_sparse[id(param)] = not bool(param.grad[others].any())
             return
         self._seen[id(param)] = self._seen.get(id(param), 0) + 1
         if self.free_final and self._seen[id(param)] >= len(self.nodes[id(param)]):
@@ -590,8 +609,15 @@ class _GradientProbe:
         streamed = {self.model.get_submodule(name).weight.data_ptr() for name in self.stream_names}
         return tuple(Parameter(name, p.nbytes, tuple(self.nodes[id(p)]), p.data_ptr() in streamed,
                                self.factors.get(p.data_ptr(), 0),
-                               column_unit_bytes(p) if p.data_ptr() in streamed else 0)
+                               column_unit_bytes(p) if p.data_ptr() in streamed else 0, *self._table_rows(p))
                      for name, p in self.params if self.nodes[id(p)])
+
+    def _table_rows(self, p: torch.Tensor) -> tuple[int, int]:
+        """``(rows, row_bytes)`` of a table updated by rows: the ids its one lookup a step took; else zeros."""
+        lookups = self._lookups.get(id(p), [])
+        if len(lookups) != 1 or not self._row_sparse.get(id(p)) or len(self.nodes[id(p)]) != 1:
+            return 0, 0
+        return min(lookups[0].numel(), p.shape[0]), p.shape[1] * p.element_size()
 
     def close(self) -> None:
         for hook in self._hooks:

@@ -41,7 +41,7 @@ from agent.replay import RngState
 from agent.zoo import Workload
 from schedules.graph import TrainingGraph
 from schedules.schedule import Schedule
-from schedules.step_memory import OPTIMIZERS, TrainingSpec
+from schedules.step_memory import OPTIMIZERS, TrainingSpec, updates_by_rows
 from schedules.units import format_bytes
 
 DEFAULT_TOLERANCE_BYTES = 8 << 20
@@ -161,7 +161,7 @@ class Training:
         try:
             self.fused = FusedOptimizer(self.optimizer, trained, chunk_bytes=schedule.step.training.chunk_bytes,
                                         accumulation=settings.accumulation, clip=settings.clip, paged=on_flash,
-                                        pages=self.pages)
+                                        pages=self.pages, tables=_tables(self.model, graph, schedule))
             self.executor = Executor(self.model, segments, graph, schedule, swap_dir, meter=meter,
                                      measure_rss=False, updates=self.fused)
         except BaseException:
@@ -280,9 +280,7 @@ class Training:
     def reset_optimizer(self) -> None:
         """Forget the optimizer's state (momentum, moments, step counts), in RAM and on flash: training then
         starts over from the model's weights."""
-        self.optimizer.state.clear()
-        if self.pages is not None:
-            self.pages.written.clear()
+        self.fused.forget_state()
 
     def close(self) -> None:
         self.executor.close()
@@ -323,6 +321,23 @@ def _trained(model: torch.nn.Module, graph: TrainingGraph) -> list[tuple[str, to
                                    "layout (they get no gradient in the profiled step): freeze them "
                                    "(requires_grad=False) or profile the model again")
     return layout
+
+
+def _tables(model: torch.nn.Module, graph: TrainingGraph, schedule: Schedule) -> dict[int, torch.nn.Module]:
+    """The embedding tables the plan updates by rows (:func:`schedules.step_memory.updates_by_rows`), each with
+    the module that looks it up."""
+    spec, on_flash = schedule.step.training, set(schedule.step.state_on_flash)
+    owners = {id(m.weight): m for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    named = dict(model.named_parameters())
+    tables = {}
+    for index, p in enumerate(graph.parameters):
+        if index in on_flash and updates_by_rows(p, spec):
+            module = owners.get(id(named[p.name]))
+            if module is None:
+                raise ScheduleRefusedError(f"the graph updates {p.name!r} by rows as an embedding table, but no "
+                                           "nn.Embedding of this model owns it: profile the model again")
+            tables[index] = module
+    return tables
 
 
 def _settled_rss() -> int:

@@ -73,7 +73,10 @@ class Parameter:
     gradient is made from (``stream_bytes``), which a background update keeps
     until it has applied every block, and the bytes of the column unit its
     blocks are multiples of (``block_bytes``: blocks keep the whole product's
-    bits only so).
+    bits only so).  An embedding table whose gradient is zero outside the
+    rows a step looks up carries how many rows a step may look up (``rows``)
+    and one row's bytes (``row_bytes``): its update can run row by row
+    (:mod:`agent.optim.rows`).
     """
 
     name: str
@@ -82,13 +85,18 @@ class Parameter:
     streamed: bool = False
     stream_bytes: int = 0  # a streamed weight's gradient as its two factors (output gradient and input): bytes
     block_bytes: int = 0  # a streamed weight's column unit: its gradient's blocks are whole multiples of it
+    rows: int = 0  # an embedding table's rows a step may look up (0: not updated by rows)
+    row_bytes: int = 0  # ... and the bytes of one of its rows
 
     def chunk_bytes(self, chunk: int) -> int:
         """The largest piece of this parameter an update holds at once with update chunks of ``chunk`` bytes:
         a streamed weight's column block is a multiple of ``block_bytes`` (at least one) and its last block
-        may carry up to one more unit (:mod:`agent.optim.chunks`)."""
+        may carry up to one more unit (:mod:`agent.optim.chunks`); a table updated by rows is cut into whole
+        rows, at least one (:mod:`agent.optim.rows`)."""
         if self.streamed and self.block_bytes:
             return min(self.bytes, max(chunk, self.block_bytes) + self.block_bytes)
+        if self.rows and self.row_bytes:
+            return min(self.bytes, max(self.row_bytes, chunk))
         return min(self.bytes, chunk)
 
     @property
@@ -119,6 +127,12 @@ class TrainingGraph:
         _validate(self)
 
     # -- structure ---------------------------------------------------------------
+    def lookup_node(self, p: Parameter) -> int | None:
+        """The forward node of the segment whose backward node makes ``p``'s gradient (where a table is looked
+        up), or None."""
+        segment = self.nodes[p.last].segment if 0 <= p.last < len(self.nodes) else None
+        return next((i for i, n in enumerate(self.nodes) if n.kind == "forward" and n.segment == segment), None)
+
     @property
     def size(self) -> int:
         """Number of nodes ``T`` (and of stages)."""
@@ -190,14 +204,16 @@ class TrainingGraph:
         one for another model.  Whoever runs a schedule replays it on their own
         graph, which refuses it if its workspaces no longer fit the budget.
         The parameter layout counts where there is one (a schedule's optimizer
-        state on flash names parameters); ``runtime_bytes`` is a measurement.
+        state on flash names parameters, and a table updated by rows is
+        planned otherwise); ``runtime_bytes`` is a measurement.
         """
         shape: dict[str, Any] = {
             "nodes": [[n.name, n.kind, n.segment, n.bytes] for n in self.nodes],
             "edges": sorted(list(e) for e in self.edges),
         }
         if self.parameters:
-            shape["parameters"] = [[p.name, p.bytes, list(p.nodes), p.streamed] for p in self.parameters]
+            shape["parameters"] = [[p.name, p.bytes, list(p.nodes), p.streamed] + ([p.rows] if p.rows else [])
+                                   for p in self.parameters]  # a table updated by rows is planned otherwise
         return "sha256:" + hashlib.sha256(canonical_json(shape)).hexdigest()
 
     @property
@@ -278,7 +294,7 @@ def _node_to_dict(n: Node) -> dict[str, Any]:
 
 def _parameter_to_dict(p: Parameter) -> dict[str, Any]:
     return {"name": p.name, "bytes": p.bytes, "nodes": list(p.nodes), "streamed": p.streamed,
-            "stream_bytes": p.stream_bytes, "block_bytes": p.block_bytes}
+            "stream_bytes": p.stream_bytes, "block_bytes": p.block_bytes, "rows": p.rows, "row_bytes": p.row_bytes}
 
 
 _NODE_KEYS = frozenset(f.name for f in fields(Node))
@@ -310,7 +326,9 @@ def _parameters_from(raw: Any) -> tuple[Parameter, ...]:
                              nodes=tuple(nodes), streamed=streamed,
                              stream_bytes=int(finite_number(d.get("stream_bytes", 0), f"parameter {i} stream_bytes")),
                              block_bytes=int(finite_number(d.get("block_bytes", 0), f"parameter {i} block_bytes",
-                                                           minimum=0))))
+                                                           minimum=0)),
+                             rows=int(finite_number(d.get("rows", 0), f"parameter {i} rows", minimum=0)),
+                             row_bytes=int(finite_number(d.get("row_bytes", 0), f"parameter {i} row_bytes", minimum=0))))
     return tuple(out)
 
 
@@ -429,3 +447,7 @@ def _validate(g: TrainingGraph) -> None:
             raise FormatError(f"parameter {p.name!r}: its nodes {list(p.nodes)} must be ascending, without repeats")
         if not all(0 <= n < T and kinds[n] == "backward" for n in p.nodes):
             raise FormatError(f"parameter {p.name!r}: its nodes {list(p.nodes)} must be backward nodes of the graph")
+        if p.rows and not (p.row_bytes and p.bytes % p.row_bytes == 0 and len(p.nodes) == 1 and not p.streamed
+                           and g.lookup_node(p) is not None):
+            raise FormatError(f"parameter {p.name!r}: a table updated by rows needs row_bytes dividing its bytes, one "
+                              "backward node, no streaming, and a forward node of the same segment (its lookup)")

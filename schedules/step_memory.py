@@ -32,7 +32,14 @@ activations:
   stage longer (``StateGroup.behind_bytes``); a streamed weight's update runs
   in the background from its node to the end of the backward pass, holding the
   gradient's two factors (``Parameter.stream_bytes``) and one block at a time
-  (``StateGroup.late``).  The MILP decides group by group
+  (``StateGroup.late``).  An embedding table whose gradient is zero outside
+  the rows a step looks up (``Parameter.rows``, :func:`updates_by_rows`)
+  has the update of every other row run in the background from its lookup
+  on (their gradient is known to be zero then), holding a pass's chunks
+  from the lookup's forward node to the end of the step, and the rows it
+  looked up updated last; their state is kept in RAM until the next step's
+  pass writes it to flash (``StateGroup.overlay_bytes``, resident at every
+  stage).  The MILP decides group by group
   (:mod:`schedules.milp.formulation`); the schedule records which parameters'
   state is on flash.
 
@@ -50,7 +57,7 @@ from typing import Any, Iterable
 
 from schedules.canonical import finite_number
 from schedules.errors import FormatError, PlannerError
-from schedules.graph import TrainingGraph
+from schedules.graph import Parameter, TrainingGraph
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 
@@ -189,7 +196,9 @@ class StateGroup:
     On flash, its update runs in the background during the stage after ``node``: its gradients
     (``grad_bytes``) and the update's transient wait into that stage (``behind_bytes`` in all).  A ``late``
     group (a streamed weight's) is updated in the background any time from ``node`` to the end of the step:
-    what it holds is held over all those stages.
+    what it holds is held over all those stages.  A table updated by rows (:func:`updates_by_rows`) is late,
+    and also holds ``lookup_bytes`` from its ``lookup`` forward node on (the pass over the rows not looked
+    up) and ``overlay_bytes`` at every stage (the looked-up rows' state between two steps).
     """
 
     parameters: tuple[int, ...]  # indices into graph.parameters
@@ -198,10 +207,32 @@ class StateGroup:
     grad_bytes: int = 0
     behind_bytes: int = 0
     late: bool = False
+    lookup: int = -1  # a table updated by rows: the forward node its update starts at
+    lookup_bytes: int = 0
+    overlay_bytes: int = 0
 
     def holds_at(self, stage: int) -> bool:
         """Whether this group's background update (once on flash) holds ``behind_bytes`` at ``stage``."""
+        if self.lookup >= 0:  # a table's gradient is whole from its node on (made there: its workspace)
+            return self.node < stage
         return self.node <= stage if self.late else stage == self.node + 1
+
+    def held_at(self, stage: int) -> int:
+        """What its background updates hold at ``stage`` once it is on flash, its overlay left out."""
+        held = self.behind_bytes if self.holds_at(stage) else 0
+        return held + (self.lookup_bytes if 0 <= self.lookup <= stage else 0)
+
+    @property
+    def start(self) -> int:
+        """The first stage whose computation its background update may run beside."""
+        return self.lookup if self.lookup >= 0 else self.node + 1
+
+
+def updates_by_rows(p: Parameter, spec: TrainingSpec) -> bool:
+    """Whether ``p``'s update, with its state on flash, runs by rows (:mod:`agent.optim.rows`): an embedding
+    table looked up by fewer rows than it has, alone in its state group, with updates in the backward pass."""
+    return (p.rows > 0 and p.row_bytes > 0 and p.rows * p.row_bytes < p.bytes and spec.accumulation == 1
+            and not spec.clip and spec.state_paging and p.bytes * spec.state_tensors >= GROUP_MIN_BYTES)
 
 
 @dataclass(frozen=True)
@@ -334,11 +365,12 @@ class StepLayout:
 
     @cached_property
     def resident_state_bytes(self) -> int:
-        return sum(g.bytes for k, g in enumerate(self.memory.groups) if k not in self.state_on_flash)
+        """Optimizer state in RAM: the groups kept there, and the overlays of the tables on flash."""
+        return sum(g.overlay_bytes if k in self.state_on_flash else g.bytes for k, g in enumerate(self.memory.groups))
 
     @cached_property
     def paged_state_bytes(self) -> int:
-        return self.memory.state_bytes - self.resident_state_bytes
+        return sum(g.bytes for k, g in enumerate(self.memory.groups) if k in self.state_on_flash)
 
     @cached_property
     def parameters_on_flash(self) -> tuple[int, ...]:
@@ -352,8 +384,7 @@ class StepLayout:
 
     def behind_at(self, stage: int) -> int:
         """What the background updates of the state on flash hold at ``stage``."""
-        return sum(g.behind_bytes for k, g in enumerate(self.memory.groups)
-                   if k in self.state_on_flash and g.holds_at(stage))
+        return sum(self.memory.groups[k].held_at(stage) for k in self.state_on_flash)
 
     @cached_property
     def gradient_peak_bytes(self) -> int:
@@ -398,8 +429,8 @@ def background_waits(memory: StepMemory, on_flash: Iterable[int], costs: StateCo
     for b, ms in by_node.items():
         by_node[b] = max(0.0, ms - (nodes[b + 1].compute_ms if b + 1 < len(nodes) else 0.0))
     tail = 0.0
-    for start in sorted({g.node + 1 for g, _ in groups if g.late}):
-        work = sum(ms for g, ms in groups if g.node + 1 >= start)
+    for start in sorted({g.start for g, _ in groups if g.late}):
+        work = sum(ms for g, ms in groups if g.start >= start)
         covered = sum(n.compute_ms for n in nodes[start:]) + sum(w for b, w in by_node.items() if b + 1 >= start)
         tail = max(tail, work - covered)
     return BackgroundWaits(by_node, tail)
@@ -475,6 +506,16 @@ def _group(graph: TrainingGraph, spec: TrainingSpec, indices: tuple[int, ...]) -
     if spec.accumulation > 1 or spec.clip:
         return StateGroup(indices, state, params[0].last)
     in_flight = READ_AHEAD_CHUNKS + 1 + WRITE_BEHIND_CHUNKS
+    if len(params) == 1 and updates_by_rows(params[0], spec):
+        p = params[0]
+        chunk = p.chunk_bytes(spec.chunk_bytes)
+        looked_up = p.rows * p.row_bytes  # the rows updated last: their parameter rows and gradient rows gathered
+        overlay = looked_up * spec.state_tensors
+        # the pass over the other rows: chunks in flight, its gathered rows (parameter, zero gradient, state) and
+        # temporaries, and the looked-up rows' state it takes out while the last step's goes back
+        passing = chunk * (spec.update_temporaries + in_flight * spec.state_tensors + 2 + spec.state_tensors)
+        return StateGroup(indices, state, p.last, p.bytes, p.bytes + looked_up * (2 + spec.update_temporaries),
+                          True, graph.lookup_node(p), passing + overlay, overlay)
     grads, transient, late = 0, 0, False
     for p in params:
         chunk = p.chunk_bytes(spec.chunk_bytes)

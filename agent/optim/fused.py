@@ -26,7 +26,10 @@ Modes:
   written behind, a few chunks in RAM at a time; such an update runs in the
   background (:mod:`agent.optim.background`) beside the next backward node's
   computation, which the executor brackets with :meth:`computing` /
-  :meth:`computed`.
+  :meth:`computed`;
+* **embedding tables updated by rows** (``tables``, :mod:`agent.optim.rows`):
+  with their state on flash, the rows a step does not look up are updated
+  in the background from the lookup on, the looked-up ones at the end.
 
 One step: :meth:`begin_step`, one :meth:`begin_micro_batch` per
 micro-batch (the backward pass runs in between, wherever it runs: plain
@@ -41,13 +44,14 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
 from agent.optim.background import END, UpdateWorker
 from agent.errors import OptimizerError
 from agent.optim.chunks import Chunking
+from agent.optim.rows import RowTable, row_chunking, row_updatable
 from agent.optim.rules import UpdateRule, rule_for
 from agent.optim.state_pages import StatePages
 from schedules.step_memory import READ_AHEAD_CHUNKS
@@ -79,6 +83,7 @@ class _Slot:
     norm: torch.Tensor | None = None  # its gradient's norm (clipping)
     fresh: tuple[str, ...] = ()  # state tensors this update makes (its first): every chunk starts from none
     slot_bytes: list[list[int]] = field(default_factory=list)  # per chunk: the state page's slot sizes
+    table: RowTable | None = None  # an embedding table updated by rows
 
 
 class FusedOptimizer:
@@ -106,11 +111,15 @@ class FusedOptimizer:
     background:
         Run updates of state on flash on a thread of their own (with updates in the backward pass, neither
         accumulating nor clipping).
+    tables:
+        Indices into ``parameters`` of embedding tables whose state is on flash, updated by rows
+        (:mod:`agent.optim.rows`), each with the ``nn.Embedding`` that looks it up.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, parameters: Sequence[tuple[str, torch.Tensor, int, bool]],
                  *, chunk_bytes: int, accumulation: int = 1, clip: Clip | None = None,
-                 paged: Sequence[int] = (), pages: StatePages | None = None, background: bool = True) -> None:
+                 paged: Sequence[int] = (), pages: StatePages | None = None, background: bool = True,
+                 tables: Mapping[int, torch.nn.Module] | None = None) -> None:
         if accumulation < 1:
             raise OptimizerError(f"accumulation must be at least 1 micro-batch, got {accumulation}")
         if paged and pages is None:
@@ -121,6 +130,8 @@ class FusedOptimizer:
         self.pages = pages
         groups = {id(p): g for g in optimizer.param_groups for p in g["params"]}
         paged_set = set(paged)
+        tables = dict(tables or {})
+        fused = accumulation == 1 and clip is None
         self.slots: list[_Slot] = []
         for index, (name, param, contributions, streamed) in enumerate(parameters):
             if id(param) not in groups:
@@ -128,9 +139,13 @@ class FusedOptimizer:
             if streamed and (contributions != 1 or accumulation > 1 or clip is not None):
                 streamed = False  # a gradient that must be held is made whole
             rule = rule_for(optimizer, groups[id(param)])
-            slot = _Slot(index, name, param, rule, contributions,
-                         Chunking.of(param, chunk_bytes, columns=streamed), index in paged_set and bool(rule.state_names),
-                         streamed)
+            paged_here = index in paged_set and bool(rule.state_names)
+            by_rows = index in tables
+            if by_rows:
+                _check_table(name, param, tables[index], paged_here and fused and background and contributions == 1)
+            chunking = row_chunking(param, chunk_bytes) if by_rows else Chunking.of(param, chunk_bytes,
+                                                                                     columns=streamed)
+            slot = _Slot(index, name, param, rule, contributions, chunking, paged_here, streamed)
             slot.slot_bytes = [[slot.chunking.chunk_numel(k) * param.element_size()] * len(rule.state_names)
                                for k in range(len(slot.chunking))]
             self.slots.append(slot)
@@ -145,6 +160,12 @@ class FusedOptimizer:
         guess = [s for s in reversed(self.slots) if s.paged]
         self._ahead = _ReadAhead(self, [(s, k) for s in guess for k in range(len(s.chunking))])
         self._hooks = [s.param.register_post_accumulate_grad_hook(self._on_gradient) for s in self.slots]
+        for index, module in tables.items():
+            slot = self.slots[index]
+            slot.table = RowTable(slot.param, slot.chunking)
+            self._hooks.append(module.register_forward_pre_hook(
+                lambda _module, args, slot=slot: self._looked_up(slot, args[0])))
+        self._stepping = False  # between begin_step and the step's end: lookups start updates
         self._last_micro = True
         self.updates = 0  # parameters updated this step
         self.live_grad_bytes = 0
@@ -152,7 +173,6 @@ class FusedOptimizer:
         self._lock = threading.Lock()
         self._node: int | None = None  # the backward node computing (tags background updates)
         self._submitted = 0
-        fused = accumulation == 1 and clip is None
         self._worker = UpdateWorker() if background and fused and any(s.paged for s in self.slots) else None
         if pages is not None:
             pages.reserve({(s.index, k): slot for s in self.slots if s.paged for k, slot in enumerate(s.slot_bytes)})
@@ -199,8 +219,11 @@ class FusedOptimizer:
                                  "backward pass start from none (zero_grad(set_to_none=True))")
         for s in self.slots:
             s.seen, s.done, s.norm, s.holding = 0, False, None, False
+            if s.table is not None:
+                s.table.end_step()
         self.updates = self.live_grad_bytes = self.peak_grad_bytes = self._submitted = 0
         self._node = None
+        self._stepping = True
         self._ahead.start()
 
     def begin_micro_batch(self, last: bool) -> None:
@@ -211,8 +234,13 @@ class FusedOptimizer:
 
     def finish_step(self) -> None:
         """After the last micro-batch: clip and apply held gradients; apply any a skipped branch left final."""
+        self._stepping = False
         if self._worker is not None:
             self._worker.drain()
+        unfinished = [s.name for s in self.slots if s.table is not None and s.table.looked_up is not None]
+        if unfinished:  # its other rows are updated already: plain PyTorch would have left the table alone
+            raise OptimizerError(f"embedding table {unfinished[0]!r} was looked up but got no gradient this step; "
+                                 "its update by rows assumes every lookup reaches the loss: profile the model again")
         pending = [s for s in self.slots if not s.done and s.param.grad is not None]
         if self.clip is not None and pending:
             coefficient = self._clip_coefficient(pending)
@@ -227,9 +255,12 @@ class FusedOptimizer:
         """A step that will not be applied (cancelled or failed before any update): drop its gradients."""
         if self.started:
             raise OptimizerError("this step already updated parameters; it cannot be discarded")
+        self._stepping = False
         for s in self.slots:
             s.param.grad = None
             s.seen, s.done, s.norm, s.holding = 0, False, None, False
+            if s.table is not None:
+                s.table.end_step()
         self.live_grad_bytes = 0
         if self.pages is not None:
             self.pages.drop_reads()
@@ -257,6 +288,9 @@ class FusedOptimizer:
             return  # more contributions come, or more micro-batches
         if self.clip is not None:
             slot.norm = torch.linalg.vector_norm(param.grad, self.clip.norm_type)
+            return
+        if slot.table is not None and slot.table.looked_up is not None:  # after its pass over the other rows
+            self._worker.submit(END, self._apply_rows, slot)
             return
         if slot.paged and self._worker is not None:  # due by the end of the next backward node
             self._submitted += 1
@@ -297,6 +331,30 @@ class FusedOptimizer:
             if slot.paged and self._worker is not None:
                 self._count(-(grad_out.nbytes + inputs.nbytes))
             self._finished(slot)
+
+    # -- tables updated by rows (agent.optim.rows) -------------------------------------
+    def _looked_up(self, slot: _Slot, ids: torch.Tensor) -> None:
+        """The table is looked up: the first time in a step, its pass over the rows not looked up starts."""
+        table = slot.table
+        if not self._stepping or table.looked_up is not None or not table.look_up(ids):
+            return  # outside a step (evaluation), a recomputed lookup, or ids the lookup itself will refuse
+        self._begin_update(slot)
+        self._submitted += 1
+        for k in range(len(slot.chunking)):
+            self._worker.submit(END, self._pass_rows, slot, k)
+
+    def _pass_rows(self, slot: _Slot, k: int) -> None:
+        self._ahead.updating(slot, k)
+        made = slot.table.pass_chunk(k, slot.rule, self.optimizer.state[slot.param], self._read(slot, k))
+        self.pages.write((slot.index, k), [t.untyped_storage() for t in made])
+
+    def _apply_rows(self, slot: _Slot) -> None:
+        grad = slot.param.grad
+        slot.table.update_looked_up(slot.rule, self.optimizer.state[slot.param], grad)
+        slot.param.grad = None
+        self._count(-grad.nbytes)
+        slot.holding = False
+        self._finished(slot)
 
     # -- updates ----------------------------------------------------------------------
     def _apply(self, slot: _Slot, coefficient: torch.Tensor | None = None) -> None:
@@ -385,6 +443,8 @@ class FusedOptimizer:
             if not s.paged:
                 state = self.optimizer.state.get(s.param, {})
                 total += sum(state[n].nbytes for n in s.rule.state_names if n in state)
+            elif s.table is not None:
+                total += s.table.overlay_bytes
         return total
 
     def state_sources(self) -> dict[int, dict[str, Any]]:
@@ -425,8 +485,20 @@ class FusedOptimizer:
                 for k in range(len(s.chunking)):
                     chunks = [_chunk_of(state[name], s.chunking, k) for name in s.rule.state_names]
                     self.pages.write((s.index, k), [c.untyped_storage() for c in chunks])
+            if s.table is not None:
+                s.table.forget()
         if self.pages is not None:
             self.pages.flush()
+
+    def forget_state(self) -> None:
+        """Drop the optimizer state (momentum, moments, step counts) in RAM and on flash: training starts over
+        from the model's weights."""
+        self.optimizer.state.clear()
+        for s in self.slots:
+            if s.table is not None:
+                s.table.forget()
+        if self.pages is not None:
+            self.pages.written.clear()
 
     def _state_index(self, slot: _Slot) -> int:
         """The parameter's index in ``optimizer.state_dict()`` (its place across the param groups)."""
@@ -493,13 +565,26 @@ class PagedTensor:
         s = self.slot
         for k in range(len(s.chunking)):
             storages = self.owner.pages.read((s.index, k), s.slot_bytes[k])
-            yield s.chunking.bounds[k], _tensor(storages[self.position], self.dtype, s.chunking.chunk_shape(k))
+            chunk = _tensor(storages[self.position], self.dtype, s.chunking.chunk_shape(k))
+            yield s.chunking.bounds[k], chunk if s.table is None else s.table.overlay_chunk(k, self.position, chunk)
 
     def materialize(self) -> torch.Tensor:
         whole = torch.empty(self.shape, dtype=self.dtype)
         for k, (_, chunk) in enumerate(self.chunks()):
             self.slot.chunking.view(whole, k).copy_(chunk)
         return whole
+
+
+def _check_table(name: str, param: torch.Tensor, module: torch.nn.Module, eligible: bool) -> None:
+    """Refuse a table the plan updates by rows where this optimizer cannot."""
+    if getattr(module, "weight", None) is not param or not row_updatable(module):
+        raise OptimizerError(f"parameter {name!r} is planned as an embedding table updated by rows, but its module "
+                             f"is not a plain nn.Embedding lookup of it with rows of a multiple of 64: profile the "
+                             "model again")
+    if not eligible:
+        raise OptimizerError(f"embedding table {name!r} is updated by rows only with its state on flash, updates in "
+                             "the backward pass (no accumulation, no clipping) on the background thread, and one "
+                             "lookup")
 
 
 def _tensor(storage: torch.UntypedStorage, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:

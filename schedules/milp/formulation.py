@@ -95,12 +95,13 @@ holds beside activations there (``constant + stage_bytes[t]``, see
     real    Z      resident optimizer state / budget,   Z + sum_g s_g Y[g] >= S
     U[t,first] >= Z + (constant + stage_bytes[t]) / budget + sum_{g holds at t} behind_g Y[g] / budget + ...
                    (the first memory row of each stage; behind_g: a background update's gradients and
-                   transient, held at the stage after node(g), or from node(g) on for a late group)
+                   transient, held at the stage after node(g), or from node(g) on for a late group; a
+                   table updated by rows also from its lookup on, and its overlay at every stage)
     minimise ... + sum_g Y[g] paging_j[g];  the I/O-thread row gains sum_g Y[g] io_ms[g], the runtime row
     what of it the computation beside does not cover:
     E[b] >= sum_{g: node(g) = b, not late} io_ms[g] Y[g] - compute_ms[b+1],  E[b] >= 0,
-    E_tail >= sum_{g: node(g)+1 >= s} io_ms[g] Y[g] - sum_{t >= s} compute_ms[t] - sum_{b+1 >= s} E[b]
-              (each stage s a late group starts at),  runtime += sum_b E[b] + E_tail
+    E_tail >= sum_{g: start(g) >= s} io_ms[g] Y[g] - sum_{t >= s} compute_ms[t] - sum_{b+1 >= s} E[b]
+              (each stage s a late group starts at: node(g)+1, or a table's lookup),  runtime += sum_b E[b] + E_tail
 
 Without state paging (``state_paging=False``) ``Z`` is the constant ``S``.
 Each update's transient memory joins its node's workspace.
@@ -289,9 +290,10 @@ class PoetFormulation:
         :func:`schedules.step_memory.background_waits`: a node's background updates run beside the next
         node's computation and hold the step only for what that does not cover,
         ``E[b] >= sum_{g: node(g) = b} io_ms[g] Y[g] - compute_ms[b + 1]``, ``E[b] >= 0``; late groups' beside
-        the rest of the backward pass, ``E_tail >= sum_{g: node(g) + 1 >= s} io_ms[g] Y[g] - sum_{t >= s}
-        compute_ms[t] - sum_{b + 1 >= s} E[b]`` for each stage ``s`` a late group starts at.  Paging beside
-        compute also slows it by the device's exposed share."""
+        the rest of the step, ``E_tail >= sum_{g: start(g) >= s} io_ms[g] Y[g] - sum_{t >= s} compute_ms[t] -
+        sum_{b + 1 >= s} E[b]`` for each stage ``s`` a late group starts at (``StateGroup.start``: the stage
+        after its node, or a table's lookup).  Paging beside compute also slows it by the device's exposed
+        share."""
         if not self.Y:
             return {}
         groups = self.step.groups
@@ -310,12 +312,12 @@ class PoetFormulation:
             self.model.add_row({col: 1.0, **{c: -v for c, v in paging.items()}}, -covered, INF,
                                f"state paging of node {node} beyond the next node's compute")
             exposed[col] = 1.0
-        starts = sorted({groups[k].node + 1 for k in self.Y if groups[k].late})
+        starts = sorted({groups[k].start for k in self.Y if groups[k].late})
         if starts:
             tail = self.model.add_col("E_tail", 0.0, INF, 0.0, False)
             exposed[tail] = 1.0
             for start in starts:
-                terms = {tail: 1.0, **{col: -io[col] for k, col in self.Y.items() if groups[k].node + 1 >= start}}
+                terms = {tail: 1.0, **{col: -io[col] for k, col in self.Y.items() if groups[k].start >= start}}
                 terms.update({col: 1.0 for node, col in waits.items() if node + 1 >= start})
                 covered = sum(n.compute_ms for n in self.graph.nodes[start:]) / scale
                 self._wait_rows.append((tail, self.model.num_rows))
@@ -367,9 +369,10 @@ class PoetFormulation:
             for k, col in self.Y.items():
                 group = step.groups[k]
                 for stage in range(self.T):
-                    if group.behind_bytes and group.holds_at(stage):
-                        self._behind.setdefault(stage, {})[col] = group.behind_bytes / budget
-                        behind[stage] += group.behind_bytes / budget
+                    held = group.held_at(stage) + group.overlay_bytes  # a table's overlay: in RAM at every stage
+                    if held:
+                        self._behind.setdefault(stage, {})[col] = held / budget
+                        behind[stage] += held / budget
             return [(f, state + b) for f, b in zip(fixed, behind)]
         return [(f + state, 0.0) for f in fixed]
 

@@ -20,9 +20,10 @@ from agent.extract import extract
 from agent.optim.chunks import EXACT_COLUMNS
 from agent.parity import bits_equal
 from agent.training import OptimizerSettings, Training
-from agent.zoo import Workload
-from tests.agent.models import (TiedLM, cross_entropy, leaky_mlp, mlp, mlp_example, page_everything,
-                                recompute_everything, tied_example, whole_step_schedule, WideHead, wide_example)
+from agent.zoo import Workload, logits_cross_entropy
+from tests.agent.models import (TiedLM, bert_classifier, bert_example, cross_entropy, leaky_mlp, mlp, mlp_example,
+                                page_everything, recompute_everything, tied_example, whole_step_schedule, WideHead,
+                                wide_example)
 
 SETTINGS = {
     "sgd momentum": OptimizerSettings("sgd", learning_rate=0.05, momentum=0.9),
@@ -35,15 +36,16 @@ POLICIES = {"recompute": recompute_everything, "page": page_everything}
 
 
 def train_side_by_side(model_fn: Callable, example_fn: Callable, settings: OptimizerSettings, policy: Callable,
-                       swap: Path, *, steps: int = 3, on_flash: bool = True, chunk: int = 4096) -> Training:
+                       swap: Path, *, steps: int = 3, on_flash: bool = True, chunk: int = 4096,
+                       loss_fn: Callable = cross_entropy) -> Training:
     """``steps`` steps through :class:`Training` and plain PyTorch from the same weights, batches and RNG;
     asserts equality after each."""
     torch.manual_seed(0)
     model = model_fn().train()
     reference = copy.deepcopy(model)
-    graph, segments = extract(model, example_fn(), cross_entropy, repeats=1)
+    graph, segments = extract(model, example_fn(), loss_fn, repeats=1)
     schedule = whole_step_schedule(graph, policy(graph), settings.spec(chunk_bytes=chunk), on_flash=on_flash)
-    training = Training(Workload("test", model, *example_fn(), cross_entropy), graph, segments, schedule, settings,
+    training = Training(Workload("test", model, *example_fn(), loss_fn), graph, segments, schedule, settings,
                         swap, check_memory=False)
     optimizer = settings.build(reference.parameters())
     try:
@@ -51,7 +53,7 @@ def train_side_by_side(model_fn: Callable, example_fn: Callable, settings: Optim
             batches = [example_fn() for _ in range(settings.accumulation)]
             rng = torch.get_rng_state()
             for inputs, targets in batches:
-                cross_entropy(reference(inputs), targets).backward()
+                loss_fn(reference(inputs), targets).backward()
             if settings.clip is not None:
                 torch.nn.utils.clip_grad_norm_(reference.parameters(), settings.clip_norm, foreach=False)
             optimizer.step()
@@ -145,6 +147,64 @@ def test_a_large_weight_streams_its_gradient_in_blocks_and_stays_exact(tmp_path:
         assert training.fused.peak_grad_bytes <= streamed.stream_bytes + 2 * streamed.chunk_bytes(chunk)
         assert training.fused.peak_grad_bytes <= training.schedule.step.gradient_peak_bytes
         assert training.pages.bytes_out > 8 << 20  # its momentum went to flash, block by block
+    finally:
+        training.close()
+
+
+TABLE_VOCAB, TABLE_WIDTH = 4096, 64  # 1 MiB of embedding table: its state is a group of its own
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("optimizer", SETTINGS)
+def test_an_embedding_table_is_updated_by_rows_from_its_lookup_and_stays_exact(optimizer: str, policy: str,
+                                                                               tmp_path: Path) -> None:
+    # the rows a batch does not look up have a zero gradient: their update runs in the background from the lookup
+    # on, the looked-up rows' at the end, their state held in RAM until the next step's pass puts it back
+    model_fn = partial(bert_classifier, hidden=TABLE_WIDTH, vocab=TABLE_VOCAB)
+    example_fn = partial(bert_example, vocab=TABLE_VOCAB)
+    training = train_side_by_side(model_fn, example_fn, SETTINGS[optimizer], POLICIES[policy], tmp_path, steps=4,
+                                  loss_fn=logits_cross_entropy)
+    try:
+        table = [p for p in training.graph.parameters if p.rows]
+        names = {p.name for p in table}
+        assert "bert.embeddings.word_embeddings.weight" in names
+        assert all(0 < p.rows <= 2 * 16 for p in table)  # at most a batch's ids
+        (slot,) = [s for s in training.fused.slots if s.table is not None]
+        assert slot.name == "bert.embeddings.word_embeddings.weight"
+        # between steps the looked-up rows' state is in RAM, counted and planned as optimizer state
+        assert 0 < slot.table.overlay_bytes <= training.schedule.step.resident_state_bytes
+        assert training.fused.resident_state_bytes <= training.schedule.step.resident_state_bytes
+        assert training.pages.bytes_out >= 4 * slot.param.nbytes  # the whole table's state went to flash each step
+    finally:
+        training.close()
+
+
+def test_a_checkpoint_of_a_table_updated_by_rows_holds_its_newest_rows(tmp_path: Path) -> None:
+    model_fn = partial(bert_classifier, hidden=TABLE_WIDTH, vocab=TABLE_VOCAB)
+    example_fn = partial(bert_example, vocab=TABLE_VOCAB)
+    settings = SETTINGS["adamw"]
+    training = train_side_by_side(model_fn, example_fn, settings, page_everything, tmp_path / "a", steps=2,
+                                  loss_fn=logits_cross_entropy)
+    try:
+        saved = copy.deepcopy({"model": training.model.state_dict(), "optimizer": training.fused.state_dict()})
+        batch = example_fn()
+        torch.manual_seed(1)  # dropout's
+        training.step([batch])
+        expected = {k: v.clone() for k, v in training.model.state_dict().items()}
+        # another process restores the checkpoint: its first step must give the same bits
+        torch.manual_seed(0)
+        model = model_fn().train()
+        _, segments = extract(model, example_fn(), logits_cross_entropy, repeats=1)
+        restored = Training(Workload("test", model, *example_fn(), logits_cross_entropy), training.graph, segments,
+                            training.schedule, settings, tmp_path / "b", check_memory=False)
+        try:
+            restored.load_state(saved)
+            torch.manual_seed(1)
+            restored.step([batch])
+            for name, value in restored.model.state_dict().items():
+                assert bits_equal(value, expected[name]), name
+        finally:
+            restored.close()
     finally:
         training.close()
 

@@ -122,6 +122,73 @@ def test_a_plan_may_page_a_streamed_weights_state_and_the_simulator_agrees() -> 
     assert report.peak_memory_bytes == tight.schedule.predicted_peak_bytes <= plain - 1500
 
 
+def table_graph(rows: int = 32) -> TrainingGraph:
+    """``graph()`` whose first layer is an embedding table of 2 MiB (1 KiB rows) looked up by ``rows`` ids."""
+    g = graph()
+    first = min(range(len(g.parameters)), key=lambda i: g.parameters[i].first)
+    params = list(g.parameters)
+    params[first] = replace(params[first], bytes=2 << 20, rows=rows, row_bytes=1024)
+    return replace(g, parameters=tuple(params))
+
+
+def test_a_tables_rows_not_looked_up_are_updated_from_its_lookup_and_its_looked_up_rows_stay_in_ram() -> None:
+    g = table_graph()
+    spec = replace(ADAMW, chunk_bytes=64 << 10)
+    memory = StepMemory.build(g, spec)
+    k, group = next((k, group) for k, group in enumerate(memory.groups) if group.lookup >= 0)
+    table = g.parameters[group.parameters[0]]
+    assert g.nodes[group.lookup].kind == "forward" and g.nodes[group.lookup].segment == g.nodes[table.last].segment
+    assert group.late and group.start == group.lookup < group.node
+    overlay = 32 * 1024 * 2  # the looked-up rows' two moments
+    assert group.overlay_bytes == overlay
+    paged, resident = memory.layout({k}), memory.layout(())
+    assert paged.resident_state_bytes == resident.resident_state_bytes - group.bytes + overlay
+    assert paged.paged_state_bytes == group.bytes
+    # the pass over the table holds its chunks from the lookup on; before it, only the overlay is held
+    assert [t for t in range(g.size) if paged.behind_at(t)] == list(range(group.lookup, g.size))
+    assert paged.behind_at(group.lookup) >= 64 << 10
+    assert paged.fixed_at(0) - resident.fixed_at(0) == overlay - group.bytes
+    # its I/O may run beside everything from the lookup on: not waited for when that covers it
+    n = len(memory.groups)
+    covered = sum(node.compute_ms for node in g.nodes[group.lookup:])
+    costs = StateCosts((0.0,) * n, (0.0,) * n, tuple(covered - 1 if j == k else 0.0 for j in range(n)))
+    assert background_waits(memory, {k}, costs).total_ms == 0.0
+    costs = StateCosts((0.0,) * n, (0.0,) * n, tuple(covered + 5 if j == k else 0.0 for j in range(n)))
+    assert background_waits(memory, {k}, costs).tail_ms == pytest.approx(5.0)
+
+
+def test_a_table_is_updated_by_rows_only_where_its_update_runs_in_the_backward_pass() -> None:
+    g = table_graph()
+    for spec in (replace(ADAMW, accumulation=2), replace(ADAMW, clip=True), replace(ADAMW, state_paging=False)):
+        assert all(group.lookup < 0 for group in StepMemory.build(g, spec).groups)
+    # a batch that looks up every row leaves nothing to update early
+    every = table_graph(rows=2048)
+    assert all(group.lookup < 0 for group in StepMemory.build(every, ADAMW).groups)
+
+
+def test_a_plan_pages_a_tables_state_and_the_simulator_agrees() -> None:
+    g = table_graph()
+    spec = replace(ADAMW, chunk_bytes=64 << 10)
+    plain = store_all_peak(g, spec)
+    tight = plan(g, "rpi4", memory_budget=plain - (2 << 20), training=spec, time_limit=30)
+    assert tight.feasible
+    table = next(i for i, p in enumerate(g.parameters) if p.rows)
+    assert table in tight.schedule.step.state_on_flash
+    report = simulate(g, tight.schedule)
+    assert report.peak_memory_bytes == tight.schedule.predicted_peak_bytes <= plain - (2 << 20)
+
+
+def test_a_tables_rows_are_validated_and_part_of_the_fingerprint() -> None:
+    g = table_graph()
+    assert g.fingerprint != graph().fingerprint and g.fingerprint != table_graph(rows=16).fingerprint
+    assert TrainingGraph.from_dict(g.to_dict()) == g
+    data = g.to_dict()
+    table = next(d for d in data["parameters"] if d["rows"])
+    table["row_bytes"] = 1000  # does not divide the table
+    with pytest.raises(FormatError, match="row_bytes dividing"):
+        TrainingGraph.from_dict(data)
+
+
 def test_the_chunk_follows_the_budget_within_bounds() -> None:
     assert chunk_for(64e6) == 64_000_000 // 256 - (64_000_000 // 256) % 4096
     assert chunk_for(1000) == 64 << 10 and chunk_for(10**12) == 4 << 20 and chunk_for(None) == 4 << 20
