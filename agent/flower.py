@@ -160,11 +160,17 @@ def merged(received: ArrayRecord, context: Context, task: Task, personal: frozen
 
 
 def _keep(context: Context, weights: dict[str, torch.Tensor], personal: frozenset[str],
-          position: tuple[int, int] | None = None) -> None:
+          position: tuple[int, int] | None = None, steps: int = 0) -> None:
     if personal:
         context.state[PERSONAL] = ArrayRecord({k: weights[k] for k in personal})
     if position is not None:
-        context.state[POSITION] = ConfigRecord({"epoch": position[0], "index": position[1]})
+        context.state[POSITION] = ConfigRecord({"epoch": position[0], "index": position[1],
+                                                "steps": _steps_trained(context) + steps})
+
+
+def _steps_trained(context: Context) -> int:
+    """Optimizer steps this device trained in the run's rounds so far."""
+    return int(context.state[POSITION].get("steps", 0)) if POSITION in context.state else 0
 
 
 def _position(context: Context) -> tuple[int, int]:
@@ -288,7 +294,7 @@ def train(msg: Message, context: Context) -> Message:
     outcome = d.task.train(merged(msg.content["arrays"], context, d.task, d.personal), d.data, d.plan,
                            steps=int(config.get("local-steps", 10)), lr=d.learning_rate(config),
                            position=_position(context))
-    _keep(context, outcome.weights, d.personal, outcome.position)
+    _keep(context, outcome.weights, d.personal, outcome.position, outcome.steps)
     loss, accuracy, _ = d.task.evaluate(outcome.weights, d.data)
     metrics = metric_values(**{"num-examples": outcome.examples, "train-loss": outcome.loss, "eval-loss": loss,
                                "accuracy": accuracy, "steps": outcome.steps, "peak-bytes": outcome.peak_bytes,
@@ -309,6 +315,15 @@ def evaluate(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"metrics": MetricRecord(metrics), "device": _info(d.setup, d.plan)}), reply_to=msg)
 
 
+def _local_baseline(d: _Device, context: Context, config: ConfigRecord, finetune_steps: int) -> dict[str, Any]:
+    """The device alone: the initial weights trained on its own data, from its first batch, for as many steps as
+    it trained in the run (rounds and fine-tuning), under the same schedule; its held-out accuracy."""
+    steps = _steps_trained(context) + finetune_steps
+    outcome = d.task.train(d.task.initial, d.data, d.plan, steps=steps, lr=d.learning_rate(config))
+    loss, accuracy, _ = d.task.evaluate(outcome.weights, d.data)
+    return {"local-accuracy": accuracy, "local-loss": loss, "local-steps-total": steps}
+
+
 @app.train("personalize")
 def personalize(msg: Message, context: Context) -> Message:
     """Global model on local data, then fine-tuned locally under the schedule; metrics only, nothing shared."""
@@ -327,6 +342,8 @@ def personalize(msg: Message, context: Context) -> Message:
     version = int(config.get("global-version", -1))
     metrics.update({"global-accuracy": global_accuracy, "global-loss": global_loss, "personal-accuracy": accuracy,
                     "global-version": version})
+    if bool(config.get("local-baseline", False)):
+        metrics.update(_local_baseline(d, context, config, outcome.steps))
     if d.state_dir is not None:  # a device agent keeps what it made (the simulation's devices do not)
         from agent.personal_model import keep
 

@@ -29,7 +29,9 @@ rows to a recorder: the rounds table when the run config names a database.
 
 Run config keys (``[tool.flwr.app.config]``, ``flwr run -c``): ``num-server-rounds``, ``first-round``,
 ``fraction-train``, ``fraction-evaluate``, ``min-nodes``, ``round-timeout`` (s), ``local-steps``, ``lr``,
-``personalization``, ``finetune-steps``, ``initial-version``, ``database-url`` (empty: the database of the
+``personalization``, ``finetune-steps``, ``local-baseline`` (each device also trains alone from the initial
+weights with the steps it spent in the run, and reports that model's accuracy: the local-only baseline),
+``initial-version``, ``database-url`` (empty: the database of the
 server whose SuperLink runs this app, ``$POET_EDGE_DATABASE_URL``, else record nothing), ``data-dir``
 (empty: that server's data folder, ``$POET_EDGE_DATA_DIR``, else keep no versions); the devices also read
 ``personalization``, ``seed``, ``device-classes`` and ``skew`` (:mod:`agent.virtual`).
@@ -84,6 +86,7 @@ class FederationConfig:
     data_dir: str = ""
     initial_version: str = "latest"
     first_round: int = 1
+    local_baseline: bool = False  # each device also trains alone, with the compute it spent in the run
 
     @classmethod
     def from_run_config(cls, run: Mapping[str, Any]) -> FederationConfig:
@@ -97,7 +100,8 @@ class FederationConfig:
                          int(run.get("finetune-steps", d.finetune_steps)),
                          str(run.get("database-url", "")) or os.environ.get(DATABASE_VARIABLE, ""),
                          str(run.get("data-dir", "")), str(run.get("initial-version", d.initial_version)).strip(),
-                         int(run.get("first-round", d.first_round)))
+                         int(run.get("first-round", d.first_round)),
+                         _flag(run.get("local-baseline", d.local_baseline), "local-baseline"))
         except (TypeError, ValueError) as exc:
             raise ServerConfigError(f"run config has a value of the wrong type: {exc}") from exc
         config.check()
@@ -208,7 +212,7 @@ def personalize(grid: Grid, arrays: ArrayRecord, config: FederationConfig, recor
     """Phase 3: every device evaluates the global model (``version``, where stored) and fine-tunes it; their
     rows, recorded."""
     content = RecordDict({"arrays": arrays, "config": ConfigRecord({
-        "finetune-steps": config.finetune_steps, "lr": config.lr,
+        "finetune-steps": config.finetune_steps, "lr": config.lr, "local-baseline": config.local_baseline,
         "global-version": version if version is not None else -1})})
     asks = [Message(content, dst_node_id=node, message_type="train.personalize") for node in grid.get_node_ids()]
     replies = grid.send_and_receive(asks, timeout=config.round_timeout)
@@ -337,3 +341,11 @@ def main(grid: Grid, context: Context) -> None:
     config = FederationConfig.from_run_config(context.run_config)
     run_federation(grid, config, store_recorder(config.database_url), GlobalModels.for_config(config))
 
+
+def _flag(value: Any, key: str) -> bool:
+    """A run-config boolean (TOML gives a bool; a string override ``true``/``false`` is taken too)."""
+    if isinstance(value, bool):
+        return value
+    if str(value).strip().lower() in ("true", "false"):
+        return str(value).strip().lower() == "true"
+    raise ServerConfigError(f"run config {key} must be true or false, got {value!r}")

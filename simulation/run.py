@@ -35,7 +35,8 @@ class SimulationSettings:
                 "min-nodes": self.devices, "round-timeout": 600.0, "local-steps": self.local_steps, "lr": self.lr,
                 "personalization": self.personalization, "finetune-steps": self.finetune_steps,
                 "seed": self.seed, "database-url": database_url, "device-classes": classes_config(self.classes),
-                "skew": self.skew, "initial-version": "none"}  # each simulation from the seeded weights
+                "skew": self.skew, "initial-version": "none",  # each simulation from the seeded weights
+                "local-baseline": True}  # every device also trains alone: the baseline personalization must beat
 
 
 def simulate(settings: SimulationSettings) -> SimulationReport:

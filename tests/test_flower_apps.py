@@ -223,6 +223,32 @@ def test_an_agents_device_trains_its_own_model_on_its_own_data_under_its_budget(
         assert bits_equal(changed[key], value), key
 
 
+def test_the_local_only_baseline_trains_the_device_alone_with_the_steps_it_spent_in_the_run() -> None:
+    import torch
+
+    from agent.digits import device_dataset
+
+    device = Device(1)
+    initial = ArrayRecord(client.task_for(0).initial)
+    trained = device.ask("train", weights_message(initial, **{"local-steps": 3})).content["arrays"]
+    device.ask("train", weights_message(trained, **{"local-steps": 3}))
+    reply = device.ask("train.personalize", weights_message(trained, **{"finetune-steps": 4, "local-baseline": True}))
+    metrics = reply.content["metrics"]
+    assert metrics["local-steps-total"] == 3 + 3 + 4  # two rounds and the fine-tuning: the same compute
+    # the baseline is the device alone: the seeded initial weights, its own data from its first batch
+    task = client.task_for(0)
+    data = device_dataset(1, 3, seed=0)
+    plan = client.device_plan(task, client.DeviceSetup.from_context(device.context), device.context)
+    rng = torch.get_rng_state()
+    alone = task.train(task.initial, data, plan, steps=10, lr=0.05)
+    torch.set_rng_state(rng)
+    _, accuracy, _ = task.evaluate(alone.weights, data)
+    assert metrics["local-accuracy"] == pytest.approx(accuracy)
+    # not asked for, not trained
+    plain = device.ask("train.personalize", weights_message(trained, **{"finetune-steps": 4}))
+    assert "local-accuracy" not in plain.content["metrics"]
+
+
 @pytest.mark.parametrize("personalization", ["finetune", "fedbn"])
 def test_an_agents_device_keeps_its_personalized_model_shows_it_and_exports_it(tmp_path, capsys,
                                                                                  personalization) -> None:

@@ -19,8 +19,12 @@ def test_a_small_fleet_prints_accuracy_memory_and_energy_and_writes_json_and_png
                  "--json", str(out), "--plot", str(png), "--database", f"sqlite:///{tmp_path / 'server.db'}"])
     assert code == 0
     text = capsys.readouterr().out
-    assert "personalized" in text and "on 3 of 3 devices" in text
+    assert "personalized" in text and "on 3 of 3 devices" in text and "local-only" in text
     report = json.loads(out.read_text())
+    # every device also trained alone with the same steps: the baseline the personalized model is held against
+    assert all(0 <= d["local_accuracy"] <= 1 for d in report["devices"])
+    best = max(report["mean_global_accuracy"], report["mean_local_accuracy"])
+    assert report["gap_points"] == pytest.approx(100 * (report["mean_personal_accuracy"] - best))
     assert report["format"] == "poet-edge/simulation" and len(report["rounds"]) == 2
     assert [d["device_class"] for d in report["devices"]] == ["large", "medium", "small"]
     assert all(d["within_budget"] and d["energy_j"] > 0 for d in report["devices"])
