@@ -362,17 +362,29 @@ def test_a_device_that_left_mid_round_is_a_row_with_its_error_and_its_name(tmp_p
     assert reply_row(error, "train", 1, 7, sent).device_name == "pi-2"
 
 
-def test_an_onnx_export_without_the_onnx_package_says_what_to_install(tmp_path) -> None:
+def test_a_personalized_model_exports_to_onnx_with_the_same_outputs(tmp_path, monkeypatch) -> None:
     import importlib.util
+
+    import numpy as np
+    import onnx
+    import torch
+    from onnx.reference import ReferenceEvaluator
 
     from agent.digits import digits_workload
     from agent.errors import PersonalModelError
     from agent.personal_model import export, keep
 
-    if importlib.util.find_spec("onnx") is not None:
-        pytest.skip("the onnx package is installed here")
     work = digits_workload(0)
     keep(tmp_path, work.model.state_dict(), model="digits", input="16x1x8x8", global_version=None, run_id=1,
          personalization="finetune", steps=0, accuracy_before=0.0, accuracy_after=0.0)
+    out = export(tmp_path, work.model, work.inputs, tmp_path / "m.onnx", "onnx")
+    onnx.checker.check_model(onnx.load(str(out)))
+    (got,) = ReferenceEvaluator(str(out)).run(None, {"input": work.inputs.numpy()})
+    with torch.no_grad():
+        expected = work.model.eval()(work.inputs).numpy()
+    assert np.allclose(got, expected, atol=1e-4)  # another runtime: the same function, not the same bits
+    # where the package is missing, the error says what to install (the environment faked, not our code)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnx" else real(name, *a))
     with pytest.raises(PersonalModelError, match="pip install onnx"):
-        export(tmp_path, work.model, work.inputs, tmp_path / "m.onnx", "onnx")
+        export(tmp_path, work.model, work.inputs, tmp_path / "m2.onnx", "onnx")
