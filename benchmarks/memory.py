@@ -19,9 +19,10 @@ one compute thread), four steps on the same seeded batches:
 Training memory is the peak RSS over the steps minus the RSS of the same
 process with the model loaded (everything a step adds: activations,
 gradients, optimizer state, workspaces, the runtime).  Step times come from
-one more process that runs every configuration, a step of each in turn
-(``--rounds`` times, after a warm-up step each): a slow minute of a shared
-machine then slows every row alike; each row's time is its median.  The rows
+one more process per configuration that runs it and plain, a step of each in
+turn (``--rounds`` times, after a warm-up step each): a slow minute of a
+shared machine then slows both alike; a row's time is its median over
+plain's beside it, in seconds of plain's median over all the pairs.  The rows
 "within 1.05x", "1.15x" and "1.5x" are found by measurement: the smallest budget whose
 schedule runs within that time beside plain (the tightest budget first, then a
 bisection towards plain's memory; each candidate planned within the runtime
@@ -302,11 +303,11 @@ def bench_model(name: str, workdir: Path, plan_time: float, rounds: int) -> dict
     configs.update({label: f"ours:{entry['path']}" for label, entry in planned.items()})
     print("   memory, each configuration in a fresh process ...", flush=True)
     memory = {label: _child(name, run, folder) for label, run in configs.items()}
-    print(f"   step times, {rounds} rounds interleaved in one process ...", flush=True)
-    times = _times(name, list(configs.values()), folder, rounds)
+    print(f"   step times, each configuration beside plain, {rounds} rounds interleaved in a process ...", flush=True)
+    seconds = _paired_seconds(name, [run for run in configs.values() if run != "plain"], folder, rounds)
     rows = []
     for label, run in configs.items():
-        row = Row(label, memory[label]["memory"], statistics.median(times[run]), memory[label]["digest"])
+        row = Row(label, memory[label]["memory"], seconds[run], memory[label]["digest"])
         if label in planned:
             row.budget, row.planned_runtime, row.paged_state = (planned[label][key] for key in
                                                                 ("budget", "planned_runtime", "paged_state"))
@@ -377,6 +378,19 @@ def _save(result: Any, path: Path, graph: Any) -> dict[str, Any]:
     return {"path": str(path), "budget": result.schedule.memory_budget,
             "planned_runtime": result.schedule.predicted_runtime_ms / graph.total_compute_ms,
             "paged_state": result.schedule.step.paged_state_bytes}
+
+
+def _paired_seconds(model: str, runs: list[str], folder: Path, rounds: int) -> dict[str, float]:
+    """Each run's step time as its ratio to plain's beside it (the two interleaved in a fresh process, as the
+    search measures), in seconds of plain's median over all pairs; ``plain`` itself is that median.  A process
+    holding every configuration at once (a model and optimizer state each) slows them unevenly."""
+    ratios, plain = {}, []
+    for run in runs:
+        times = _times(model, ["plain", run], folder, rounds)
+        plain.append(statistics.median(times["plain"]))
+        ratios[run] = statistics.median(times[run]) / plain[-1]
+    reference = statistics.median(plain) if plain else float("nan")
+    return {"plain": reference, **{run: ratio * reference for run, ratio in ratios.items()}}
 
 
 def _times(model: str, runs: list[str], folder: Path, rounds: int) -> dict[str, list[float]]:
