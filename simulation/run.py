@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -50,19 +52,43 @@ def simulate(settings: SimulationSettings) -> SimulationReport:
         url = settings.database_url or f"sqlite:///{Path(scratch) / 'rounds.db'}"
         open_store(url).dispose()  # migrated before the ServerApp writes, so a bad URL fails here
         started = time.time()
-        run_id = run_on_engine(settings.run_config(url), settings.devices, settings.cpus_per_device, Path(scratch))
-        finished = time.time()
-        database = open_store(url)
-        rows = round_rows(database, run_id, limit=100_000)
-        database.dispose()
-    _check_every_device_answered(rows, nodes)
+        try:
+            run_id = run_on_engine(settings.run_config(url), settings.devices, settings.cpus_per_device,
+                                   Path(scratch))
+            finished = time.time()
+            database = open_store(url)
+            rows = round_rows(database, run_id, limit=100_000)
+            database.dispose()
+            _check_every_device_answered(rows, nodes)
+        except Exception:  # the scratch folder goes: its logs are what explains the failure
+            kept = _keep_logs(Path(scratch))
+            if kept is not None:
+                print(f"simulate: the run's logs are kept in {kept}", file=sys.stderr)
+            raise
     info = {**asdict(settings), "classes": [asdict(c) for c in settings.classes], "run_id": run_id}
     return build_report(rows, nodes, info, started, finished)
 
 
 def _check_every_device_answered(rows: list[Any], nodes: list[dict[str, Any]]) -> None:
-    """A device that failed every message has no row: say so rather than report a partial fleet as whole."""
-    silent = sorted({n["device-name"] for n in nodes} - {r.device_name for r in rows})
-    if silent:
-        raise CommandError(f"{len(silent)} of {len(nodes)} devices failed (e.g. {silent[0]}): "
-                           "with the digits, fewer devices each get more data (at most about 80)")
+    """A device with no row of figures failed every message: name each with the reason its replies gave (an
+    infeasible budget names the smallest feasible one), rather than report a partial fleet as whole."""
+    answered = {r.device_name for r in rows if "error" not in r.metrics}
+    failed = sorted({n["device-name"] for n in nodes} - answered)
+    if failed:
+        reasons = {r.device_name: str(r.metrics["error"]) for r in rows if "error" in r.metrics}
+        named = "; ".join(f"{name}: {reasons.get(name, 'no reply at all')}" for name in failed[:3])
+        raise CommandError(f"{len(failed)} of {len(nodes)} devices failed ({named}"
+                           + (f"; and {len(failed) - 3} more" if len(failed) > 3 else "") + ")")
+
+
+def _keep_logs(scratch: Path) -> Path | None:
+    """Copy the run's log files out of ``scratch`` into a folder that stays; None when there were none."""
+    logs = [p for p in scratch.rglob("*.log") if p.is_file()]
+    if not logs:
+        return None
+    kept = Path(tempfile.mkdtemp(prefix="poet-simulate-logs-"))
+    for log in logs:
+        target = kept / log.relative_to(scratch)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(log, target)
+    return kept

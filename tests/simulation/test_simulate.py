@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import psutil
 import pytest
@@ -51,3 +52,12 @@ def test_the_report_judges_peaks_with_the_devices_own_memory_tolerance() -> None
     from simulation.report import MEMORY_TOLERANCE_BYTES
 
     assert MEMORY_TOLERANCE_BYTES == DEFAULT_TOLERANCE_BYTES
+
+
+def test_a_failed_device_is_named_and_the_runs_logs_are_kept(tmp_path, capsys) -> None:
+    code = main(["simulate", "--devices", "2", "--rounds", "1", "--local-steps", "2", "--finetune-steps", "0",
+                 "--classes", "rpi4:0.05,jetson-orin-nano:1", "--database", f"sqlite:///{tmp_path / 'server.db'}"])
+    err = capsys.readouterr().err
+    assert code != 0 and "1 of 2 devices failed (c0-000" in err  # the class whose budget fits no schedule
+    kept = err.split("logs are kept in ")[-1].split()[0]
+    assert list(Path(kept).rglob("*.log"))  # what explains it outlives the run's scratch folder
