@@ -21,6 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from agent.personal_model import EXPORT_FORMATS
 from schedules.errors import CommandError
 from schedules.exit_codes import ExitCode
 
@@ -50,7 +51,7 @@ def add_commands(subparsers: Any) -> None:
                                              "in inference mode as TorchScript (torch.jit.trace) or ONNX "
                                              "(torch.onnx.export).")
     export.add_argument("--config", required=True, metavar="FILE", help="the agent's config")
-    export.add_argument("--format", choices=("torchscript", "onnx"), default="torchscript",
+    export.add_argument("--format", choices=EXPORT_FORMATS, default="torchscript",
                         help="default: %(default)s")
     export.add_argument("--out", required=True, type=Path, metavar="FILE", help="where to write it")
     export.set_defaults(handler=export_model)
