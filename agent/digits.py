@@ -16,6 +16,8 @@ initial weights and the same split.
 from __future__ import annotations
 
 import math
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +25,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from agent.data import LocalDataset, _split
+from agent.data import LocalDataset
 from agent.errors import DataError
+from agent.virtual import FleetData
 from agent.zoo import Workload, cross_entropy
 
 CLASSES = 10
@@ -70,49 +73,125 @@ def load_digits() -> tuple[np.ndarray, np.ndarray]:
     return x, bunch.target.astype(np.int64)
 
 
-def rotate(x: torch.Tensor, degrees: float) -> torch.Tensor:
-    """Images ``(n, 1, H, W)`` rotated about their centre by ``degrees`` (bilinear, zeros outside)."""
-    if degrees % 360 == 0:
-        return x.clone()
-    a = math.radians(degrees)
-    theta = torch.tensor([[math.cos(a), -math.sin(a), 0.0], [math.sin(a), math.cos(a), 0.0]], dtype=x.dtype)
-    grid = F.affine_grid(theta.expand(len(x), 2, 3), list(x.shape), align_corners=False)
+def rotate(x: torch.Tensor, degrees: float | torch.Tensor) -> torch.Tensor:
+    """Images ``(n, 1, H, W)`` rotated about their centre by ``degrees`` (one angle, or one per image; bilinear,
+    zeros outside)."""
+    if not isinstance(degrees, torch.Tensor):
+        if degrees % 360 == 0:
+            return x.clone()
+        degrees = torch.full((len(x),), float(degrees))
+    a = torch.deg2rad(degrees.to(torch.float64))
+    cos, sin, zero = torch.cos(a), torch.sin(a), torch.zeros_like(a)
+    theta = torch.stack([torch.stack([cos, -sin, zero], 1), torch.stack([sin, cos, zero], 1)], 1).to(x.dtype)
+    grid = F.affine_grid(theta, list(x.shape), align_corners=False)
     return F.grid_sample(x, grid, align_corners=False)
 
 
-def device_angle(partition: int, partitions: int) -> float:
-    """Device ``partition``'s viewpoint: the devices' angles spread evenly around the circle."""
-    return 360.0 * partition / partitions
+def device_angle(partition: int, partitions: int, viewpoints: float = 360.0) -> float:
+    """Device ``partition``'s viewpoint: evenly around the circle (``viewpoints`` 360), else evenly over
+    ``viewpoints`` degrees centred on upright (90: from -45 to +45)."""
+    if viewpoints >= 360:
+        return 360.0 * partition / partitions
+    if partitions == 1:
+        return 0.0
+    return viewpoints * (partition / (partitions - 1) - 0.5)
 
 
-def device_dataset(partition: int, partitions: int, *, angle: float | None = None, skew: float = 0.0,
-                   seed: int = 0, holdout: float = 0.25, batch_size: int = BATCH_SIZE) -> LocalDataset:
-    """Device ``partition``'s digits: its disjoint share, rotated by its angle, split into train and holdout.
-
-    ``skew`` in [0, 1) biases the share towards the device's two favourite classes: each digit of
-    another class is dropped with probability ``skew`` (0 keeps the natural mix).
-    """
+def device_dataset(partition: int, partitions: int, *, data: FleetData = FleetData(), angle: float | None = None,
+                   seed: int = 0, batch_size: int = BATCH_SIZE) -> LocalDataset:
+    """Device ``partition``'s digits (see :class:`FleetData`): its training partition and held-out digits, both
+    seen from its angle.  A function of the arguments: every process builds the same fleet."""
     if not 0 <= partition < partitions:
         raise DataError(f"partition {partition} out of range for {partitions} partitions")
-    if not 0 <= skew < 1:
-        raise DataError(f"skew must be in [0, 1); got {skew}")
+    data.check(partitions, batch_size)
+    pool = _pool(partitions, data, seed, batch_size)
+    rows = pool.rows[partition]
+    if len(rows) < max(batch_size, data.samples):
+        raise DataError(f"device {partition} of {partitions} gets {len(rows)} training digits, fewer than "
+                        f"{max(batch_size, data.samples)}: set samples (digits per device) or use fewer devices")
+    if data.samples:
+        rows = rows[:data.samples]
+    labels = pool.train_y[rows]
+    held = _held_out(pool, labels, data.holdout, np.random.default_rng([seed, partition]))
+    degrees = device_angle(partition, partitions, data.viewpoints) if angle is None else angle
+    return LocalDataset(train_x=rotate(pool.train_x[rows], degrees), train_y=labels,
+                        holdout_x=rotate(pool.test_x[held], degrees), holdout_y=pool.test_y[held],
+                        batch_size=batch_size, seed=seed + partition, source=_source(partition, partitions, degrees))
+
+
+HOLDOUT_SHARE = 0.25  # of the digits, the test pool
+AUGMENT_DEGREES = 10.0  # a grown pool's copies turn by up to this much either way
+
+
+@dataclass(frozen=True)
+class _Pool:
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    rows: list[np.ndarray]  # per device, its rows of the training pool in its own order
+
+
+_POOLS: dict[tuple[int, FleetData, int, int], _Pool] = {}
+
+
+def _pool(partitions: int, data: FleetData, seed: int, batch_size: int) -> _Pool:
+    """The fleet's pools and partition, made once per process (a ClientApp process serves many devices)."""
+    key = (partitions, data, seed, batch_size)
+    if key not in _POOLS:
+        _POOLS.clear()  # one fleet per process at a time
+        _POOLS[key] = _make_pool(partitions, data, seed, batch_size)
+    return _POOLS[key]
+
+
+def _make_pool(partitions: int, data: FleetData, seed: int, batch_size: int) -> _Pool:
+    import datasets
+    from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner
+
     x, y = load_digits()
     rng = np.random.default_rng(seed)
-    share = np.sort(rng.permutation(len(x))[partition::partitions])  # disjoint, about n / partitions each
-    if skew:
-        favourite = {partition % CLASSES, (partition + 1) % CLASSES}
-        keep = np.array([y[i] in favourite or rng.random() >= skew for i in share])
-        share = share[keep]
-    degrees = device_angle(partition, partitions) if angle is None else angle
-    images = rotate(torch.from_numpy(x[share]), degrees)
-    labels = torch.from_numpy(y[share])
-    held, train = _split(len(share), holdout, seed + partition)
-    if len(train) < batch_size:
-        raise DataError(f"partition {partition} of {partitions} leaves {len(train)} training digits, fewer than "
-                        f"a batch of {batch_size}; use fewer partitions or a lower skew")
-    return LocalDataset(train_x=images[train], train_y=labels[train], holdout_x=images[held],
-                        holdout_y=labels[held], batch_size=batch_size, seed=seed + partition,
-                        source=_source(partition, partitions, degrees))
+    order = rng.permutation(len(x))
+    test = np.sort(order[:int(HOLDOUT_SHARE * len(x))])
+    train = np.sort(order[int(HOLDOUT_SHARE * len(x)):])
+    train_x, train_y = torch.from_numpy(x[train]), torch.from_numpy(y[train])
+    # a Dirichlet partition is uneven: room for every device to get its samples
+    wanted = partitions * data.samples * (3 if data.label_alpha else 1)
+    copies = max(1, -(-wanted // len(train_x)))
+    if copies > 1:
+        turns = torch.from_numpy(rng.uniform(-AUGMENT_DEGREES, AUGMENT_DEGREES, (copies - 1) * len(train_x)))
+        train_x = torch.cat([train_x, rotate(train_x.repeat(copies - 1, 1, 1, 1), turns.float())])
+        train_y = train_y.repeat(copies)
+    table = datasets.Dataset.from_dict({"row": np.arange(len(train_y)), "label": train_y.numpy()})
+    if data.label_alpha:
+        partitioner = DirichletPartitioner(partitions, "label", data.label_alpha,
+                                           min_partition_size=max(data.samples, batch_size), self_balancing=True,
+                                           shuffle=True, seed=seed)
+    else:
+        partitioner = IidPartitioner(partitions)
+        table = table.shuffle(seed=seed)
+    partitioner.dataset = table
+    try:
+        with warnings.catch_warnings():  # it warns at every redraw of a partition too small, then gives up
+            warnings.simplefilter("ignore")
+            rows = [np.asarray(partitioner.load_partition(i)["row"], dtype=np.int64) for i in range(partitions)]
+    except ValueError as exc:
+        raise DataError(f"label-alpha {data.label_alpha:g} leaves some of {partitions} devices fewer than "
+                        f"{max(data.samples, batch_size)} digits in every Dirichlet draw ({exc}): raise label-alpha "
+                        "or lower samples") from exc
+    return _Pool(train_x, train_y, torch.from_numpy(x[test]), torch.from_numpy(y[test]), rows)
+
+
+def _held_out(pool: _Pool, labels: torch.Tensor, count: int, rng: np.random.Generator) -> np.ndarray:
+    """``count`` test-pool rows in the label mix of ``labels`` (each class's digits drawn without repeats until
+    the class runs out)."""
+    mix = np.bincount(labels.numpy(), minlength=CLASSES) / len(labels)
+    wanted = rng.multinomial(count, mix)
+    test_y = pool.test_y.numpy()
+    picked = []
+    for label, n in enumerate(wanted):
+        members = np.flatnonzero(test_y == label)
+        picked.append(rng.choice(members, size=n, replace=n > len(members)))
+    return np.sort(np.concatenate(picked))
 
 
 def _source(partition: int, partitions: int, degrees: float) -> Path:
@@ -120,14 +199,14 @@ def _source(partition: int, partitions: int, degrees: float) -> Path:
     return Path(f"sklearn-digits/{partition}-of-{partitions}@{degrees:.0f}deg")
 
 
-def write_device_data(path: Path, partition: int, partitions: int, *, angle: float | None = None,
-                      skew: float = 0.0, seed: int = 0) -> Path:
+def write_device_data(path: Path, partition: int, partitions: int, *, data: FleetData = FleetData(),
+                      angle: float | None = None, seed: int = 0) -> Path:
     """Device ``partition``'s digits (all of its share, seen from its angle) as a ``.npz`` data file with
     arrays ``x`` and ``y``: the data a device agent trains on (``[data] path``) with the
     ``agent.digits:digits_workload`` model.  The agent splits off its own held-out part."""
-    data = device_dataset(partition, partitions, angle=angle, skew=skew, seed=seed)
-    x = torch.cat([data.train_x, data.holdout_x]).numpy()
-    y = torch.cat([data.train_y, data.holdout_y]).numpy()
+    share = device_dataset(partition, partitions, data=data, angle=angle, seed=seed)
+    x = torch.cat([share.train_x, share.holdout_x]).numpy()
+    y = torch.cat([share.train_y, share.holdout_y]).numpy()
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as out:  # a file object: np.savez would append .npz to a name without it
         np.savez(out, x=x, y=y)

@@ -21,11 +21,12 @@ Otherwise the device is described by its node config (``--node-config`` of ``flo
 ``device-name``, ``device-profile`` (a built-in profile, default ``rpi4``),
 ``budget-fraction`` (of a plain step's whole memory; absent or 1: no limit) or
 ``memory-budget`` (bytes), and its data: ``partition-id`` / ``num-partitions`` of the digits
-(:mod:`agent.digits`) with ``angle`` and ``skew``.  The run config says ``personalization``
+(:mod:`agent.digits`, optionally seen from ``angle``), spread as the run config's ``samples``,
+``label-alpha`` and ``viewpoints`` say (:class:`agent.virtual.FleetData`).  The run config says ``personalization``
 (``none``, ``finetune``, ``fedper``, ``fedbn``) and ``seed``.  In Flower's simulation engine a
 virtual SuperNode's node config holds only ``partition-id`` and ``num-partitions``; when the run
 config's ``device-classes`` is set, the rest comes from them (:func:`agent.virtual.virtual_node_config`:
-class, profile, budget fraction, name; run config ``skew``).
+class, profile, budget fraction, name).
 
 Every reply's metrics carry ``startup-seconds``: from the launch of this ClientApp's process to its
 handler (Flower's per-message cost on the device; -1 where unknown, as in the simulation engine).  The
@@ -52,7 +53,7 @@ from flwr.clientapp import ClientApp
 from agent.data import LocalDataset
 from agent.errors import FederationError
 from agent.fedtask import PERSONALIZATIONS, DevicePlan, Task, metric_values, personal_keys
-from agent.virtual import virtual_node_config
+from agent.virtual import FleetData, virtual_node_config
 
 PERSONAL = "personal"  # context.state: the ArrayRecord of personal layers
 POSITION = "position"  # context.state: the ConfigRecord of the next batch's (epoch, index)
@@ -72,23 +73,23 @@ class DeviceSetup:
     partition: int
     partitions: int
     angle: float | None
-    skew: float
+    data: FleetData
     seed: int
 
     @classmethod
     def from_context(cls, context: Context) -> DeviceSetup:
-        """The setup from ``context.node_config`` (and the run config's ``seed``, ``device-classes``, ``skew``)."""
+        """The setup from ``context.node_config`` (and the run config's ``seed``, ``device-classes`` and the fleet data's keys)."""
         node, run = dict(context.node_config), context.run_config
         try:
             if run.get("device-classes") and "device-name" not in node:  # a virtual device of a simulation
                 node = {**virtual_node_config(int(node["partition-id"]), int(node["num-partitions"]),
-                                              str(run["device-classes"]), float(run.get("skew", 0.0))), **node}
+                                              str(run["device-classes"])), **node}
             fraction = float(node.get("budget-fraction", 0)) or None
             budget = int(node.get("memory-budget", 0)) or None
             angle = node.get("angle")
             return cls(str(node.get("device-name", f"node-{context.node_id}")), str(node.get("device-profile", "rpi4")),
                        fraction, budget, int(node.get("partition-id", 0)), int(node.get("num-partitions", 1)),
-                       None if angle is None else float(angle), float(node.get("skew", 0.0)),
+                       None if angle is None else float(angle), FleetData.from_run_config(run),
                        int(run.get("seed", 0)))
         except (KeyError, TypeError, ValueError) as exc:
             raise FederationError(f"node config {node} is incomplete or has a value of the wrong type: {exc}") from exc
@@ -115,7 +116,7 @@ def data_for(setup: DeviceSetup) -> LocalDataset:
     if setup not in _DATA:
         from agent.digits import device_dataset
 
-        _DATA[setup] = device_dataset(setup.partition, setup.partitions, angle=setup.angle, skew=setup.skew,
+        _DATA[setup] = device_dataset(setup.partition, setup.partitions, data=setup.data, angle=setup.angle,
                                       seed=setup.seed)
     return _DATA[setup]
 

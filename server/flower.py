@@ -34,7 +34,8 @@ weights with the steps it spent in the run, and reports that model's accuracy: t
 ``initial-version``, ``database-url`` (empty: the database of the
 server whose SuperLink runs this app, ``$POET_EDGE_DATABASE_URL``, else record nothing), ``data-dir``
 (empty: that server's data folder, ``$POET_EDGE_DATA_DIR``, else keep no versions); the devices also read
-``personalization``, ``seed``, ``device-classes`` and ``skew`` (:mod:`agent.virtual`).
+``personalization``, ``seed``, ``device-classes``, ``samples``, ``label-alpha`` and ``viewpoints``
+(:mod:`agent.virtual`).
 
 The same app runs in a deployment (real SuperNodes) and in Flower's simulation
 engine (``poet-edge simulate``: virtual SuperNodes on Ray); it uses Flower's

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agent.virtual import format_device_classes, virtual_node_config
+from agent.virtual import FleetData, format_device_classes, virtual_node_config
 from schedules.errors import CommandError
 from schedules.exit_codes import ExitCode
 
@@ -35,6 +35,12 @@ DEFAULT_CLASSES = (DeviceClass("small", "rpi4", 0.5), DeviceClass("medium", "rpi
                    DeviceClass("large", "jetson-orin-nano", 1.0))
 
 
+# Few digits per device, a moderately skewed label mix, cameras within 45 degrees of upright: each device's own
+# data is too little to learn the digits well, and too particular for the global model alone (see docs/benchmarks.md
+# for the sweep over samples per device).
+DEFAULT_DATA = FleetData(samples=16, label_alpha=1.0, viewpoints=90.0)
+
+
 def parse_classes(text: str) -> tuple[DeviceClass, ...]:
     """``PROFILE:FRACTION,...`` (e.g. ``rpi4:0.5,rpi5:0.7,jetson-orin-nano:1``) as classes named c0, c1, ..."""
     classes = []
@@ -57,7 +63,7 @@ def classes_config(classes: tuple[DeviceClass, ...]) -> str:
     return format_device_classes([(c.name, c.profile, c.budget_fraction) for c in classes])
 
 
-def fleet_node_configs(devices: int, classes: tuple[DeviceClass, ...], skew: float = 0.0) -> list[dict[str, Any]]:
+def fleet_node_configs(devices: int, classes: tuple[DeviceClass, ...]) -> list[dict[str, Any]]:
     """Device ``i`` is of class ``i mod len(classes)`` and holds digits partition ``i`` of ``devices``."""
     text = classes_config(classes)
-    return [virtual_node_config(i, devices, text, skew) for i in range(devices)]
+    return [virtual_node_config(i, devices, text) for i in range(devices)]

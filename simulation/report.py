@@ -176,6 +176,55 @@ def print_report(report: SimulationReport, out: TextIO) -> None:
               "starting the engine included)\n")
 
 
+@dataclass
+class SeedRuns:
+    """The same simulation run with several seeds: the headline figures as their mean with a 95% confidence
+    interval (Student's t over the seeds)."""
+
+    reports: list[SimulationReport]
+
+    def interval(self, values: list[float]) -> tuple[float, float]:
+        """``(mean, half-width of the 95% confidence interval)``; the half-width is NaN for one run."""
+        mean = _mean(values)
+        if len(values) < 2:
+            return mean, float("nan")
+        from scipy.stats import t  # scikit-learn's own dependency, in the sim extra
+
+        spread = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+        return mean, float(t.ppf(0.975, len(values) - 1)) * spread / len(values) ** 0.5
+
+    def figures(self) -> dict[str, tuple[float, float]]:
+        """Mean accuracies (in %) and the gap (in points), each ``(mean, 95% half-width)`` over the seeds."""
+        return {"personalized": self.interval([100 * r.mean_personal for r in self.reports]),
+                "local-only": self.interval([100 * r.mean_local for r in self.reports]),
+                "global": self.interval([100 * r.mean_global for r in self.reports]),
+                "gap": self.interval([r.gap_points for r in self.reports])}
+
+    @property
+    def target_met(self) -> bool:
+        return self.figures()["gap"][0] >= GAP_TARGET_POINTS
+
+    def print(self, out: TextIO) -> None:
+        """The seeds' headline figures side by side, then their mean and interval against the target."""
+        out.write(f"\n{'seed':>5} {'personalized':>12} {'local-only':>10} {'global':>7} {'gap':>7}\n")
+        for r in self.reports:
+            out.write(f"{r.settings.get('seed', '?'):>5} {r.mean_personal:>12.1%} {r.mean_local:>10.1%} "
+                      f"{r.mean_global:>7.1%} {r.gap_points:>+7.1f}\n")
+        f = self.figures()
+        out.write("mean over {} seeds (95% confidence interval): personalized {:.1f} +- {:.1f} %, local-only {:.1f} "
+                  "+- {:.1f} %, global {:.1f} +- {:.1f} %; personalized over the better baseline {:+.1f} +- {:.1f} "
+                  "points (target >= {:.0f}: {})\n".format(
+                      len(self.reports), *f["personalized"], *f["local-only"], *f["global"], *f["gap"],
+                      GAP_TARGET_POINTS, "met" if self.target_met else "NOT met"))
+
+    def save_json(self, path: Path) -> None:
+        f = self.figures()
+        path.write_text(json.dumps({"format": "poet-edge/simulation-seeds", "version": 1,
+                                    "mean": {k: v[0] for k, v in f.items()},
+                                    "ci95": {k: v[1] for k, v in f.items()}, "target_met": self.target_met,
+                                    "runs": [r.to_json() for r in self.reports]}, indent=2) + "\n")
+
+
 def plot_report(report: SimulationReport, path: Path) -> None:
     """Four panels in one PNG: global accuracy per round, accuracy per device, peak vs budget, energy."""
     import matplotlib

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from schedules.errors import CommandError
-from simulation.fleet import DEFAULT_CLASSES, DeviceClass, classes_config, fleet_node_configs
+from agent.virtual import FleetData
+from simulation.fleet import DEFAULT_CLASSES, DEFAULT_DATA, DeviceClass, classes_config, fleet_node_configs
 from simulation.report import SimulationReport, build_report
 
 
@@ -26,7 +27,7 @@ class SimulationSettings:
     finetune_steps: int = 30
     lr: float = 0.05
     personalization: str = "finetune"
-    skew: float = 0.0
+    data: FleetData = DEFAULT_DATA
     seed: int = 0
     database_url: str = ""  # empty: a temporary SQLite database
     cpus_per_device: int = 1  # Ray's client-resources-num-cpus: devices training at once = cores / this
@@ -37,7 +38,7 @@ class SimulationSettings:
                 "min-nodes": self.devices, "round-timeout": 600.0, "local-steps": self.local_steps, "lr": self.lr,
                 "personalization": self.personalization, "finetune-steps": self.finetune_steps,
                 "seed": self.seed, "database-url": database_url, "device-classes": classes_config(self.classes),
-                "skew": self.skew, "initial-version": "none",  # each simulation from the seeded weights
+                **self.data.run_config(), "initial-version": "none",  # each simulation from the seeded weights
                 "local-baseline": True}  # every device also trains alone: the baseline personalization must beat
 
 
@@ -47,7 +48,7 @@ def simulate(settings: SimulationSettings) -> SimulationReport:
     from server.rounds import open_store, round_rows
     from simulation.engine import run_on_engine
 
-    nodes = fleet_node_configs(settings.devices, settings.classes, settings.skew)
+    nodes = fleet_node_configs(settings.devices, settings.classes)
     with tempfile.TemporaryDirectory(prefix="poet-simulate-") as scratch:
         url = settings.database_url or f"sqlite:///{Path(scratch) / 'rounds.db'}"
         open_store(url).dispose()  # migrated before the ServerApp writes, so a bad URL fails here

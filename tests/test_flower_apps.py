@@ -38,7 +38,7 @@ SUPERLINK_NODE_ID = 0  # the source of every instruction a SuperNode receives
 def run_config(**changes) -> dict:
     config = {"num-server-rounds": 2, "min-nodes": 3, "local-steps": 3, "finetune-steps": 4, "lr": 0.05,
               "personalization": "finetune", "seed": 0, "database-url": "",
-              "device-classes": "small=rpi4:0.9,medium=rpi5:0.95,large=jetson-orin-nano:1", "skew": 0.0}
+              "device-classes": "small=rpi4:0.9,medium=rpi5:0.95,large=jetson-orin-nano:1"}
     return {**config, **changes}
 
 

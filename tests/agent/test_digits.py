@@ -1,23 +1,41 @@
-"""The digits fleet data and the federated task's small rules: shares, viewpoints, metric keys, personal layers."""
+"""The digits fleet data and the federated task's small rules: pools, partitions, viewpoints, metric keys, personal layers."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from agent.digits import DigitsNet, device_dataset, load_digits, rotate
+from agent.digits import DigitsNet, device_angle, device_dataset, load_digits, rotate
 from agent.errors import DataError, FederationError
 from agent.fedtask import METRIC_KEYS, metric_values, personal_keys
+from agent.virtual import FleetData
 
 
-def test_devices_get_disjoint_shares_of_every_digit_each_from_its_own_angle() -> None:
+def _indices(images: torch.Tensor) -> list[int]:
+    """Each upright image's index among all the digits (every image of the set is unique)."""
     x, _ = load_digits()
-    shares = [device_dataset(i, 4) for i in range(4)]
-    assert sum(len(d.train_x) + len(d.holdout_x) for d in shares) == len(x)  # every digit once
-    assert shares[0].source.name.endswith("@0deg") and shares[1].source.name.endswith("@90deg")
-    again = device_dataset(1, 4)
-    assert torch.equal(again.train_x, shares[1].train_x)  # a function of the seed
-    assert len(set(shares[2].train_y.tolist())) == 10
+    where = {row.tobytes(): i for i, row in enumerate(x)}
+    return [where[row.numpy().tobytes()] for row in images]
+
+
+def test_devices_train_on_disjoint_partitions_and_are_tested_on_digits_nobody_trained_on() -> None:
+    x, _ = load_digits()
+    shares = [device_dataset(i, 4, angle=0) for i in range(4)]
+    trained = [set(_indices(d.train_x)) for d in shares]
+    assert sum(len(t) for t in trained) == len(set().union(*trained))  # disjoint
+    assert len(set().union(*trained)) == len(x) - int(0.25 * len(x))  # the whole training pool is shared out
+    held = set().union(*(_indices(d.holdout_x) for d in shares))
+    assert held and not held & set().union(*trained)
+    assert all(len(d.holdout_x) == FleetData().holdout for d in shares)
+    again = device_dataset(1, 4, angle=0)
+    assert torch.equal(again.train_x, shares[1].train_x) and torch.equal(again.holdout_y, shares[1].holdout_y)
+
+
+def test_viewpoints_spread_the_devices_angles_evenly() -> None:
+    assert [device_angle(i, 5, 90) for i in range(5)] == [-45.0, -22.5, 0.0, 22.5, 45.0]
+    assert [device_angle(i, 4) for i in range(4)] == [0.0, 90.0, 180.0, 270.0]
+    turned = device_dataset(0, 5, data=FleetData(viewpoints=90))
+    assert turned.source.name.endswith("@-45deg")
 
 
 def test_rotation_by_a_quarter_turn_is_a_quarter_turn_and_a_full_turn_changes_nothing() -> None:
@@ -25,16 +43,41 @@ def test_rotation_by_a_quarter_turn_is_a_quarter_turn_and_a_full_turn_changes_no
     assert torch.equal(rotate(x, 360), x)
     turned = rotate(x, 90)
     assert any(torch.allclose(turned, torch.rot90(x, k, dims=(2, 3)), atol=1e-5) for k in (1, 3))
+    each = rotate(x[:2], torch.tensor([0.0, 90.0]))  # an angle per image
+    assert torch.allclose(each[0], x[0], atol=1e-6) and torch.allclose(each[1], turned[1], atol=1e-6)
 
 
-def test_a_skewed_share_favours_two_classes_and_bad_arguments_are_refused() -> None:
-    skewed = device_dataset(3, 4, skew=0.9)
-    labels = torch.cat([skewed.train_y, skewed.holdout_y])
-    assert int(((labels == 3) | (labels == 4)).sum()) > len(labels) / 2
-    with pytest.raises(DataError):
+def test_a_small_label_alpha_gives_each_device_a_few_classes_and_its_test_digits_the_same_mix() -> None:
+    fleet = [device_dataset(i, 10, data=FleetData(samples=32, label_alpha=0.1)) for i in range(10)]
+    top_two = [sorted(torch.bincount(d.train_y, minlength=10).tolist())[-2:] for d in fleet]
+    assert sum(sum(t) for t in top_two) / (32 * len(fleet)) > 0.6  # mostly two classes a device
+    for d in fleet:
+        assert set(d.holdout_y.tolist()) <= set(d.train_y.tolist())  # tested on what its own mix holds
+    natural = [device_dataset(i, 10, data=FleetData(samples=32)) for i in range(10)]
+    assert min(len(set(d.train_y.tolist())) for d in natural) >= 7
+
+
+def test_a_fleet_larger_than_the_data_set_gets_its_samples_by_augmentation() -> None:
+    data = FleetData(samples=16, label_alpha=1.0, viewpoints=90)
+    devices = 200  # 3,200 digits wanted, 1,348 in the training pool
+    first, last = device_dataset(0, devices, data=data), device_dataset(devices - 1, devices, data=data)
+    assert len(first.train_x) == len(last.train_x) == 16
+    assert not torch.equal(first.train_x, last.train_x)
+    assert torch.equal(device_dataset(devices - 1, devices, data=data).train_x, last.train_x)
+
+
+def test_bad_fleet_data_is_refused_with_the_setting_named() -> None:
+    with pytest.raises(DataError, match="out of range"):
         device_dataset(4, 4)
-    with pytest.raises(DataError):
-        device_dataset(0, 400)  # too few digits for a batch
+    with pytest.raises(FederationError, match="samples 8 is fewer than a batch of 16"):
+        device_dataset(0, 4, data=FleetData(samples=8))
+    with pytest.raises(FederationError, match="label-alpha"):
+        device_dataset(0, 4, data=FleetData(label_alpha=-1))
+    with pytest.raises(DataError, match="set samples"):
+        device_dataset(0, 400)  # a whole partition of the pool is 3 digits: fewer than a batch
+    with pytest.raises(FederationError, match="wrong type"):
+        FleetData.from_run_config({"samples": "many"})
+    assert FleetData.from_run_config(FleetData(32, 0.5, 90).run_config()) == FleetData(32, 0.5, 90)
 
 
 def test_every_report_has_every_metric_key_and_no_other() -> None:

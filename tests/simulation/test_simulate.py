@@ -13,26 +13,44 @@ from schedules.errors import CommandError
 from simulation.fleet import DEFAULT_CLASSES, classes_config, fleet_node_configs, parse_classes
 
 
-def test_a_small_fleet_prints_accuracy_memory_and_energy_and_writes_json_and_png(tmp_path, capsys) -> None:
+def test_a_small_fleet_prints_accuracy_memory_and_energy_over_seeds_and_writes_json_and_png(tmp_path, capsys) -> None:
     out, png = tmp_path / "sim.json", tmp_path / "sim.png"
     before = {p.pid for p in psutil.Process().children(recursive=True)}  # earlier tests' helpers, not ours
-    code = main(["simulate", "--devices", "3", "--rounds", "2", "--local-steps", "3", "--finetune-steps", "5",
-                 "--json", str(out), "--plot", str(png), "--database", f"sqlite:///{tmp_path / 'server.db'}"])
+    small = ["simulate", "--devices", "3", "--rounds", "2", "--local-steps", "3", "--finetune-steps", "5",
+             "--database", f"sqlite:///{tmp_path / 'server.db'}"]
+    code = main([*small, "--seeds", "2", "--json", str(out), "--plot", str(png)])
     assert code == 0
     text = capsys.readouterr().out
     assert "personalized" in text and "on 3 of 3 devices" in text and "local-only" in text
-    report = json.loads(out.read_text())
+    assert "mean over 2 seeds (95% confidence interval)" in text
+    seeds = json.loads(out.read_text())
+    assert seeds["format"] == "poet-edge/simulation-seeds" and [r["settings"]["seed"] for r in seeds["runs"]] == [0, 1]
+    gaps = [r["gap_points"] for r in seeds["runs"]]
+    assert seeds["mean"]["gap"] == pytest.approx(sum(gaps) / 2) and seeds["ci95"]["gap"] >= 0
+    assert seeds["target_met"] == (seeds["mean"]["gap"] >= 3)
+    report = seeds["runs"][0]
     # every device also trained alone with the same steps: the baseline the personalized model is held against
     assert all(0 <= d["local_accuracy"] <= 1 for d in report["devices"])
     best = max(report["mean_global_accuracy"], report["mean_local_accuracy"])
     assert report["gap_points"] == pytest.approx(100 * (report["mean_personal_accuracy"] - best))
     assert report["format"] == "poet-edge/simulation" and len(report["rounds"]) == 2
+    assert report["settings"]["data"] == {"samples": 16, "label_alpha": 1.0, "viewpoints": 90.0, "holdout": 40}
     assert [d["device_class"] for d in report["devices"]] == ["large", "medium", "small"]
     assert all(d["within_budget"] and d["energy_j"] > 0 for d in report["devices"])
     assert len({d["budget_bytes"] for d in report["devices"]}) == 3  # each class its own budget (None: no limit)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     left = {p.pid for p in psutil.Process().children(recursive=True)} - before
     assert not left  # the SuperLink, SuperExec and Ray are gone
+    # the same seed again gives the same accuracies, device by device
+    assert main([*small, "--seed", "1", "--seeds", "1", "--json", str(out)]) == 0
+    again = json.loads(out.read_text())["runs"][0]["devices"]
+    figures = ("global_accuracy", "personal_accuracy", "local_accuracy")
+    assert [[d[k] for k in figures] for d in again] == [[d[k] for k in figures] for d in seeds["runs"][1]["devices"]]
+
+
+def test_fleet_data_that_cannot_be_made_is_a_usage_error_before_anything_starts(capsys) -> None:
+    assert main(["simulate", "--devices", "3", "--samples", "4"]) == 2
+    assert "samples 4 is fewer than a batch of 16" in capsys.readouterr().err
 
 
 def test_classes_parse_and_devices_cycle_through_them() -> None:
