@@ -2,10 +2,12 @@
 
 The 1,797 digits ship inside scikit-learn (``sklearn.datasets.load_digits`` reads
 a bundled file; nothing is downloaded).  :func:`device_dataset` gives device
-``partition`` of ``partitions`` its own disjoint share, rotated by the device's
-own angle (the viewpoint problem of edge training: a camera mounted at an angle)
-and, optionally, with a skewed label mix.  The global model must serve every
-viewpoint at once; a model personalized on one device only needs its own.
+``partition`` of ``partitions`` its partition of a training pool and held-out
+digits from a test pool, as :class:`~agent.virtual.FleetData` says (how many, how
+skewed the label mix), rotated by the device's own angle (the viewpoint problem
+of edge training: a camera mounted at an angle).  The global model must serve
+every viewpoint and mix at once; a model personalized on one device only needs
+its own.
 
 :class:`DigitsNet` is the small CNN the federation trains: a convolutional body
 with BatchNorm (what FedBN keeps local) and a linear ``head`` (what FedPer keeps

@@ -78,7 +78,8 @@ class DeviceSetup:
 
     @classmethod
     def from_context(cls, context: Context) -> DeviceSetup:
-        """The setup from ``context.node_config`` (and the run config's ``seed``, ``device-classes`` and the fleet data's keys)."""
+        """The setup from ``context.node_config`` (and the run config's ``seed``, ``device-classes`` and
+        :class:`FleetData` keys)."""
         node, run = dict(context.node_config), context.run_config
         try:
             if run.get("device-classes") and "device-name" not in node:  # a virtual device of a simulation

@@ -52,7 +52,6 @@ class FleetData:
         if problems:
             raise FederationError("; ".join(problems))
 
-
     @classmethod
     def from_run_config(cls, run: Mapping[str, Any]) -> "FleetData":
         """The run config's ``samples``, ``label-alpha`` and ``viewpoints`` (absent: the defaults)."""

@@ -36,8 +36,8 @@ DEFAULT_CLASSES = (DeviceClass("small", "rpi4", 0.5), DeviceClass("medium", "rpi
 
 
 # Few digits per device, a moderately skewed label mix, cameras within 45 degrees of upright: each device's own
-# data is too little to learn the digits well, and too particular for the global model alone (see docs/benchmarks.md
-# for the sweep over samples per device).
+# data is too little to learn the digits well, and too particular for the global model alone (docs/benchmarks.md,
+# "Fleet simulation").
 DEFAULT_DATA = FleetData(samples=16, label_alpha=1.0, viewpoints=90.0)
 
 

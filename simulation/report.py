@@ -148,6 +148,17 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
+def _interval(values: list[float]) -> tuple[float, float]:
+    """``(mean, half-width of the 95% confidence interval)`` by Student's t; the half-width is NaN for one value."""
+    mean = _mean(values)
+    if len(values) < 2:
+        return mean, float("nan")
+    from scipy.stats import t  # scikit-learn's own dependency, in the sim extra
+
+    spread = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+    return mean, float(t.ppf(0.975, len(values) - 1)) * spread / len(values) ** 0.5
+
+
 def print_report(report: SimulationReport, out: TextIO) -> None:
     """Per round, per device, then the targets, as plain text."""
     out.write(f"{'round':>5} {'global acc.':>11} {'train loss':>10} {'seconds':>8}\n")
@@ -183,26 +194,16 @@ class SeedRuns:
 
     reports: list[SimulationReport]
 
-    def interval(self, values: list[float]) -> tuple[float, float]:
-        """``(mean, half-width of the 95% confidence interval)``; the half-width is NaN for one run."""
-        mean = _mean(values)
-        if len(values) < 2:
-            return mean, float("nan")
-        from scipy.stats import t  # scikit-learn's own dependency, in the sim extra
-
-        spread = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
-        return mean, float(t.ppf(0.975, len(values) - 1)) * spread / len(values) ** 0.5
-
     def figures(self) -> dict[str, tuple[float, float]]:
         """Mean accuracies (in %) and the gap (in points), each ``(mean, 95% half-width)`` over the seeds."""
-        return {"personalized": self.interval([100 * r.mean_personal for r in self.reports]),
-                "local-only": self.interval([100 * r.mean_local for r in self.reports]),
-                "global": self.interval([100 * r.mean_global for r in self.reports]),
-                "gap": self.interval([r.gap_points for r in self.reports])}
+        return {"personalized": _interval([100 * r.mean_personal for r in self.reports]),
+                "local-only": _interval([100 * r.mean_local for r in self.reports]),
+                "global": _interval([100 * r.mean_global for r in self.reports]),
+                "gap": _interval([r.gap_points for r in self.reports])}
 
     @property
     def target_met(self) -> bool:
-        return self.figures()["gap"][0] >= GAP_TARGET_POINTS
+        return _mean([r.gap_points for r in self.reports]) >= GAP_TARGET_POINTS
 
     def print(self, out: TextIO) -> None:
         """The seeds' headline figures side by side, then their mean and interval against the target."""

@@ -349,17 +349,12 @@ class FusedOptimizer:
         self.pages.write((slot.index, k), [t.untyped_storage() for t in made])
 
     def _apply_rows(self, slot: _Slot) -> None:
-        grad = slot.param.grad
-        slot.table.update_looked_up(slot.rule, self.optimizer.state[slot.param], grad)
-        slot.param.grad = None
-        self._count(-grad.nbytes)
-        slot.holding = False
-        self._finished(slot)
+        slot.table.update_looked_up(slot.rule, self.optimizer.state[slot.param], slot.param.grad)
+        self._release_gradient(slot)
 
     # -- updates ----------------------------------------------------------------------
     def _apply(self, slot: _Slot, coefficient: torch.Tensor | None = None) -> None:
-        param = slot.param
-        grad = param.grad
+        grad = slot.param.grad
         self._begin_update(slot)
         with torch.no_grad():
             for k in range(len(slot.chunking)):
@@ -367,8 +362,12 @@ class FusedOptimizer:
                 if coefficient is not None:
                     chunk.mul_(coefficient)  # clip_grad_norm_'s in-place scaling, a chunk at a time
                 self._update_chunk(slot, k, chunk)
-        param.grad = None
-        self._count(-grad.nbytes)
+        self._release_gradient(slot)
+
+    def _release_gradient(self, slot: _Slot) -> None:
+        """The parameter's update is done: its gradient goes, and with it the bytes it held."""
+        self._count(-slot.param.grad.nbytes)
+        slot.param.grad = None
         slot.holding = False
         self._finished(slot)
 
