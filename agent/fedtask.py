@@ -105,9 +105,10 @@ class TrainOutcome:
 class Task:
     """One model's graph, segments and schedules in this process; see the module docstring.
 
-    Without ``graph`` (and ``segments``) the workload is extracted here, timing each node once; a device
-    agent passes the graph it profiled and cut (:func:`agent.daemon.prepare.prepare`) and adopts
-    the schedule it already holds.
+    Without ``graph`` (and ``segments``) the workload is extracted here, timing each node once; with a
+    ``graph`` alone (a simulation's, profiled once for the whole fleet) the model is cut as it says, timing
+    nothing; a device agent passes the graph it profiled and cut (:func:`agent.daemon.prepare.prepare`) and
+    adopts the schedule it already holds.
     """
 
     workload: Workload
@@ -129,6 +130,11 @@ class Task:
             self.graph, self.segments = extract(self.model, self.workload.example, self.workload.loss_fn,
                                                 repeats=1, segments=self.workload.segments)
             self.model.load_state_dict(self.initial)  # extraction ran the model: start from the seeded weights
+        elif self.segments is None:
+            from agent.extract import segments_matching
+
+            self.segments = segments_matching(self.workload, self.graph)
+            self.model.load_state_dict(self.initial)
         if self.swap_dir is None:
             self.swap_dir = Path(tempfile.mkdtemp(prefix="poet-fed-swap-"))
             atexit.register(shutil.rmtree, self.swap_dir, True)  # ours: gone with the process

@@ -54,6 +54,7 @@ from agent.data import LocalDataset
 from agent.errors import FederationError
 from agent.fedtask import PERSONALIZATIONS, DevicePlan, Task, metric_values, personal_keys
 from agent.virtual import FleetData, virtual_node_config
+from schedules.graph import TrainingGraph
 
 PERSONAL = "personal"  # context.state: the ArrayRecord of personal layers
 POSITION = "position"  # context.state: the ConfigRecord of the next batch's (epoch, index)
@@ -98,18 +99,22 @@ class DeviceSetup:
 
 LAUNCHED_AT = "POET_CLIENTAPP_LAUNCHED_AT"  # environment: when the warm runner was asked for this process
 
-_TASKS: dict[int, Task] = {}  # per process: one extraction per seed serves every message and device
+_TASKS: dict[tuple[int, str], Task] = {}  # per process: one per seed (and graph) serves every message and device
 _DATA: dict[DeviceSetup, LocalDataset] = {}
 _AGENTS: dict[str, _Device] = {}  # agent config path -> the agent's device, built once per process
 
 
-def task_for(seed: int) -> Task:
-    """The digits model's :class:`Task` for ``seed``, built once per process."""
-    if seed not in _TASKS:
+def task_for(seed: int, graph_file: str = "") -> Task:
+    """The digits model's :class:`Task` for ``seed``, built once per process: with ``graph_file`` (run config
+    ``graph-file``: the graph a simulation profiled once for its whole fleet) every device plans from the same
+    node times, else from this process's own extraction."""
+    key = (seed, graph_file)
+    if key not in _TASKS:
         from agent.digits import digits_workload
 
-        _TASKS[seed] = Task(digits_workload(seed))
-    return _TASKS[seed]
+        graph = TrainingGraph.load(graph_file) if graph_file else None
+        _TASKS[key] = Task(digits_workload(seed), graph=graph)
+    return _TASKS[key]
 
 
 def data_for(setup: DeviceSetup) -> LocalDataset:
@@ -243,9 +248,12 @@ def _device(context: Context) -> _Device:
         d = agent_device(str(context.node_config["agent-config"]))
         return replace(d, personal=personal_keys(d.task.model, personalization(context)), own_optimizer=True)
     setup = DeviceSetup.from_context(context)
-    task = task_for(setup.seed)
-    return _Device(setup, task, data_for(setup), device_plan(task, setup, context),
-                   personal_keys(task.model, personalization(context)))
+    task = task_for(setup.seed, str(context.run_config.get("graph-file", "")))
+    try:
+        plan = device_plan(task, setup, context)
+    except FederationError as exc:  # an error reply carries no device name: the reason names the device
+        raise FederationError(f"{setup.name}: {exc}") from exc
+    return _Device(setup, task, data_for(setup), plan, personal_keys(task.model, personalization(context)))
 
 
 def _startup_seconds() -> float:
@@ -281,7 +289,7 @@ def initial(msg: Message, context: Context) -> Message:
     if "agent-config" in context.node_config:
         task = agent_device(str(context.node_config["agent-config"])).task
     else:
-        task = task_for(DeviceSetup.from_context(context).seed)
+        task = task_for(DeviceSetup.from_context(context).seed, str(context.run_config.get("graph-file", "")))
     personal = personal_keys(task.model, personalization(context))
     return Message(RecordDict({"arrays": shared(task.initial, personal),
                                "model": ConfigRecord({"name": task.workload.name})}), reply_to=msg)

@@ -34,7 +34,7 @@ weights with the steps it spent in the run, and reports that model's accuracy: t
 ``initial-version``, ``database-url`` (empty: the database of the
 server whose SuperLink runs this app, ``$POET_EDGE_DATABASE_URL``, else record nothing), ``data-dir``
 (empty: that server's data folder, ``$POET_EDGE_DATA_DIR``, else keep no versions); the devices also read
-``personalization``, ``seed``, ``device-classes``, ``samples``, ``label-alpha`` and ``viewpoints``
+``personalization``, ``seed``, ``device-classes``, ``samples``, ``label-alpha``, ``viewpoints`` and ``graph-file``
 (:mod:`agent.virtual`).
 
 The same app runs in a deployment (real SuperNodes) and in Flower's simulation

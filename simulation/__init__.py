@@ -5,12 +5,14 @@ The same apps as a real deployment (``agent.flower:app`` on every device,
 SuperLink in simulation mode and ``flwr run`` with ``num-supernodes=N``, virtual
 SuperNodes on Ray (:mod:`simulation.engine`).  Each virtual device derives its
 class, budget and viewpoint from its partition id and the run config
-(:mod:`agent.virtual`); the report is built from the rows the ServerApp stored.
+(:mod:`agent.virtual`) and plans from one graph of the model, profiled once per
+seed on the machine (:mod:`simulation.profile`); the report is built from the
+rows the ServerApp stored.
 This package sits above both ``agent`` and ``server`` (it imports both;
 neither imports it) and imports no Flower itself: Flower runs as programs.
 
 Importing the package stays cheap (the ``poet-edge`` command loads it for its
-``--help``): :mod:`simulation.run`, :mod:`simulation.engine` and
+``--help``): :mod:`simulation.run`, :mod:`simulation.engine`, :mod:`simulation.profile` and
 :mod:`simulation.report` are imported where a simulation really runs.
 """
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from schedules.errors import CommandError
 from agent.virtual import FleetData
+from simulation.profile import profile_once
 from simulation.fleet import DEFAULT_CLASSES, DEFAULT_DATA, DeviceClass, classes_config, fleet_node_configs
 from simulation.report import SimulationReport, build_report
 
@@ -32,14 +33,15 @@ class SimulationSettings:
     database_url: str = ""  # empty: a temporary SQLite database
     cpus_per_device: int = 1  # Ray's client-resources-num-cpus: devices training at once = cores / this
 
-    def run_config(self, database_url: str) -> dict[str, Any]:
+    def run_config(self, database_url: str, graph_file: str = "") -> dict[str, Any]:
         """The run config both apps read (``flwr run --run-config``; keys in ``server/flwr_app``)."""
         return {"num-server-rounds": self.rounds, "fraction-train": 1.0, "fraction-evaluate": 1.0,
                 "min-nodes": self.devices, "round-timeout": 600.0, "local-steps": self.local_steps, "lr": self.lr,
                 "personalization": self.personalization, "finetune-steps": self.finetune_steps,
                 "seed": self.seed, "database-url": database_url, "device-classes": classes_config(self.classes),
                 **self.data.run_config(), "initial-version": "none",  # each simulation from the seeded weights
-                "local-baseline": True}  # every device also trains alone: the baseline personalization must beat
+                "local-baseline": True,  # every device also trains alone: the baseline personalization must beat
+                "graph-file": graph_file}
 
 
 def simulate(settings: SimulationSettings) -> SimulationReport:
@@ -52,9 +54,10 @@ def simulate(settings: SimulationSettings) -> SimulationReport:
     with tempfile.TemporaryDirectory(prefix="poet-simulate-") as scratch:
         url = settings.database_url or f"sqlite:///{Path(scratch) / 'rounds.db'}"
         open_store(url).dispose()  # migrated before the ServerApp writes, so a bad URL fails here
+        graph = profile_once(settings.seed)
         started = time.time()
         try:
-            run_id = run_on_engine(settings.run_config(url), settings.devices, settings.cpus_per_device,
+            run_id = run_on_engine(settings.run_config(url, str(graph)), settings.devices, settings.cpus_per_device,
                                    Path(scratch))
             finished = time.time()
             database = open_store(url)
@@ -76,8 +79,12 @@ def _check_every_device_answered(rows: list[Any], nodes: list[dict[str, Any]]) -
     answered = {r.device_name for r in rows if "error" not in r.metrics}
     failed = sorted({n["device-name"] for n in nodes} - answered)
     if failed:
-        reasons = {r.device_name: str(r.metrics["error"]) for r in rows if "error" in r.metrics}
-        named = "; ".join(f"{name}: {reasons.get(name, 'no reply at all')}" for name in failed[:3])
+        errors = [str(r.metrics["error"]) for r in rows if "error" in r.metrics]
+
+        def reason(name: str) -> str:  # an error reply names its device only in its text (agent.flower._device)
+            return next((e for e in errors if f"{name}:" in e), "no reply at all")
+
+        named = "; ".join(f"{name}: {reason(name)}" for name in failed[:3])
         raise CommandError(f"{len(failed)} of {len(nodes)} devices failed ({named}"
                            + (f"; and {len(failed) - 3} more" if len(failed) > 3 else "") + ")")
 

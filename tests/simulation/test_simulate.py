@@ -10,10 +10,13 @@ import pytest
 
 from schedules.cli import main
 from schedules.errors import CommandError
+from schedules.graph import TrainingGraph
 from simulation.fleet import DEFAULT_CLASSES, classes_config, fleet_node_configs, parse_classes
 
 
-def test_a_small_fleet_prints_accuracy_memory_and_energy_over_seeds_and_writes_json_and_png(tmp_path, capsys) -> None:
+def test_a_small_fleet_prints_accuracy_memory_and_energy_over_seeds_and_writes_json_and_png(tmp_path, capsys,
+                                                                                            monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the graph each seed is profiled to, once
     out, png = tmp_path / "sim.json", tmp_path / "sim.png"
     before = {p.pid for p in psutil.Process().children(recursive=True)}  # earlier tests' helpers, not ours
     small = ["simulate", "--devices", "3", "--rounds", "2", "--local-steps", "3", "--finetune-steps", "5",
@@ -41,11 +44,23 @@ def test_a_small_fleet_prints_accuracy_memory_and_energy_over_seeds_and_writes_j
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     left = {p.pid for p in psutil.Process().children(recursive=True)} - before
     assert not left  # the SuperLink, SuperExec and Ray are gone
-    # the same seed again gives the same accuracies, device by device
+    # the same seed again gives the same accuracies, budgets and energies (the same plans), device by device
     assert main([*small, "--seed", "1", "--seeds", "1", "--json", str(out)]) == 0
     again = json.loads(out.read_text())["runs"][0]["devices"]
-    figures = ("global_accuracy", "personal_accuracy", "local_accuracy")
+    figures = ("global_accuracy", "personal_accuracy", "local_accuracy", "energy_j", "budget_bytes")
     assert [[d[k] for k in figures] for d in again] == [[d[k] for k in figures] for d in seeds["runs"][1]["devices"]]
+
+
+def test_the_digits_model_is_profiled_once_and_profiled_again_when_its_graph_is_damaged(tmp_path, capsys) -> None:
+    from simulation.profile import profile_once
+
+    path = profile_once(0, tmp_path)
+    assert "profiled the digits model on this machine once" in capsys.readouterr().err
+    kept = path.read_bytes()
+    assert profile_once(0, tmp_path) == path and path.read_bytes() == kept  # node times as first measured
+    assert not capsys.readouterr().err
+    path.write_text("{not json")
+    assert TrainingGraph.load(profile_once(0, tmp_path)).fingerprint == TrainingGraph.from_dict(json.loads(kept)).fingerprint
 
 
 def test_fleet_data_that_cannot_be_made_is_a_usage_error_before_anything_starts(capsys) -> None:
@@ -77,5 +92,6 @@ def test_a_failed_device_is_named_and_the_runs_logs_are_kept(tmp_path, capsys) -
                  "--classes", "rpi4:0.05,jetson-orin-nano:1", "--database", f"sqlite:///{tmp_path / 'server.db'}"])
     err = capsys.readouterr().err
     assert code != 0 and "1 of 2 devices failed (c0-000" in err  # the class whose budget fits no schedule
+    assert "none fits below" in err  # and why, with the smallest budget that might
     kept = err.split("logs are kept in ")[-1].split()[0]
     assert list(Path(kept).rglob("*.log"))  # what explains it outlives the run's scratch folder
