@@ -182,14 +182,25 @@ class RecordingFedAvg(FedAvg):
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, Any]:
-        replies = list(replies)
+        replies = in_device_order(replies)
         self._record("train", server_round, replies)
         return super().aggregate_train(server_round, replies)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Any:
-        replies = list(replies)
+        replies = in_device_order(replies)
         self._record("evaluate", server_round, replies)
         return super().aggregate_evaluate(server_round, replies)
+
+
+def in_device_order(replies: Iterable[Message]) -> list[Message]:
+    """``replies`` by device name, then node id: the weighted average sums in this order, so the same run gives
+    the same global model bit for bit whichever device answered first (floating-point addition does not
+    commute in its rounding)."""
+    def key(msg: Message) -> tuple[str, int]:
+        info = msg.content["device"] if not msg.has_error() and "device" in msg.content else ConfigRecord()
+        return str(info.get("device-name", "")), int(msg.metadata.src_node_id)
+
+    return sorted(replies, key=key)
 
 
 def initial_arrays(grid: Grid, config: FederationConfig) -> tuple[ArrayRecord, str]:

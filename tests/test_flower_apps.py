@@ -388,3 +388,26 @@ def test_a_personalized_model_exports_to_onnx_with_the_same_outputs(tmp_path, mo
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnx" else real(name, *a))
     with pytest.raises(PersonalModelError, match="pip install onnx"):
         export(tmp_path, work.model, work.inputs, tmp_path / "m2.onnx", "onnx")
+
+
+def test_the_global_model_is_the_same_bit_for_bit_whichever_device_answers_first() -> None:
+    import numpy as np
+    from flwr.app import Array, MetricRecord
+
+    from server.flower import RecordingFedAvg
+
+    def reply(name: str, node: int, value: float) -> Message:
+        metadata = Metadata(run_id=1, message_id="", src_node_id=node, dst_node_id=SUPERLINK_NODE_ID,
+                            reply_to_message_id="", group_id="1", created_at=time.time(), ttl=3600.0,
+                            message_type="train")
+        content = RecordDict({"arrays": ArrayRecord({"w": Array(np.full(4, value, dtype=np.float32))}),
+                              "metrics": MetricRecord({"num-examples": 1}),
+                              "device": ConfigRecord({"device-name": name})})
+        return Message(content, metadata=metadata)
+
+    # float32 sums of these depend on their order: 1 + 1e8 rounds the 1 away, -1e8 + 1e8 + 1 keeps it
+    replies = [reply("b", 3, 1.0), reply("a", 9, 1e8), reply("c", 5, -1e8)]
+    strategy = RecordingFedAvg(lambda rows: None, run_id=1)
+    first, _ = strategy.aggregate_train(1, replies)
+    again, _ = strategy.aggregate_train(1, replies[::-1])
+    assert np.array_equal(first["w"].numpy(), again["w"].numpy())
