@@ -108,11 +108,12 @@ def device_dataset(partition: int, partitions: int, *, data: FleetData = FleetDa
     data.check(partitions, batch_size)
     pool = _pool(partitions, data, seed, batch_size)
     rows = pool.rows[partition]
-    if len(rows) < max(batch_size, data.samples):
+    wanted = pool.counts[partition] if pool.counts else batch_size
+    if len(rows) < wanted:
         raise DataError(f"device {partition} of {partitions} gets {len(rows)} training digits, fewer than "
-                        f"{max(batch_size, data.samples)}: set samples (digits per device) or use fewer devices")
-    if data.samples:
-        rows = rows[:data.samples]
+                        f"{wanted}: set samples (digits per device) or use fewer devices")
+    if pool.counts:
+        rows = rows[:wanted]
     labels = pool.train_y[rows]
     held = _held_out(pool, labels, data.holdout, np.random.default_rng([seed, partition]))
     degrees = device_angle(partition, partitions, data.viewpoints) if angle is None else angle
@@ -132,6 +133,7 @@ class _Pool:
     test_x: torch.Tensor
     test_y: torch.Tensor
     rows: list[np.ndarray]  # per device, its rows of the training pool in its own order
+    counts: list[int]  # per device, the training digits it keeps (empty: its whole partition)
 
 
 _POOLS: dict[tuple[int, FleetData, int, int], _Pool] = {}
@@ -148,8 +150,9 @@ def _pool(partitions: int, data: FleetData, seed: int, batch_size: int) -> _Pool
 
 def _make_pool(partitions: int, data: FleetData, seed: int, batch_size: int) -> _Pool:
     import datasets
-    from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner
+    from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, SizePartitioner
 
+    counts = data.sample_counts(partitions, seed, batch_size) if data.samples else []
     x, y = load_digits()
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(x))
@@ -157,7 +160,8 @@ def _make_pool(partitions: int, data: FleetData, seed: int, batch_size: int) -> 
     train = np.sort(order[int(HOLDOUT_SHARE * len(x)):])
     train_x, train_y = torch.from_numpy(x[train]), torch.from_numpy(y[train])
     # a Dirichlet partition is uneven: room for every device to get its samples
-    wanted = partitions * data.samples * (3 if data.label_alpha else 1)
+    wanted = (partitions * max(counts) if data.label_alpha else sum(counts)) * (3 if data.label_alpha else 1) \
+        if counts else 0
     copies = max(1, -(-wanted // len(train_x)))
     if copies > 1:
         turns = torch.from_numpy(rng.uniform(-AUGMENT_DEGREES, AUGMENT_DEGREES, (copies - 1) * len(train_x)))
@@ -166,8 +170,11 @@ def _make_pool(partitions: int, data: FleetData, seed: int, batch_size: int) -> 
     table = datasets.Dataset.from_dict({"row": np.arange(len(train_y)), "label": train_y.numpy()})
     if data.label_alpha:
         partitioner = DirichletPartitioner(partitions, "label", data.label_alpha,
-                                           min_partition_size=max(data.samples, batch_size), self_balancing=True,
+                                           min_partition_size=max([*counts, batch_size]), self_balancing=True,
                                            shuffle=True, seed=seed)
+    elif data.quantity_skew:  # uneven shares of an evenly mixed pool
+        partitioner = SizePartitioner(counts)
+        table = table.shuffle(seed=seed)
     else:
         partitioner = IidPartitioner(partitions)
         table = table.shuffle(seed=seed)
@@ -178,9 +185,9 @@ def _make_pool(partitions: int, data: FleetData, seed: int, batch_size: int) -> 
             rows = [np.asarray(partitioner.load_partition(i)["row"], dtype=np.int64) for i in range(partitions)]
     except ValueError as exc:
         raise DataError(f"label-alpha {data.label_alpha:g} leaves some of {partitions} devices fewer than "
-                        f"{max(data.samples, batch_size)} digits in every Dirichlet draw ({exc}): raise label-alpha "
-                        "or lower samples") from exc
-    return _Pool(train_x, train_y, torch.from_numpy(x[test]), torch.from_numpy(y[test]), rows)
+                        f"{max([*counts, batch_size])} digits in every Dirichlet draw ({exc}): raise label-alpha, "
+                        "lower samples or lower quantity-skew") from exc
+    return _Pool(train_x, train_y, torch.from_numpy(x[test]), torch.from_numpy(y[test]), rows, counts)
 
 
 def _held_out(pool: _Pool, labels: torch.Tensor, count: int, rng: np.random.Generator) -> np.ndarray:

@@ -41,6 +41,7 @@ from agent.errors import FederationError
 from agent.holdout import evaluate
 from agent.training import DEFAULT_TOLERANCE_BYTES, OptimizerSettings, Training
 from agent.zoo import Workload
+from common.runconfig import PERSONALIZATIONS
 from schedules.device import DeviceProfile
 from schedules.graph import TrainingGraph
 from schedules.schedule import Schedule
@@ -48,7 +49,6 @@ from schedules.schedule import Schedule
 UNKNOWN = -1
 METRIC_KEYS = ("num-examples", "train-loss", "eval-loss", "accuracy", "steps", "peak-bytes", "budget-bytes",
                "energy-j", "seconds", "startup-seconds")
-PERSONALIZATIONS = ("none", "finetune", "fedper", "fedbn")
 PLAN_TIME_LIMIT = 30.0  # seconds for one schedule; the digits model's MILP takes well under one
 ROUND_OPTIMIZER = OptimizerSettings("sgd", learning_rate=0.05, momentum=0.9)
 """What a simulated device trains with; a device agent's rounds use its own ``[training]`` settings."""

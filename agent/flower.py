@@ -5,9 +5,13 @@ Messages it answers (Flower's Message API):
 =====================  =================================================================================
 ``query.initial``      the model's seeded initial weights, shared layers only, and its name (a
                        ``ConfigRecord`` ``model``): the server builds no model
+``query.device``       the device's name (``ConfigRecord`` ``device``): the server samples rounds by name
 ``train``              train the received weights on local data under this device's POET schedule; reply
                        with the shared weights, a ``MetricRecord`` of :data:`agent.fedtask.METRIC_KEYS`
-                       and a ``ConfigRecord`` (``schedule-id``, ``device-name``, ``device-profile``)
+                       and a ``ConfigRecord`` (``schedule-id``, ``device-name``, ``device-profile``); a
+                       simulated device follows the run's availability trace
+                       (:func:`agent.virtual.round_part`): absent, it raises (the server gets an error
+                       reply naming it and why), a straggler trains a share of the steps
 ``evaluate``           the received weights (with the device's personal layers) on its held-out data
 ``train.personalize``  evaluate the global model, fine-tune it locally under the schedule, evaluate again;
                        metrics only (``global-accuracy``, ``personal-accuracy`` and the ``global-version``
@@ -22,8 +26,9 @@ Otherwise the device is described by its node config (``--node-config`` of ``flo
 ``budget-fraction`` (of a plain step's whole memory; absent or 1: no limit) or
 ``memory-budget`` (bytes), and its data: ``partition-id`` / ``num-partitions`` of the digits
 (:mod:`agent.digits`, optionally seen from ``angle``), spread as the run config's ``samples``,
-``label-alpha`` and ``viewpoints`` say (:class:`agent.virtual.FleetData`).  The run config says ``personalization``
-(``none``, ``finetune``, ``fedper``, ``fedbn``) and ``seed``.  In Flower's simulation engine a
+``label-alpha``, ``quantity-skew`` and ``viewpoints`` say (:class:`agent.virtual.FleetData`).  The run config
+(:class:`common.runconfig.RunConfig`) says ``personalization`` (``none``, ``finetune``, ``fedper``, ``fedbn``)
+and ``seed``.  In Flower's simulation engine a
 virtual SuperNode's node config holds only ``partition-id`` and ``num-partitions``; when the run
 config's ``device-classes`` is set, the rest comes from them (:func:`agent.virtual.virtual_node_config`:
 class, profile, budget fraction, name).
@@ -52,8 +57,10 @@ from flwr.clientapp import ClientApp
 
 from agent.data import LocalDataset
 from agent.errors import FederationError
-from agent.fedtask import PERSONALIZATIONS, DevicePlan, Task, metric_values, personal_keys
-from agent.virtual import FleetData, virtual_node_config
+from agent.fedtask import DevicePlan, Task, metric_values, personal_keys
+from agent.virtual import FleetData, RoundPart, round_part, virtual_node_config
+from common.errors import RunConfigError
+from common.runconfig import RunConfig
 from schedules.graph import TrainingGraph
 
 PERSONAL = "personal"  # context.state: the ArrayRecord of personal layers
@@ -81,20 +88,28 @@ class DeviceSetup:
     def from_context(cls, context: Context) -> DeviceSetup:
         """The setup from ``context.node_config`` (and the run config's ``seed``, ``device-classes`` and
         :class:`FleetData` keys)."""
-        node, run = dict(context.node_config), context.run_config
+        node, run = dict(context.node_config), run_config(context)
         try:
-            if run.get("device-classes") and "device-name" not in node:  # a virtual device of a simulation
+            if run.device_classes and "device-name" not in node:  # a virtual device of a simulation
                 node = {**virtual_node_config(int(node["partition-id"]), int(node["num-partitions"]),
-                                              str(run["device-classes"])), **node}
+                                              run.device_classes), **node}
             fraction = float(node.get("budget-fraction", 0)) or None
             budget = int(node.get("memory-budget", 0)) or None
             angle = node.get("angle")
             return cls(str(node.get("device-name", f"node-{context.node_id}")), str(node.get("device-profile", "rpi4")),
                        fraction, budget, int(node.get("partition-id", 0)), int(node.get("num-partitions", 1)),
-                       None if angle is None else float(angle), FleetData.from_run_config(run),
-                       int(run.get("seed", 0)))
+                       None if angle is None else float(angle), FleetData.from_run_config(run), run.seed)
         except (KeyError, TypeError, ValueError) as exc:
             raise FederationError(f"node config {node} is incomplete or has a value of the wrong type: {exc}") from exc
+
+
+def run_config(context: Context) -> RunConfig:
+    """The run's typed configuration (:class:`common.runconfig.RunConfig`); a bad one is a
+    :class:`~agent.errors.FederationError`."""
+    try:
+        return RunConfig.from_mapping(context.run_config)
+    except RunConfigError as exc:
+        raise FederationError(str(exc)) from exc
 
 
 LAUNCHED_AT = "POET_CLIENTAPP_LAUNCHED_AT"  # environment: when the warm runner was asked for this process
@@ -143,11 +158,8 @@ def device_plan(task: Task, setup: DeviceSetup, context: Context) -> DevicePlan:
 
 
 def personalization(context: Context) -> str:
-    """The run's personalization strategy (run config ``personalization``, default ``finetune``)."""
-    value = str(context.run_config.get("personalization", "finetune"))
-    if value not in PERSONALIZATIONS:
-        raise FederationError(f"personalization {value!r} unknown; use one of {', '.join(PERSONALIZATIONS)}")
-    return value
+    """The run's personalization strategy (run config ``personalization``)."""
+    return run_config(context).personalization
 
 
 def shared(weights: dict[str, torch.Tensor], personal: frozenset[str]) -> ArrayRecord:
@@ -248,7 +260,7 @@ def _device(context: Context) -> _Device:
         d = agent_device(str(context.node_config["agent-config"]))
         return replace(d, personal=personal_keys(d.task.model, personalization(context)), own_optimizer=True)
     setup = DeviceSetup.from_context(context)
-    task = task_for(setup.seed, str(context.run_config.get("graph-file", "")))
+    task = task_for(setup.seed, run_config(context).graph_file)
     try:
         plan = device_plan(task, setup, context)
     except FederationError as exc:  # an error reply carries no device name: the reason names the device
@@ -289,10 +301,26 @@ def initial(msg: Message, context: Context) -> Message:
     if "agent-config" in context.node_config:
         task = agent_device(str(context.node_config["agent-config"])).task
     else:
-        task = task_for(DeviceSetup.from_context(context).seed, str(context.run_config.get("graph-file", "")))
+        task = task_for(DeviceSetup.from_context(context).seed, run_config(context).graph_file)
     personal = personal_keys(task.model, personalization(context))
     return Message(RecordDict({"arrays": shared(task.initial, personal),
                                "model": ConfigRecord({"name": task.workload.name})}), reply_to=msg)
+
+
+@app.query("device")
+def device(msg: Message, context: Context) -> Message:
+    """The device's name: the server samples each round's devices by name, so a seed picks the same ones."""
+    name = agent_device(str(context.node_config["agent-config"])).setup.name if "agent-config" in context.node_config \
+        else DeviceSetup.from_context(context).name
+    return Message(RecordDict({"device": ConfigRecord({"device-name": name})}), reply_to=msg)
+
+
+def _round_part(d: _Device, context: Context, config: ConfigRecord) -> RoundPart:
+    """A simulated device's part in this round under the run's availability trace; a device agent trains it all
+    (its own eligibility decides whether it is online at all)."""
+    if "agent-config" in context.node_config or "server-round" not in config:
+        return RoundPart()
+    return round_part(d.setup.partition, d.setup.partitions, int(config["server-round"]), run_config(context))
 
 
 @app.train()
@@ -301,8 +329,12 @@ def train(msg: Message, context: Context) -> Message:
     startup = _startup_seconds()
     d = _device(context)
     config = _config(msg)
+    part = _round_part(d, context, config)
+    if part.absent:  # the server hears only that it is gone, as from a device that left the round
+        raise FederationError(f"{d.setup.name}: {part.absent}")
+    steps = int(config.get("local-steps", 10))
     outcome = d.task.train(merged(msg.content["arrays"], context, d.task, d.personal), d.data, d.plan,
-                           steps=int(config.get("local-steps", 10)), lr=d.learning_rate(config),
+                           steps=max(1, round(steps * part.share)), lr=d.learning_rate(config),
                            position=_position(context))
     _keep(context, outcome.weights, d.personal, outcome.position, outcome.steps)
     loss, accuracy, _ = d.task.evaluate(outcome.weights, d.data)

@@ -8,16 +8,20 @@ deterministically: device ``i`` is of class ``i mod len(classes)``, named
 (:func:`agent.digits.device_angle`).  The ClientApp (:mod:`agent.flower`) and
 ``poet-edge simulate`` (which reports per device) both call
 :func:`virtual_node_config`, so the two always agree.  How the digits are spread over the fleet (``samples``,
-``label-alpha``, ``viewpoints``) is :class:`FleetData`.  Imports neither torch nor Flower.
+``label-alpha``, ``quantity-skew``, ``viewpoints``) is :class:`FleetData`; a device's part in each round under
+the run's availability trace (``availability``, ``dropout``, ``straggle``) is :func:`round_part`.  Imports
+neither torch nor Flower.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+import random
 from dataclasses import dataclass
 from typing import Any
 
 from agent.errors import FederationError
+from common.runconfig import RunConfig
 
 
 @dataclass(frozen=True)
@@ -31,13 +35,17 @@ class FleetData:
     Dirichlet draw per class (:class:`~flwr_datasets.partitioner.DirichletPartitioner`: small alpha, a few
     classes per device, in uneven amounts).  Where the fleet needs more digits than the pool holds, the pool is
     first grown by copies turned by a small random angle each (augmentation), so the data set is never the
-    limit.  A device's held-out digits come from the test pool in its own label mix, seen from its angle.
+    limit.  With ``quantity_skew`` the devices' training-set sizes are a seeded log-normal draw around
+    ``samples`` (:meth:`sample_counts`), cut by :class:`~flwr_datasets.partitioner.SizePartitioner` (or kept
+    from each Dirichlet partition).  A device's held-out digits come from the test pool in its own label mix,
+    seen from its angle.
     """
 
-    samples: int = 0  # training digits per device; 0: the device's whole partition of the pool
+    samples: int = 0  # training digits per device (their mean with quantity_skew); 0: a whole partition
     label_alpha: float = 0.0  # Dirichlet concentration of the label mix; 0: every device the natural mix
     viewpoints: float = 360.0  # the devices' angles spread evenly over this many degrees (centred on upright)
     holdout: int = 40  # held-out digits per device
+    quantity_skew: float = 0.0  # sigma of the log-normal the devices' sample counts follow; 0: all ``samples``
 
     def check(self, partitions: int, batch_size: int) -> None:
         """Raise :class:`~agent.errors.FederationError` naming every setting that cannot make this fleet's data."""
@@ -45,6 +53,8 @@ class FleetData:
             (self.samples < 0, f"samples must be 0 (a whole partition) or more, got {self.samples}"),
             (0 < self.samples < batch_size, f"samples {self.samples} is fewer than a batch of {batch_size}"),
             (self.label_alpha < 0, f"label-alpha must be 0 (natural mix) or positive, got {self.label_alpha}"),
+            (self.quantity_skew < 0, f"quantity-skew must be 0 (equal shares) or positive, got {self.quantity_skew}"),
+            (self.quantity_skew > 0 and not self.samples, "quantity-skew needs samples (the mean per device)"),
             (not 0 <= self.viewpoints <= 360, f"viewpoints must be in [0, 360] degrees, got {self.viewpoints}"),
             (self.holdout < 1, f"holdout must be 1 digit or more, got {self.holdout}"),
             (partitions < 1, f"a fleet needs 1 device or more, got {partitions}"),
@@ -53,18 +63,24 @@ class FleetData:
             raise FederationError("; ".join(problems))
 
     @classmethod
-    def from_run_config(cls, run: Mapping[str, Any]) -> "FleetData":
-        """The run config's ``samples``, ``label-alpha`` and ``viewpoints`` (absent: the defaults)."""
-        d = cls()
-        try:
-            return cls(int(run.get("samples", d.samples)), float(run.get("label-alpha", d.label_alpha)),
-                       float(run.get("viewpoints", d.viewpoints)))
-        except (TypeError, ValueError) as exc:
-            raise FederationError(f"the run config's fleet data has a value of the wrong type: {exc}") from exc
+    def from_run_config(cls, run: RunConfig) -> FleetData:
+        """The run config's ``samples``, ``label-alpha``, ``quantity-skew`` and ``viewpoints``."""
+        return cls(run.samples, run.label_alpha, run.viewpoints, quantity_skew=run.quantity_skew)
 
     def run_config(self) -> dict[str, Any]:
-        """The run config keys :meth:`from_run_config` reads."""
-        return {"samples": self.samples, "label-alpha": self.label_alpha, "viewpoints": self.viewpoints}
+        """The :class:`~common.runconfig.RunConfig` fields :meth:`from_run_config` reads."""
+        return {"samples": self.samples, "label_alpha": self.label_alpha, "viewpoints": self.viewpoints,
+                "quantity_skew": self.quantity_skew}
+
+    def sample_counts(self, partitions: int, seed: int, batch_size: int) -> list[int]:
+        """Training digits per device: ``samples`` each, or with ``quantity_skew`` a seeded log-normal draw
+        whose mean is ``samples`` (each at least a batch)."""
+        if not self.quantity_skew:
+            return [self.samples] * partitions
+        rng = random.Random(f"quantity:{seed}")
+        sigma = self.quantity_skew
+        return [max(batch_size, round(self.samples * math.exp(rng.gauss(-sigma * sigma / 2, sigma))))
+                for _ in range(partitions)]
 
 
 def parse_device_classes(text: str) -> list[tuple[str, str, float]]:
@@ -96,3 +112,39 @@ def virtual_node_config(partition: int, partitions: int, device_classes: str) ->
     name, profile, fraction = classes[partition % len(classes)]
     return {"partition-id": partition, "num-partitions": partitions, "device-name": f"{name}-{partition:03d}",
             "device-class": name, "device-profile": profile, "budget-fraction": fraction}
+
+
+NIGHT = (22.0, 7.0)  # local hours between which a device on the "night" trace is plugged in and idle
+
+
+@dataclass(frozen=True)
+class RoundPart:
+    """What a virtual device does in one training round: its share of the local steps (1: all of them), or why
+    it does not train (``absent``)."""
+
+    share: float = 1.0
+    absent: str = ""
+
+
+def round_part(partition: int, partitions: int, server_round: int, run: RunConfig) -> RoundPart:
+    """Device ``partition``'s part in training round ``server_round`` under the run's availability trace.
+
+    With ``availability = "night"`` the device trains only while charging at night (:data:`NIGHT`, local time);
+    the fleet's time zones are spread evenly round the clock and round ``r`` starts ``(r - 1) * round-hours``
+    after midnight UTC.  An available device is then unplugged partway with chance ``dropout`` (it sends
+    nothing), or with chance ``straggle`` finishes only part of its steps before the round closes (a share
+    between 0.2 and 0.8; FedAvg weighs its update by the examples it trained).  Seeded by the run's seed, the
+    device and the round: the same run gives every device the same part.
+    """
+    if run.availability == "night":
+        hour = ((server_round - 1) * run.round_hours + 24.0 * partition / partitions) % 24.0
+        start, end = NIGHT
+        if end <= hour < start:
+            return RoundPart(0.0, f"not charging at {int(hour):02d}:{int(hour % 1 * 60):02d} local time "
+                                  f"(trains {int(start):02d}:00-{int(end):02d}:00)")
+    rng = random.Random(f"round:{run.seed}:{partition}:{server_round}")
+    if rng.random() < run.dropout:
+        return RoundPart(0.0, f"unplugged partway through round {server_round}")
+    if rng.random() < run.straggle:
+        return RoundPart(round(rng.uniform(0.2, 0.8), 3))
+    return RoundPart()

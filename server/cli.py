@@ -37,9 +37,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from common.runconfig import PERSONALIZATIONS, RunConfig
 from schedules.exit_codes import ExitCode
 from server.config import DEFAULT_DATA_DIR, FlowerSettings, ServerSettings
-from server.errors import ServerStartError
+from server.errors import ServerConfigError, ServerStartError
 
 DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)\s*$")
 SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -122,17 +123,20 @@ def _add_federate_command(commands: Any) -> None:
                                         "follow it to its end; each device's reply is a row of the server's "
                                         "rounds table (dashboard: Rounds).")
     _storage_options(p)
-    p.add_argument("--rounds", type=int, default=3, help="federated rounds (default: %(default)s)")
-    p.add_argument("--min-nodes", type=int, default=2, help="devices a round waits for (default: %(default)s)")
-    p.add_argument("--fraction-train", type=float, default=1.0, help="share of devices sampled to train")
-    p.add_argument("--fraction-evaluate", type=float, default=1.0, help="share of devices sampled to evaluate")
-    p.add_argument("--local-steps", type=int, default=10, help="training steps per device per round")
-    p.add_argument("--lr", type=float, default=0.05, help="the devices' SGD learning rate")
-    p.add_argument("--personalization", default="finetune", choices=("none", "finetune", "fedper", "fedbn"),
+    d = RunConfig()  # the app's defaults
+    p.add_argument("--rounds", type=int, default=d.num_server_rounds, help="federated rounds (default: %(default)s)")
+    p.add_argument("--min-nodes", type=int, default=d.min_nodes, help="devices a round waits for (default: %(default)s)")
+    p.add_argument("--fraction-train", type=float, default=d.fraction_train,
+                   help="share of devices sampled to train, by the seed (default: %(default)s)")
+    p.add_argument("--fraction-evaluate", type=float, default=d.fraction_evaluate,
+                   help="share of devices sampled to evaluate (default: %(default)s)")
+    p.add_argument("--local-steps", type=int, default=d.local_steps, help="training steps per device per round")
+    p.add_argument("--lr", type=float, default=d.lr, help="the devices' SGD learning rate")
+    p.add_argument("--personalization", default=d.personalization, choices=PERSONALIZATIONS,
                    help="what stays personal on the devices (default: %(default)s)")
-    p.add_argument("--finetune-steps", type=int, default=30, help="local fine-tuning steps after the rounds")
-    p.add_argument("--round-timeout", type=float, default=600.0, help="seconds a round waits for replies")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--finetune-steps", type=int, default=d.finetune_steps, help="local fine-tuning steps after the rounds")
+    p.add_argument("--round-timeout", type=float, default=d.round_timeout, help="seconds a round waits for replies")
+    p.add_argument("--seed", type=int, default=d.seed, help="seeds the model's weights and each round's sample")
     p.add_argument("--from-version", default="latest", type=_initial_version, metavar="VERSION",
                    help="the global model to start from: latest (the newest stored version of the devices' model, "
                         "default), none (the seeded initial weights) or a version number")
@@ -385,14 +389,23 @@ def list_model_versions(args: argparse.Namespace) -> int:
 
 
 def federate_run_config(args: argparse.Namespace, settings: ServerSettings) -> dict[str, Any]:
-    """The run config ``poet-edge server federate`` submits (keys of ``server/flwr_app/pyproject.toml``)."""
-    return {"num-server-rounds": args.rounds, "min-nodes": args.min_nodes, "fraction-train": args.fraction_train,
-            "fraction-evaluate": args.fraction_evaluate, "local-steps": args.local_steps, "lr": args.lr,
-            "personalization": args.personalization, "finetune-steps": args.finetune_steps,
-            "round-timeout": args.round_timeout, "seed": args.seed,
-            # empty: the ServerApp records into the database its SuperLink names ($POET_EDGE_DATABASE_URL),
-            # so no credentials travel in the run config, which the SuperLink stores
-            "database-url": ""}
+    """The run config ``poet-edge server federate`` submits (:class:`common.runconfig.RunConfig`), checked here
+    so that a bad value fails before the run is submitted."""
+    from common.errors import RunConfigError
+
+    try:
+        config = RunConfig(num_server_rounds=args.rounds, min_nodes=args.min_nodes, fraction_train=args.fraction_train,
+                           fraction_evaluate=args.fraction_evaluate, local_steps=args.local_steps, lr=args.lr,
+                           personalization=args.personalization, finetune_steps=args.finetune_steps,
+                           round_timeout=args.round_timeout, seed=args.seed,
+                           # empty: the ServerApp records into the database its SuperLink names
+                           # ($POET_EDGE_DATABASE_URL), so no credentials travel in the run config, which the
+                           # SuperLink stores
+                           database_url="")
+        config.check()
+    except RunConfigError as exc:
+        raise ServerConfigError(str(exc)) from exc
+    return config.to_mapping()
 
 
 def print_rounds(settings: ServerSettings, run_ids: list[int]) -> None:

@@ -27,15 +27,11 @@ rows to a recorder: the rounds table when the run config names a database.
    they never send them, so the global model is made of the shared layers only.
    Its rows carry the round number after the last.
 
-Run config keys (``[tool.flwr.app.config]``, ``flwr run -c``): ``num-server-rounds``, ``first-round``,
-``fraction-train``, ``fraction-evaluate``, ``min-nodes``, ``round-timeout`` (s), ``local-steps``, ``lr``,
-``personalization``, ``finetune-steps``, ``local-baseline`` (each device also trains alone from the initial
-weights with the steps it spent in the run, and reports that model's accuracy: the local-only baseline),
-``initial-version``, ``database-url`` (empty: the database of the
-server whose SuperLink runs this app, ``$POET_EDGE_DATABASE_URL``, else record nothing), ``data-dir``
-(empty: that server's data folder, ``$POET_EDGE_DATA_DIR``, else keep no versions); the devices also read
-``personalization``, ``seed``, ``device-classes``, ``samples``, ``label-alpha``, ``viewpoints`` and ``graph-file``
-(:mod:`agent.virtual`).
+Each round's devices are a seeded draw (:class:`DeviceSampler`): the same seed samples the same devices.
+
+The run config is :class:`common.runconfig.RunConfig` (keys, defaults and checks); an empty ``database-url``
+means the database of the server whose SuperLink runs this app (``$POET_EDGE_DATABASE_URL``, else record
+nothing), an empty ``data-dir`` that server's data folder (``$POET_EDGE_DATA_DIR``, else keep no versions).
 
 The same app runs in a deployment (real SuperNodes) and in Flower's simulation
 engine (``poet-edge simulate``: virtual SuperNodes on Ray); it uses Flower's
@@ -46,15 +42,19 @@ from __future__ import annotations
 
 import logging
 import os
+import random
+import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
+from common.errors import RunConfigError
+from common.runconfig import RunConfig
 from server.db.engine import Database
 from server.errors import ModelVersionError, ServerConfigError, ServerError
 from server.keys import ServerKey, load_or_create
@@ -65,67 +65,19 @@ from server.superlink import DATA_DIR_VARIABLE, DATABASE_VARIABLE
 
 log = logging.getLogger("poet-server")
 Recorder = Callable[[list[RoundRow]], None]
-PERSONALIZATIONS = ("none", "finetune", "fedper", "fedbn")
 
 app = ServerApp()
 
 
-@dataclass(frozen=True)
-class FederationConfig:
-    """The run's settings, from the run config; see the module docstring for the keys."""
-
-    rounds: int = 3
-    fraction_train: float = 1.0
-    fraction_evaluate: float = 1.0
-    min_nodes: int = 2
-    round_timeout: float = 600.0
-    local_steps: int = 10
-    lr: float = 0.05
-    personalization: str = "finetune"
-    finetune_steps: int = 30
-    database_url: str = ""
-    data_dir: str = ""
-    initial_version: str = "latest"
-    first_round: int = 1
-    local_baseline: bool = False  # each device also trains alone, with the compute it spent in the run
-
-    @classmethod
-    def from_run_config(cls, run: Mapping[str, Any]) -> FederationConfig:
-        """Read and check every key; all problems are reported at once."""
-        d = cls()
-        try:
-            config = cls(int(run.get("num-server-rounds", d.rounds)), float(run.get("fraction-train", d.fraction_train)),
-                         float(run.get("fraction-evaluate", d.fraction_evaluate)), int(run.get("min-nodes", d.min_nodes)),
-                         float(run.get("round-timeout", d.round_timeout)), int(run.get("local-steps", d.local_steps)),
-                         float(run.get("lr", d.lr)), str(run.get("personalization", d.personalization)),
-                         int(run.get("finetune-steps", d.finetune_steps)),
-                         str(run.get("database-url", "")) or os.environ.get(DATABASE_VARIABLE, ""),
-                         str(run.get("data-dir", "")), str(run.get("initial-version", d.initial_version)).strip(),
-                         int(run.get("first-round", d.first_round)),
-                         _flag(run.get("local-baseline", d.local_baseline), "local-baseline"))
-        except (TypeError, ValueError) as exc:
-            raise ServerConfigError(f"run config has a value of the wrong type: {exc}") from exc
-        config.check()
-        return config
-
-    def check(self) -> None:
-        """Raise :class:`ServerConfigError` listing every out-of-range setting."""
-        problems = [text for bad, text in (
-            (self.rounds < 0, "num-server-rounds must be 0 (personalization only) or more"),
-            (not 0 < self.fraction_train <= 1, "fraction-train must be in (0, 1]"),
-            (not 0 <= self.fraction_evaluate <= 1, "fraction-evaluate must be in [0, 1]"),
-            (self.min_nodes < 1, "min-nodes must be 1 or more"),
-            (self.round_timeout <= 0, "round-timeout must be positive"),
-            (self.local_steps < 1, "local-steps must be 1 or more"),
-            (self.lr <= 0, "lr must be positive"),
-            (self.personalization not in PERSONALIZATIONS,
-             f"personalization must be one of {', '.join(PERSONALIZATIONS)}"),
-            (self.finetune_steps < 0, "finetune-steps must be 0 or more"),
-            (not (self.initial_version in ("latest", "none") or self.initial_version.isdigit()),
-             "initial-version must be latest, none or a version number"),
-            (self.first_round < 1, "first-round must be 1 or more")) if bad]
-        if problems:
-            raise ServerConfigError("federation settings: " + "; ".join(problems))
+def federation_config(run: Mapping[str, Any]) -> RunConfig:
+    """The run's settings (:class:`common.runconfig.RunConfig`); an empty ``database-url`` becomes the database
+    of the server whose SuperLink runs this app (``$POET_EDGE_DATABASE_URL``).  Every problem is reported at
+    once, as a :class:`~server.errors.ServerConfigError`."""
+    try:
+        config = RunConfig.from_mapping(run)
+    except RunConfigError as exc:
+        raise ServerConfigError(str(exc)) from exc
+    return config if config.database_url else config.replace(database_url=os.environ.get(DATABASE_VARIABLE, ""))
 
 
 def reply_row(msg: Message, phase: str, server_round: int, run_id: int, sent: Iterable[Message] = ()) -> RoundRow:
@@ -158,22 +110,32 @@ def _device_for_node(node: int) -> str | None:
 
 
 class RecordingFedAvg(FedAvg):
-    """Weighted FedAvg that records a row per device per round before aggregating (module docstring)."""
+    """Weighted FedAvg that samples each round's devices with the run's seed (:class:`DeviceSampler`) and records a
+    row per device per round before aggregating (module docstring)."""
 
-    def __init__(self, recorder: Recorder, run_id: int, **fedavg: Any) -> None:
+    def __init__(self, recorder: Recorder, run_id: int, sampler: DeviceSampler, **fedavg: Any) -> None:
         super().__init__(**fedavg)
-        self.recorder, self.run_id = recorder, run_id
+        self.recorder, self.run_id, self.sampler = recorder, run_id, sampler
         self.sent: list[Message] = []  # this round's messages: the grid gives them their ids as it sends them
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        self.sent = list(super().configure_train(server_round, arrays, config, grid))
+        nodes = self.sampler.sample(grid, "train", server_round, self.fraction_train, self.min_train_nodes)
+        self.sent = self._messages(MessageType.TRAIN, server_round, arrays, config, nodes)
         return self.sent
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
-        self.sent = list(super().configure_evaluate(server_round, arrays, config, grid))
+        nodes = self.sampler.sample(grid, "evaluate", server_round, self.fraction_evaluate, self.min_evaluate_nodes)
+        self.sent = self._messages(MessageType.EVALUATE, server_round, arrays, config, nodes)
         return self.sent
+
+    def _messages(self, kind: str, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                  nodes: list[int]) -> list[Message]:
+        config["server-round"] = server_round  # as Flower's FedAvg does: the devices know which round it is
+        log.info("round %d: %s on %d devices", server_round, kind, len(nodes))
+        record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
+        return [Message(record, dst_node_id=node, message_type=kind) for node in nodes]
 
     def _record(self, phase: str, server_round: int, replies: list[Message]) -> None:
         rows = [reply_row(m, phase, server_round, self.run_id, self.sent) for m in replies]
@@ -203,7 +165,56 @@ def in_device_order(replies: Iterable[Message]) -> list[Message]:
     return sorted(replies, key=key)
 
 
-def initial_arrays(grid: Grid, config: FederationConfig) -> tuple[ArrayRecord, str]:
+@dataclass
+class DeviceSampler:
+    """Each round's devices: a seeded draw over the connected devices ordered by name, so a run with the same
+    seed samples the same devices (a simulation's node ids are random; Flower's own sampling is unseeded).
+
+    With a fraction below 1 the devices are asked their names once (``query.device``); one that does not
+    answer sorts by its node id.  Waits up to ``wait_seconds`` for ``min_nodes`` devices to connect.
+    """
+
+    seed: int
+    min_nodes: int
+    wait_seconds: float
+    names: dict[int, str] = field(default_factory=dict)
+
+    def sample(self, grid: Grid, phase: str, server_round: int, fraction: float, minimum: int) -> list[int]:
+        """The nodes of ``phase`` in ``server_round``: ``fraction`` of the connected ones, at least ``minimum``."""
+        if fraction <= 0:
+            return []
+        nodes = self._connected(grid)
+        if fraction < 1:
+            self._learn_names(grid, nodes)
+        ordered = sorted(nodes, key=lambda n: (self.names.get(n, ""), n))
+        size = min(len(ordered), max(int(len(ordered) * fraction), minimum))
+        if size == len(ordered):
+            return ordered
+        return sorted(random.Random(f"{self.seed}:{phase}:{server_round}").sample(ordered, size),
+                      key=ordered.index)
+
+    def _connected(self, grid: Grid) -> list[int]:
+        deadline = time.monotonic() + self.wait_seconds
+        while len(nodes := sorted(grid.get_node_ids())) < self.min_nodes:
+            if time.monotonic() > deadline:
+                raise ServerError(f"{len(nodes)} devices connected, fewer than min-nodes {self.min_nodes}, after "
+                                  f"{self.wait_seconds:.0f} s: start more SuperNodes (agents) or lower min-nodes")
+            log.info("waiting for devices: %d connected, %d needed", len(nodes), self.min_nodes)
+            time.sleep(1.0)
+        return nodes
+
+    def _learn_names(self, grid: Grid, nodes: list[int]) -> None:
+        unknown = [n for n in nodes if n not in self.names]
+        if not unknown:
+            return
+        asks = [Message(RecordDict({"config": ConfigRecord()}), dst_node_id=n, message_type="query.device")
+                for n in unknown]
+        for reply in grid.send_and_receive(asks, timeout=self.wait_seconds):
+            if not reply.has_error() and "device" in reply.content:
+                self.names[reply.metadata.src_node_id] = str(reply.content["device"].get("device-name", ""))
+
+
+def initial_arrays(grid: Grid, config: RunConfig) -> tuple[ArrayRecord, str]:
     """Ask one device for the model's initial shared weights (``query.initial``); them and the model's identity
     (:func:`server.model_versions.model_identity`: its name and the weights' layout)."""
     nodes = sorted(grid.get_node_ids())
@@ -219,7 +230,7 @@ def initial_arrays(grid: Grid, config: FederationConfig) -> tuple[ArrayRecord, s
     return arrays, model_identity(name, _numpy(arrays))
 
 
-def personalize(grid: Grid, arrays: ArrayRecord, config: FederationConfig, recorder: Recorder,
+def personalize(grid: Grid, arrays: ArrayRecord, config: RunConfig, recorder: Recorder,
                 server_round: int, version: int | None = None) -> list[RoundRow]:
     """Phase 3: every device evaluates the global model (``version``, where stored) and fine-tunes it; their
     rows, recorded."""
@@ -243,11 +254,12 @@ class Federated:
     rounds: int
 
 
-def run_federation(grid: Grid, config: FederationConfig, recorder: Recorder,
+def run_federation(grid: Grid, config: RunConfig, recorder: Recorder,
                    models: GlobalModels | None = None) -> Federated:
     """The whole run (module docstring): the starting weights, FedAvg rounds storing each round's global model
     in ``models``, personalization."""
-    strategy = RecordingFedAvg(recorder, grid.run.run_id, fraction_train=config.fraction_train,
+    sampler = DeviceSampler(config.seed, config.min_nodes, config.round_timeout)
+    strategy = RecordingFedAvg(recorder, grid.run.run_id, sampler, fraction_train=config.fraction_train,
                                fraction_evaluate=config.fraction_evaluate, min_train_nodes=config.min_nodes,
                                min_evaluate_nodes=config.min_nodes if config.fraction_evaluate else 0,
                                min_available_nodes=config.min_nodes)
@@ -256,7 +268,7 @@ def run_federation(grid: Grid, config: FederationConfig, recorder: Recorder,
     if models is not None:
         arrays, version = models.start(config.initial_version, model, arrays)
     train_config = ConfigRecord({"local-steps": config.local_steps, "lr": config.lr})
-    last = config.first_round + config.rounds - 1
+    last = config.first_round + config.num_server_rounds - 1
     for server_round in range(config.first_round, last + 1):
         log.info("round %d of %d, from global model version %s", server_round, last, version)
         replies = grid.send_and_receive(strategy.configure_train(server_round, arrays, train_config, grid),
@@ -274,7 +286,7 @@ def run_federation(grid: Grid, config: FederationConfig, recorder: Recorder,
             version = models.store(arrays, grid.run.run_id, server_round, version, model, metrics)
     if config.personalization != "none":
         personalize(grid, arrays, config, recorder, last + 1, version)
-    return Federated(arrays, version, config.rounds)
+    return Federated(arrays, version, config.num_server_rounds)
 
 
 def _prefixed(phase: str, metrics: Any) -> dict[str, Any]:
@@ -295,7 +307,7 @@ class GlobalModels:
     key: ServerKey
 
     @classmethod
-    def for_config(cls, config: FederationConfig) -> GlobalModels | None:
+    def for_config(cls, config: RunConfig) -> GlobalModels | None:
         """The store the run config (``data-dir``, else ``$POET_EDGE_DATA_DIR``, and a database) names, or
         ``None`` when it names none."""
         data_dir = config.data_dir or os.environ.get(DATA_DIR_VARIABLE, "")
@@ -350,14 +362,5 @@ def store_recorder(database_url: str) -> Recorder:
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """The ServerApp: settings from the run config, rows into the server's store."""
-    config = FederationConfig.from_run_config(context.run_config)
+    config = federation_config(context.run_config)
     run_federation(grid, config, store_recorder(config.database_url), GlobalModels.for_config(config))
-
-
-def _flag(value: Any, key: str) -> bool:
-    """A run-config boolean (TOML gives a bool; a string override ``true``/``false`` is taken too)."""
-    if isinstance(value, bool):
-        return value
-    if str(value).strip().lower() in ("true", "false"):
-        return str(value).strip().lower() == "true"
-    raise ServerConfigError(f"run config {key} must be true or false, got {value!r}")

@@ -3,8 +3,12 @@
 ::
 
     poet-edge simulate --devices 20 --rounds 5 --samples 16 --label-alpha 1 --json sim.json --plot sim.png
+    poet-edge simulate --personalization all --samples 8,16,64     # strategies side by side, a size sweep
+    poet-edge simulate --devices 1000 --fraction 0.02 --availability night --dropout 0.1 --personalization finetune
 
-Registered in the ``poet_edge.commands`` entry-point group; cheap to import.  The
+Each strategy is held against local-only training, the global model alone and centralized training on the
+pooled data (:mod:`simulation.compare`).  Registered in the ``poet_edge.commands`` entry-point group; cheap
+to import.  The
 run happens in Flower's simulation engine (:mod:`simulation.engine`; needs
 ``pip install 'poet-edge[sim]'``, which brings Ray).  Exit 0 when the run completes, whether or
 not the printed targets are met.
@@ -24,11 +28,10 @@ from schedules.errors import CommandError
 from schedules.exit_codes import ExitCode
 from simulation.fleet import DEFAULT_DATA, parse_classes
 
-PERSONALIZATIONS = ("none", "finetune", "fedper", "fedbn")
-
-
 def add_commands(subparsers: Any) -> None:
     """Register ``simulate``."""
+    from common.runconfig import AVAILABILITY
+
     p = subparsers.add_parser("simulate", help="federate a fleet of virtual devices with Flower (digits)",
                               description=__doc__.split("\n\n")[0])
     p.add_argument("--devices", type=positive_int, default=20, help="virtual devices (default 20)")
@@ -39,19 +42,34 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--local-steps", type=positive_int, default=10, help="steps per device per round (default 10)")
     p.add_argument("--finetune-steps", type=int, default=30, help="personalization steps per device (default 30)")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default 0.05)")
-    p.add_argument("--personalization", choices=PERSONALIZATIONS, default="finetune",
-                   help="finetune: FedAvg then local fine-tuning; fedper: heads stay on the devices; fedbn: "
-                        "BatchNorm stays on the devices; none (default finetune)")
-    p.add_argument("--samples", type=int, default=DEFAULT_DATA.samples,
+    p.add_argument("--personalization", type=_strategies, default=("finetune",), metavar="STRATEGY,...",
+                   help="strategies to compare, each in a run of its own: finetune (FedAvg, then local "
+                        "fine-tuning), fedper (heads stay on the devices), fedbn (BatchNorm stays on the devices), "
+                        "or all (default finetune; finetune always runs: its global model is the global baseline)")
+    p.add_argument("--samples", type=_sizes, default=(DEFAULT_DATA.samples,), metavar="N,...",
                    help=f"training digits per device (default {DEFAULT_DATA.samples}; 0: each device a whole "
-                        "partition of the training pool)")
+                        "partition of the training pool); several sizes make a sweep")
     p.add_argument("--label-alpha", type=float, default=DEFAULT_DATA.label_alpha,
                    help="Dirichlet label skew across devices, smaller is more skewed (default "
                         f"{DEFAULT_DATA.label_alpha:g}; 0: every device the natural mix)")
+    p.add_argument("--quantity-skew", type=float, default=0.0, metavar="SIGMA",
+                   help="spread of the devices' training-set sizes: a log-normal draw with SIGMA whose mean is "
+                        "the samples (default 0: all equal)")
     p.add_argument("--viewpoints", type=float, default=DEFAULT_DATA.viewpoints, metavar="DEGREES",
                    help=f"the devices' camera angles spread over this many degrees (default "
                         f"{DEFAULT_DATA.viewpoints:g}; 360: all the way round)")
-    p.add_argument("--seed", type=int, default=0, help="seed of weights, split and batches (default 0)")
+    p.add_argument("--fraction", type=float, default=1.0,
+                   help="share of the devices sampled (by the seed) to train and evaluate each round (default 1)")
+    p.add_argument("--min-devices", type=positive_int, default=2, help="the fewest a round samples (default 2)")
+    p.add_argument("--availability", choices=AVAILABILITY, default="always",
+                   help="always, or night: a device trains only while charging 22:00-07:00 in its own time zone "
+                        "(time zones spread round the clock; rounds --round-hours apart)")
+    p.add_argument("--round-hours", type=float, default=1.0, help="simulated hours between rounds (default 1)")
+    p.add_argument("--dropout", type=float, default=0.0,
+                   help="chance that an available device is unplugged partway through a round (default 0)")
+    p.add_argument("--straggle", type=float, default=0.0,
+                   help="chance that an available device finishes only part of its steps in time (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="seed of weights, split, batches and sampling (default 0)")
     p.add_argument("--seeds", type=positive_int, default=3,
                    help="runs, with seeds SEED, SEED+1, ...: the figures are their mean with a 95%% confidence "
                         "interval (default 3)")
@@ -60,37 +78,68 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--database", metavar="URL", default="",
                    help="record the rounds in this server database (default: a temporary SQLite file)")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the per-round and per-device figures")
-    p.add_argument("--plot", type=Path, metavar="PNG", help="draw accuracy, memory and energy")
+    p.add_argument("--plot", type=Path, metavar="PNG", help="draw accuracy, memory and energy (the first run)")
     p.set_defaults(handler=run_simulate)
 
 
+def _strategies(text: str) -> tuple[str, ...]:
+    from simulation.compare import STRATEGIES, strategies_in_order
+
+    chosen = [s.strip() for s in text.split(",") if s.strip()]
+    if chosen == ["all"]:
+        chosen = list(STRATEGIES)
+    unknown = [s for s in chosen if s not in STRATEGIES]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"{', '.join(unknown) or text!r}: choose from {', '.join(STRATEGIES)} or all")
+    return strategies_in_order(chosen)
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of whole numbers") from exc
+    if not sizes or min(sizes) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: digits per device are 0 (a whole partition) or more")
+    return sizes
+
+
 def run_simulate(args: argparse.Namespace) -> int:
-    """Run the simulation, print the figures, write JSON and the plot when asked."""
+    """Run the comparison for each size and seed, print the figures, write JSON and the plot when asked."""
     from agent.digits import BATCH_SIZE
     from agent.virtual import FleetData
+    from common.errors import RunConfigError
+    from simulation.compare import SeedRuns, Sweep, compare
     from simulation.fleet import DEFAULT_CLASSES
-    from simulation.report import SeedRuns, plot_report, print_report
-    from simulation.run import SimulationSettings, simulate
+    from simulation.report import plot_report
+    from simulation.run import SimulationSettings
 
-    data = FleetData(args.samples, args.label_alpha, args.viewpoints)
-    try:
-        data.check(args.devices, BATCH_SIZE)
-    except FederationError as exc:
-        raise CommandError(str(exc), ExitCode.USAGE) from exc
+    datas = [FleetData(n, args.label_alpha, args.viewpoints, quantity_skew=args.quantity_skew) for n in args.samples]
     settings = SimulationSettings(args.devices, args.classes or DEFAULT_CLASSES, args.rounds, args.local_steps,
-                                  args.finetune_steps, args.lr, args.personalization, data, args.seed,
-                                  args.database, args.cpus_per_device)
-    reports = []
-    for seed in range(args.seed, args.seed + args.seeds):
-        if args.seeds > 1:
-            print(f"== seed {seed} ({seed - args.seed + 1} of {args.seeds})", flush=True)
-        reports.append(simulate(replace(settings, seed=seed)))
-        print_report(reports[-1], sys.stdout)
-    runs = SeedRuns(reports)
-    if args.seeds > 1:
-        runs.print(sys.stdout)
+                                  args.finetune_steps, args.lr, args.personalization[0], datas[0], args.seed,
+                                  args.database, args.cpus_per_device, args.fraction, args.min_devices,
+                                  args.availability, args.round_hours, args.dropout, args.straggle)
+    try:
+        for data in datas:
+            data.check(args.devices, BATCH_SIZE)
+            settings.run_config("")  # every value checked before anything starts
+    except (FederationError, RunConfigError) as exc:
+        raise CommandError(str(exc), ExitCode.USAGE) from exc
+    setups = []
+    for data in datas:
+        comparisons = []
+        for seed in range(args.seed, args.seed + args.seeds):
+            print(f"== {data.samples} digits per device, seed {seed} ({seed - args.seed + 1} of {args.seeds})",
+                  flush=True)
+            comparisons.append(compare(replace(settings, data=data, seed=seed), args.personalization, sys.stdout))
+            comparisons[-1].print(sys.stdout)
+        setups.append(SeedRuns(data.samples, comparisons))
+        setups[-1].print(sys.stdout)
+    sweep = Sweep(setups)
+    if len(setups) > 1:
+        sweep.print(sys.stdout)
     if args.json:
-        runs.save_json(args.json)
+        sweep.save_json(args.json)
     if args.plot:
-        plot_report(reports[0], args.plot)
+        plot_report(setups[0].comparisons[0].baseline_run, args.plot)
     return 0

@@ -10,8 +10,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from schedules.errors import CommandError
 from agent.virtual import FleetData
+from common.runconfig import RunConfig
+from schedules.errors import CommandError
 from simulation.profile import profile_once
 from simulation.fleet import DEFAULT_CLASSES, DEFAULT_DATA, DeviceClass, classes_config, fleet_node_configs
 from simulation.report import SimulationReport, build_report
@@ -32,16 +33,24 @@ class SimulationSettings:
     seed: int = 0
     database_url: str = ""  # empty: a temporary SQLite database
     cpus_per_device: int = 1  # Ray's client-resources-num-cpus: devices training at once = cores / this
+    fraction: float = 1.0  # of the devices, those sampled to train (and evaluate) each round
+    min_devices: int = 2  # the fewest a round samples
+    availability: str = "always"  # common.runconfig.AVAILABILITY
+    round_hours: float = 1.0
+    dropout: float = 0.0
+    straggle: float = 0.0
+    local_baseline: bool = True  # every device also trains alone: the baseline personalization must beat
 
     def run_config(self, database_url: str, graph_file: str = "") -> dict[str, Any]:
-        """The run config both apps read (``flwr run --run-config``; keys in ``server/flwr_app``)."""
-        return {"num-server-rounds": self.rounds, "fraction-train": 1.0, "fraction-evaluate": 1.0,
-                "min-nodes": self.devices, "round-timeout": 600.0, "local-steps": self.local_steps, "lr": self.lr,
-                "personalization": self.personalization, "finetune-steps": self.finetune_steps,
-                "seed": self.seed, "database-url": database_url, "device-classes": classes_config(self.classes),
-                **self.data.run_config(), "initial-version": "none",  # each simulation from the seeded weights
-                "local-baseline": True,  # every device also trains alone: the baseline personalization must beat
-                "graph-file": graph_file}
+        """The run config both apps read (:class:`common.runconfig.RunConfig`)."""
+        return RunConfig(
+            num_server_rounds=self.rounds, fraction_train=self.fraction, fraction_evaluate=self.fraction,
+            min_nodes=min(self.min_devices, self.devices), local_steps=self.local_steps, lr=self.lr,
+            personalization=self.personalization, finetune_steps=self.finetune_steps, seed=self.seed,
+            database_url=database_url, device_classes=classes_config(self.classes), **self.data.run_config(),
+            initial_version="none",  # each simulation from the seeded weights
+            local_baseline=self.local_baseline, graph_file=graph_file, availability=self.availability,
+            round_hours=self.round_hours, dropout=self.dropout, straggle=self.straggle).to_mapping()
 
 
 def simulate(settings: SimulationSettings) -> SimulationReport:

@@ -25,7 +25,7 @@ from agent.parity import bits_equal  # noqa: E402
 from agent.training import DEFAULT_TOLERANCE_BYTES  # noqa: E402
 from server.config import ServerSettings  # noqa: E402
 from server.errors import ServerConfigError  # noqa: E402
-from server.flower import FederationConfig  # noqa: E402
+from server.flower import federation_config  # noqa: E402
 from server.keys import load_or_create  # noqa: E402
 from server.model_versions import list_versions, load_version  # noqa: E402
 from server.rounds import open_store, round_rows  # noqa: E402
@@ -159,25 +159,25 @@ def test_the_same_seed_trains_bit_identical_weights_with_and_without_a_memory_bu
 
 def test_the_server_refuses_bad_settings_listing_every_problem() -> None:
     with pytest.raises(ServerConfigError) as caught:
-        FederationConfig.from_run_config({"num-server-rounds": -1, "fraction-train": 2.0, "personalization": "x",
-                                         "initial-version": "newest"})
+        federation_config({"num-server-rounds": -1, "fraction-train": 2.0, "personalization": "x",
+                           "initial-version": "newest"})
     text = str(caught.value)
     assert "num-server-rounds" in text and "fraction-train" in text and "personalization" in text
     assert "initial-version must be latest, none or a version number" in text
 
 
-def test_the_shipped_app_declares_every_run_config_key_the_simulation_sets() -> None:
-    import tomllib
-
+def test_federate_and_simulate_submit_run_configs_of_the_typed_keys_and_defaults() -> None:
+    from common.runconfig import RunConfig
     from server.cli import federate_run_config
     from server.config import ServerSettings
-    from server.federation import APP_DIR
     from simulation.run import SimulationSettings
 
-    declared = tomllib.loads((Path(APP_DIR) / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-    assert set(SimulationSettings().run_config("sqlite://")) <= set(declared)  # flwr run overrides only these
-    federate = _parse("server", "federate", "--rounds", "2")
-    assert set(federate_run_config(federate, ServerSettings())) <= set(declared)
+    simulated = RunConfig.from_mapping(SimulationSettings().run_config("sqlite://"))
+    assert simulated.local_baseline and simulated.initial_version == "none"
+    federate = federate_run_config(_parse("server", "federate"), ServerSettings())
+    assert federate == RunConfig(database_url="").to_mapping()  # the command's defaults are the app's
+    with pytest.raises(ServerConfigError, match="fraction-train"):
+        federate_run_config(_parse("server", "federate", "--fraction-train", "0"), ServerSettings())
 
 
 def _parse(*argv: str):
@@ -394,7 +394,7 @@ def test_the_global_model_is_the_same_bit_for_bit_whichever_device_answers_first
     import numpy as np
     from flwr.app import Array, MetricRecord
 
-    from server.flower import RecordingFedAvg
+    from server.flower import DeviceSampler, RecordingFedAvg
 
     def reply(name: str, node: int, value: float) -> Message:
         metadata = Metadata(run_id=1, message_id="", src_node_id=node, dst_node_id=SUPERLINK_NODE_ID,
@@ -407,7 +407,70 @@ def test_the_global_model_is_the_same_bit_for_bit_whichever_device_answers_first
 
     # float32 sums of these depend on their order: 1 + 1e8 rounds the 1 away, -1e8 + 1e8 + 1 keeps it
     replies = [reply("b", 3, 1.0), reply("a", 9, 1e8), reply("c", 5, -1e8)]
-    strategy = RecordingFedAvg(lambda rows: None, run_id=1)
+    strategy = RecordingFedAvg(lambda rows: None, run_id=1, sampler=DeviceSampler(0, 1, 1.0))
     first, _ = strategy.aggregate_train(1, replies)
     again, _ = strategy.aggregate_train(1, replies[::-1])
     assert np.array_equal(first["w"].numpy(), again["w"].numpy())
+
+
+@pytest.fixture
+def serverapp_process(monkeypatch):
+    """What Flower sets in a ServerApp's process before ``main``: the identity its messages are sent under."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name, value in (("_run_id", 1), ("_node_id", SUPERLINK_NODE_ID), ("_task_id", 1)):
+        monkeypatch.setattr(TaskIdentity, name, value)
+
+
+class FleetGrid:
+    """Flower's ``Grid`` as the ServerApp sees a fleet: node ids drawn at random (as the simulation engine draws
+    them) and devices that answer ``query.device`` with their names."""
+
+    def __init__(self, names: list[str], seed: int) -> None:
+        import random
+
+        ids = random.Random(seed).sample(range(1, 1 << 40), len(names))
+        self.names = dict(zip(ids, names))
+        self.asked = 0
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.names)
+
+    def send_and_receive(self, messages, timeout=None) -> list[Message]:
+        self.asked += len(messages)
+        replies = []
+        for m in messages:
+            assert m.metadata.message_type == "query.device"
+            replies.append(Message(RecordDict({"device": ConfigRecord({
+                "device-name": self.names[m.metadata.dst_node_id]})}), reply_to=m))
+        return replies
+
+
+def test_each_round_samples_the_same_devices_for_a_seed_whatever_node_ids_the_fleet_drew(serverapp_process) -> None:
+    from server.flower import DeviceSampler
+
+    names = [f"dev-{i:03d}" for i in range(40)]
+    picked = []
+    for node_ids_seed in (1, 2):
+        grid, sampler = FleetGrid(names, node_ids_seed), DeviceSampler(seed=7, min_nodes=2, wait_seconds=1.0)
+        rounds = [[grid.names[n] for n in sampler.sample(grid, "train", r, 0.25, 2)] for r in (1, 2, 3)]
+        assert grid.asked == 40  # each device asked its name once, not every round
+        picked.append(rounds)
+    assert picked[0] == picked[1]  # by name: the same devices under other node ids
+    assert all(len(r) == 10 and len(set(r)) == 10 for r in picked[0])
+    assert picked[0][0] != picked[0][1]  # another draw each round
+    other = DeviceSampler(seed=8, min_nodes=2, wait_seconds=1.0)
+    grid = FleetGrid(names, 1)
+    assert [grid.names[n] for n in other.sample(grid, "train", 1, 0.25, 2)] != picked[0][0]  # and each seed
+    assert len(other.sample(grid, "train", 1, 0.01, 3)) == 3  # never fewer than the minimum
+    everyone = FleetGrid(names, 3)
+    assert sorted(DeviceSampler(0, 2, 1.0).sample(everyone, "train", 1, 1.0, 2)) == sorted(everyone.names)
+    assert everyone.asked == 0  # the whole fleet needs no names
+
+
+def test_a_round_waits_for_its_minimum_of_devices_and_then_says_how_many_came() -> None:
+    from server.errors import ServerError
+    from server.flower import DeviceSampler
+
+    with pytest.raises(ServerError, match="2 devices connected, fewer than min-nodes 5"):
+        DeviceSampler(0, 5, 0.5).sample(FleetGrid(["a", "b"], 0), "train", 1, 1.0, 5)

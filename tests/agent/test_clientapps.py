@@ -101,3 +101,14 @@ def test_a_runner_leaves_a_launch_to_a_launcher_that_gave_up(tmp_path: Path) -> 
         assert runner.children == set()
     finally:
         listener.close()
+
+
+def test_the_log_lines_the_runner_follows_are_the_ones_the_installed_supernode_writes() -> None:
+    import inspect
+
+    from flwr.supernode import start_client_internal
+
+    # the SuperNode formats them with logging's %-style: the runner matches the text before the first %
+    source = inspect.getsource(start_client_internal)
+    for line in (MessageArrival.STARTED, *MessageArrival.ENDED):
+        assert f'"{line}' in source, f"flower-supernode no longer logs {line!r}: update MessageArrival"

@@ -9,6 +9,7 @@ from agent.digits import DigitsNet, device_angle, device_dataset, load_digits, r
 from agent.errors import DataError, FederationError
 from agent.fedtask import METRIC_KEYS, metric_values, personal_keys
 from agent.virtual import FleetData
+from common.runconfig import RunConfig
 
 
 def _indices(images: torch.Tensor) -> list[int]:
@@ -75,9 +76,23 @@ def test_bad_fleet_data_is_refused_with_the_setting_named() -> None:
         device_dataset(0, 4, data=FleetData(label_alpha=-1))
     with pytest.raises(DataError, match="set samples"):
         device_dataset(0, 400)  # a whole partition of the pool is 3 digits: fewer than a batch
-    with pytest.raises(FederationError, match="wrong type"):
-        FleetData.from_run_config({"samples": "many"})
-    assert FleetData.from_run_config(FleetData(32, 0.5, 90).run_config()) == FleetData(32, 0.5, 90)
+    with pytest.raises(FederationError, match="quantity-skew needs samples"):
+        device_dataset(0, 4, data=FleetData(quantity_skew=1.0))
+    data = FleetData(32, 0.5, 90, quantity_skew=0.5)
+    assert FleetData.from_run_config(RunConfig(**data.run_config())) == data
+
+
+@pytest.mark.parametrize("label_alpha", [0.0, 1.0])
+def test_quantity_skew_gives_devices_training_sets_of_seeded_uneven_sizes_with_their_mean_near_samples(
+        label_alpha) -> None:
+    data = FleetData(samples=32, label_alpha=label_alpha, quantity_skew=1.0)
+    sizes = [len(device_dataset(i, 20, data=data).train_y) for i in range(20)]
+    assert sizes == data.sample_counts(20, seed=0, batch_size=16)  # the partitioner gave each device its draw
+    assert min(sizes) >= 16 and max(sizes) > 3 * min(sizes)  # every device a batch at least, and far from equal
+    assert 0.7 * 32 < sum(sizes) / len(sizes) < 1.5 * 32
+    assert [len(device_dataset(i, 20, data=data, seed=1).train_y) for i in range(20)] != sizes  # drawn by the seed
+    shares = [device_dataset(i, 20, data=data) for i in range(3)]
+    assert len({tuple(s.train_x.flatten()[:64].tolist()) for s in shares}) == 3  # no two devices share digits
 
 
 def test_every_report_has_every_metric_key_and_no_other() -> None:

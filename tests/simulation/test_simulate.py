@@ -14,41 +14,66 @@ from schedules.graph import TrainingGraph
 from simulation.fleet import DEFAULT_CLASSES, classes_config, fleet_node_configs, parse_classes
 
 
-def test_a_small_fleet_prints_accuracy_memory_and_energy_over_seeds_and_writes_json_and_png(tmp_path, capsys,
-                                                                                            monkeypatch) -> None:
+def test_strategies_are_held_against_local_only_global_and_centralized_on_the_same_fleet(tmp_path, capsys,
+                                                                                        monkeypatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the graph each seed is profiled to, once
     out, png = tmp_path / "sim.json", tmp_path / "sim.png"
     before = {p.pid for p in psutil.Process().children(recursive=True)}  # earlier tests' helpers, not ours
-    small = ["simulate", "--devices", "3", "--rounds", "2", "--local-steps", "3", "--finetune-steps", "5",
-             "--database", f"sqlite:///{tmp_path / 'server.db'}"]
-    code = main([*small, "--seeds", "2", "--json", str(out), "--plot", str(png)])
+    code = main(["simulate", "--devices", "3", "--rounds", "2", "--local-steps", "3", "--finetune-steps", "5",
+                 "--personalization", "fedbn", "--seeds", "1", "--database", f"sqlite:///{tmp_path / 'server.db'}",
+                 "--json", str(out), "--plot", str(png)])
     assert code == 0
     text = capsys.readouterr().out
-    assert "personalized" in text and "on 3 of 3 devices" in text and "local-only" in text
-    assert "mean over 2 seeds (95% confidence interval)" in text
-    seeds = json.loads(out.read_text())
-    assert seeds["format"] == "poet-edge/simulation-seeds" and [r["settings"]["seed"] for r in seeds["runs"]] == [0, 1]
-    gaps = [r["gap_points"] for r in seeds["runs"]]
-    assert seeds["mean"]["gap"] == pytest.approx(sum(gaps) / 2) and seeds["ci95"]["gap"] >= 0
-    assert seeds["target_met"] == (seeds["mean"]["gap"] >= 3)
-    report = seeds["runs"][0]
-    # every device also trained alone with the same steps: the baseline the personalized model is held against
-    assert all(0 <= d["local_accuracy"] <= 1 for d in report["devices"])
-    best = max(report["mean_global_accuracy"], report["mean_local_accuracy"])
-    assert report["gap_points"] == pytest.approx(100 * (report["mean_personal_accuracy"] - best))
-    assert report["format"] == "poet-edge/simulation" and len(report["rounds"]) == 2
-    assert report["settings"]["data"] == {"samples": 16, "label_alpha": 1.0, "viewpoints": 90.0, "holdout": 40}
-    assert [d["device_class"] for d in report["devices"]] == ["large", "medium", "small"]
-    assert all(d["within_budget"] and d["energy_j"] > 0 for d in report["devices"])
-    assert len({d["budget_bytes"] for d in report["devices"]}) == 3  # each class its own budget (None: no limit)
+    assert "on 3 of 3 devices" in text and "best strategy" in text
+    result = json.loads(out.read_text())
+    assert (result["format"], result["version"]) == ("poet-edge/simulation", 2)
+    seed = result["setups"][0]["seeds"][0]
+    assert list(seed["runs"]) == ["finetune", "fedbn"]  # FedAvg always runs: its global model is the baseline
+    f = seed["figures"]
+    assert f["gap"] == pytest.approx(max(f["finetune"], f["fedbn"]) - max(f["local-only"], f["global"]))
+    fedavg, fedbn = seed["runs"]["finetune"], seed["runs"]["fedbn"]
+    assert f["global"] == pytest.approx(100 * fedavg["mean_global_accuracy"])
+    # every device also trained alone, once, with exactly the steps it trained in the run
+    assert all(0 <= d["local_accuracy"] <= 1 and d["local_steps"] == d["steps"] == 2 * 3 + 5
+               for d in fedavg["devices"])
+    assert all(d["local_accuracy"] == -1 for d in fedbn["devices"])
+    assert [d["steps"] for d in fedbn["devices"]] == [d["steps"] for d in fedavg["devices"]]  # the same compute
+    assert sorted(seed["centralized"]) == [d["name"] for d in fedavg["devices"]]
+    assert f["centralized"] == pytest.approx(100 * sum(seed["centralized"].values()) / 3)
+    assert fedavg["settings"]["data"] == {"samples": 16, "label_alpha": 1.0, "viewpoints": 90.0, "holdout": 40,
+                                          "quantity_skew": 0.0}
+    for run in (fedavg, fedbn):
+        assert [d["device_class"] for d in run["devices"]] == ["large", "medium", "small"]
+        assert all(d["within_budget"] and d["energy_j"] > 0 for d in run["devices"])
+        assert len({d["budget_bytes"] for d in run["devices"]}) == 3  # each class its own budget (None: no limit)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     left = {p.pid for p in psutil.Process().children(recursive=True)} - before
     assert not left  # the SuperLink, SuperExec and Ray are gone
-    # the same seed again gives the same accuracies, budgets and energies (the same plans), device by device
-    assert main([*small, "--seed", "1", "--seeds", "1", "--json", str(out)]) == 0
-    again = json.loads(out.read_text())["runs"][0]["devices"]
-    figures = ("global_accuracy", "personal_accuracy", "local_accuracy", "energy_j", "budget_bytes")
-    assert [[d[k] for k in figures] for d in again] == [[d[k] for k in figures] for d in seeds["runs"][1]["devices"]]
+
+
+def test_sampled_rounds_with_absent_devices_give_the_same_figures_for_the_same_seed(tmp_path, capsys,
+                                                                                    monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    out = tmp_path / "sim.json"
+    fleet = ["simulate", "--devices", "6", "--rounds", "3", "--local-steps", "3", "--finetune-steps", "3",
+             "--fraction", "0.5", "--availability", "night", "--round-hours", "8", "--dropout", "0.3",
+             "--straggle", "0.5", "--database", f"sqlite:///{tmp_path / 'server.db'}", "--json", str(out)]
+    assert main([*fleet, "--seeds", "2"]) == 0
+    assert "mean over 2 seeds (95% confidence interval)" in capsys.readouterr().out
+    setup = json.loads(out.read_text())["setups"][0]
+    gaps = [s["figures"]["gap"] for s in setup["seeds"]]
+    assert setup["mean"]["gap"] == pytest.approx(sum(gaps) / 2) and setup["ci95"]["gap"] >= 0
+    assert setup["target_met"] == (setup["mean"]["gap"] >= 3)
+    runs = [s["runs"]["finetune"] for s in setup["seeds"]]
+    rounds = [r for run in runs for r in run["rounds"]]
+    assert all(r["trained"] + r["absent"] == 3 for r in rounds)  # half the fleet sampled every round ...
+    assert sum(r["absent"] for r in rounds) > 0  # ... of which some were unplugged or not charging
+    assert main([*fleet, "--seed", "1", "--seeds", "1"]) == 0
+    again = json.loads(out.read_text())["setups"][0]["seeds"][0]["runs"]["finetune"]
+    figures = ("global_accuracy", "personal_accuracy", "local_accuracy", "energy_j", "budget_bytes", "steps")
+    assert [[d[k] for k in figures] for d in again["devices"]] == [[d[k] for k in figures] for d in runs[1]["devices"]]
+    assert [(r["trained"], r["absent"], r["global_accuracy"]) for r in again["rounds"]] == \
+        [(r["trained"], r["absent"], r["global_accuracy"]) for r in runs[1]["rounds"]]
 
 
 def test_the_digits_model_is_profiled_once_and_profiled_again_when_its_graph_is_damaged(tmp_path, capsys) -> None:

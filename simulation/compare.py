@@ -1,0 +1,189 @@
+"""Personalization strategies side by side with honest baselines, over seeds and over data sizes.
+
+For one seed, :func:`compare` runs the federation once per strategy on the same fleet
+(the same data, classes, schedules and steps) and adds the references every strategy
+is held against:
+
+- **local-only**: each device alone, from the same initial weights, with exactly the
+  steps it trained in the run (trained by the devices in the first run);
+- **global**: FedAvg's global model alone, no personal parts (the ``finetune`` run's
+  global model, which is why that run always comes first);
+- **centralized**: one model trained on the whole fleet's pooled data for as many steps
+  as the fleet trained (:mod:`simulation.centralized`): the upper reference.
+
+The headline is the **gap**: the best strategy's mean accuracy over devices minus the
+better of local-only and global, in points.  :class:`SeedRuns` gives every figure as
+a mean over seeds with a 95% Student-t interval; :class:`Sweep` repeats it for several
+training-set sizes, showing where federation pays and where a device's own data is
+enough.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, TextIO
+
+from common.runconfig import PERSONALIZATIONS
+from simulation.report import SimulationReport, mean
+
+STRATEGIES = tuple(p for p in PERSONALIZATIONS if p != "none")
+BASELINES = ("local-only", "global", "centralized")
+GAP_TARGET_POINTS = 3.0  # the best strategy must beat the better of local-only and the global model by this
+MEMORY_NOTE = "the memory check's 8 MiB tolerance for what RSS cannot resolve"
+
+
+def strategies_in_order(chosen: list[str]) -> tuple[str, ...]:
+    """``chosen`` with ``finetune`` first (added where missing): its global model is the global baseline."""
+    return ("finetune", *(s for s in dict.fromkeys(chosen) if s != "finetune"))
+
+
+@dataclass
+class Comparison:
+    """One seed: each strategy's run and the centralized reference's accuracy per device."""
+
+    seed: int
+    runs: dict[str, SimulationReport]  # strategy -> its run; the first is finetune
+    centralized: dict[str, float]  # device name -> accuracy
+
+    @property
+    def baseline_run(self) -> SimulationReport:
+        return next(iter(self.runs.values()))
+
+    def figures(self) -> dict[str, float]:
+        """Mean accuracy over devices in % for each baseline and strategy, and the gap in points."""
+        base = self.baseline_run
+        figures = {"local-only": 100 * base.mean_local, "global": 100 * base.mean_global,
+                   "centralized": 100 * mean(list(self.centralized.values()))}
+        figures.update({strategy: 100 * run.mean_personal for strategy, run in self.runs.items()})
+        figures["gap"] = max(figures[s] for s in self.runs) - max(figures["local-only"], figures["global"])
+        return figures
+
+    @property
+    def best_strategy(self) -> str:
+        figures = self.figures()
+        return max(self.runs, key=lambda s: figures[s])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seed": self.seed, "figures": self.figures(), "centralized": self.centralized,
+                "runs": {strategy: run.to_json() for strategy, run in self.runs.items()}}
+
+    def print(self, out: TextIO) -> None:
+        """The FedAvg run's rounds, every device's figures, and the strategies against the baselines."""
+        base = self.baseline_run
+        out.write(f"{'round':>5} {'global acc.':>11} {'train loss':>10} {'trained':>7} {'absent':>6} {'seconds':>8}\n")
+        for r in base.rounds:
+            out.write(f"{r.round:>5} {r.global_accuracy:>10.1%} {r.train_loss:>10.3f} {r.trained:>7} {r.absent:>6} "
+                      f"{r.seconds:>8.2f}\n")
+        strategies = list(self.runs)
+        out.write(f"\n{'device':<14} {'class':<7} {'peak / budget (B)':>22} {'energy J':>9} {'local':>6} {'global':>6} "
+                  f"{'central':>7} " + " ".join(f"{s:>8}" for s in strategies) + "\n")
+        by_name = {s: {d.name: d for d in run.devices} for s, run in self.runs.items()}
+        for d in base.devices:
+            budget = f"{d.budget_bytes:,}" if d.budget_bytes is not None else "no limit"
+            local = f"{d.local_accuracy:.1%}" if d.local_accuracy >= 0 else "-"
+            personal = " ".join(f"{by_name[s][d.name].personal_accuracy:>8.1%}" if d.name in by_name[s] else
+                                f"{'-':>8}" for s in strategies)
+            out.write(f"{d.name:<14} {d.device_class:<7} {f'{d.peak_bytes:,} / {budget}':>22} {d.energy_j:>9.2f} "
+                      f"{local:>6} {d.global_accuracy:>6.1%} {self.centralized.get(d.name, float('nan')):>7.1%} "
+                      f"{personal}\n")
+        f = self.figures()
+        out.write("\nmean over devices: " + ", ".join(f"{k} {f[k]:.1f}%" for k in (*BASELINES, *strategies))
+                  + f"; best strategy {self.best_strategy} {f['gap']:+.1f} points over the better of local-only "
+                  f"and global (target >= {GAP_TARGET_POINTS:.0f})\n")
+        for strategy, run in self.runs.items():
+            over = [d.name for d in run.devices if not d.within_budget]
+            out.write(f"{strategy}: peak within budget (with {MEMORY_NOTE}) on {len(run.devices) - len(over)} of "
+                      f"{len(run.devices)} devices" + (f" (over: {', '.join(over)})" if over else "")
+                      + f"; energy {sum(d.energy_j for d in run.devices):.1f} J; {run.seconds:.1f} s, "
+                      f"{run.seconds_per_round:.2f} s per round after the first\n")
+
+
+def compare(settings: Any, strategies: tuple[str, ...], out: TextIO = sys.stdout) -> Comparison:
+    """Run each strategy on the fleet of ``settings`` (:class:`simulation.run.SimulationSettings`) with its seed,
+    then the centralized reference; the devices train the local-only baseline in the first run only."""
+    from simulation.centralized import centralized_accuracies
+    from simulation.fleet import fleet_node_configs
+    from simulation.profile import profile_once
+    from simulation.run import simulate
+
+    runs: dict[str, SimulationReport] = {}
+    for i, strategy in enumerate(strategies):
+        out.write(f"-- {strategy}: {settings.devices} devices, seed {settings.seed}\n")
+        out.flush()
+        runs[strategy] = simulate(replace(settings, personalization=strategy, local_baseline=i == 0))
+    steps = sum(d.steps for d in runs[strategies[0]].devices)
+    accuracies = centralized_accuracies(settings.devices, settings.data, settings.seed, steps, settings.lr,
+                                        profile_once(settings.seed))
+    names = [n["device-name"] for n in fleet_node_configs(settings.devices, settings.classes)]
+    return Comparison(settings.seed, runs, dict(zip(names, accuracies)))
+
+
+def interval(values: list[float]) -> tuple[float, float]:
+    """``(mean, half-width of the 95% confidence interval)`` by Student's t; the half-width is NaN for one value."""
+    centre = mean(values)
+    if len(values) < 2:
+        return centre, float("nan")
+    from scipy.stats import t  # scikit-learn's own dependency, in the sim extra
+
+    spread = (sum((v - centre) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+    return centre, float(t.ppf(0.975, len(values) - 1)) * spread / len(values) ** 0.5
+
+
+@dataclass
+class SeedRuns:
+    """One setup over several seeds: every figure as its mean with a 95% confidence interval over the seeds."""
+
+    samples: int
+    comparisons: list[Comparison]
+
+    def figures(self) -> dict[str, tuple[float, float]]:
+        """Each figure of :meth:`Comparison.figures` as ``(mean, 95% half-width)``."""
+        keys = self.comparisons[0].figures().keys()
+        return {k: interval([c.figures()[k] for c in self.comparisons]) for k in keys}
+
+    @property
+    def target_met(self) -> bool:
+        return self.figures()["gap"][0] >= GAP_TARGET_POINTS
+
+    def print(self, out: TextIO) -> None:
+        """The seeds side by side, then their mean and interval against the target."""
+        keys = [k for k in self.comparisons[0].figures() if k != "gap"]
+        out.write(f"\n{'seed':>5} " + " ".join(f"{k:>11}" for k in keys) + f" {'gap':>7}\n")
+        for c in self.comparisons:
+            f = c.figures()
+            out.write(f"{c.seed:>5} " + " ".join(f"{f[k]:>10.1f}%" for k in keys) + f" {f['gap']:>+7.1f}\n")
+        f = self.figures()
+        out.write(f"mean over {len(self.comparisons)} seeds (95% confidence interval), {self.samples} digits per "
+                  "device: " + ", ".join(f"{k} {f[k][0]:.1f} +- {f[k][1]:.1f} %" for k in keys)
+                  + f"; the best strategy over the better of local-only and global {f['gap'][0]:+.1f} +- "
+                  f"{f['gap'][1]:.1f} points (target >= {GAP_TARGET_POINTS:.0f}: "
+                  f"{'met' if self.target_met else 'NOT met'})\n")
+
+    def to_json(self) -> dict[str, Any]:
+        f = self.figures()
+        return {"samples": self.samples, "mean": {k: v[0] for k, v in f.items()},
+                "ci95": {k: v[1] for k, v in f.items()}, "target_met": self.target_met,
+                "seeds": [c.to_json() for c in self.comparisons]}
+
+
+@dataclass
+class Sweep:
+    """The same comparison at several training-set sizes (digits per device)."""
+
+    setups: list[SeedRuns]
+
+    def print(self, out: TextIO) -> None:
+        """One line per size: the mean of every figure over the seeds, and the gap with its interval."""
+        keys = [k for k in self.setups[0].figures() if k != "gap"]
+        out.write(f"\n{'digits/device':>13} " + " ".join(f"{k:>11}" for k in keys) + f" {'gap (95% CI)':>16}\n")
+        for setup in self.setups:
+            f = setup.figures()
+            gap = f"{f['gap'][0]:+.1f} +- {f['gap'][1]:.1f}"
+            out.write(f"{setup.samples:>13} " + " ".join(f"{f[k][0]:>10.1f}%" for k in keys) + f" {gap:>16}\n")
+
+    def save_json(self, path: Path) -> None:
+        path.write_text(json.dumps({"format": "poet-edge/simulation", "version": 2,
+                                    "setups": [s.to_json() for s in self.setups]}, indent=2) + "\n")
