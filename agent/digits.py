@@ -54,10 +54,15 @@ class DigitsNet(nn.Module):
         return self.head(self.body(x))
 
 
-def digits_workload(seed: int = 0, batch_size: int = BATCH_SIZE) -> Workload:
-    """:class:`DigitsNet` at its seeded initial weights, with an example batch of the training shape."""
+def digits_workload(seed: int = 0, batch_size: int = BATCH_SIZE, tuning: str = "") -> Workload:
+    """:class:`DigitsNet` at its seeded initial weights, with an example batch of the training shape; with
+    ``tuning`` (a strategy of :data:`agent.fedtask.PARTIAL_TUNING`) only what it fine-tunes is trainable."""
     torch.manual_seed(seed)
     model = DigitsNet().train()
+    if tuning:
+        from agent.fedtask import freeze_for_tuning
+
+        freeze_for_tuning(model, tuning)
     generator = torch.Generator().manual_seed(seed)
     inputs = torch.rand(batch_size, 1, SIDE, SIDE, generator=generator)
     targets = torch.randint(0, CLASSES, (batch_size,), generator=generator)

@@ -16,7 +16,9 @@ bit-identical under every budget (the executor's parity guarantee).
 Personal layers (:func:`personal_keys`) name state-dict entries a device keeps
 to itself: ``fedper`` its head (the last module with parameters), ``fedbn`` its
 BatchNorm statistics and affine parameters.  :mod:`agent.flower` keeps them in
-the device's state and sends only the rest.
+the device's state and sends only the rest.  ``biases-norms`` keeps nothing
+personal in the rounds and fine-tunes only the biases and normalization layers
+(:func:`freeze_for_tuning`).
 
 Every report carries the same keys (:data:`METRIC_KEYS`, -1 where unknown):
 FedAvg refuses a round whose replies differ in keys.
@@ -41,7 +43,7 @@ from agent.errors import FederationError
 from agent.holdout import evaluate
 from agent.training import DEFAULT_TOLERANCE_BYTES, OptimizerSettings, Training
 from agent.zoo import Workload
-from common.runconfig import PERSONALIZATIONS
+from common.runconfig import PARTIAL_TUNING, PERSONALIZATIONS
 from schedules.device import DeviceProfile
 from schedules.graph import TrainingGraph
 from schedules.schedule import Schedule
@@ -60,6 +62,18 @@ def metric_values(**known: float) -> dict[str, float]:
     if extra:
         raise FederationError(f"unknown metric keys {sorted(extra)}; every device must send exactly {METRIC_KEYS}")
     return {key: float(known.get(key, UNKNOWN)) for key in METRIC_KEYS}
+
+
+def freeze_for_tuning(model: nn.Module, personalization: str) -> nn.Module:
+    """Freeze (``requires_grad=False``) what ``personalization`` does not fine-tune; ``model``.  Under
+    ``biases-norms`` every bias and the affine parameters of the normalization layers stay trainable."""
+    if personalization not in PARTIAL_TUNING:
+        raise FederationError(f"{personalization!r} fine-tunes the whole model; partial tuning: {PARTIAL_TUNING}")
+    norms = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            param.requires_grad_(isinstance(module, norms) or name == "bias")
+    return model
 
 
 def personal_keys(model: nn.Module, personalization: str) -> frozenset[str]:
@@ -181,10 +195,16 @@ class Task:
         return self._plans[key]
 
     def train(self, weights: dict[str, torch.Tensor], data: LocalDataset, device: DevicePlan, *, steps: int,
-              lr: float | None = None, position: tuple[int, int] = (0, 0), check_memory: bool = True) -> TrainOutcome:
+              lr: float | None = None, position: tuple[int, int] = (0, 0), check_memory: bool = True,
+              anchor: dict[str, torch.Tensor] | None = None, prox: float = 0.0) -> TrainOutcome:
         """``steps`` optimizer steps from ``weights`` on ``data`` through the one training path under
         ``device.schedule``; ``lr`` (the round's) replaces the settings' learning rate.  A fresh optimizer each
-        round: its state does not carry over between rounds."""
+        round: its state does not carry over between rounds.
+
+        With an ``anchor`` (Ditto's global model) each step is followed by a proximal step pulling every trained
+        parameter towards it, ``p -= lr * prox * (p - anchor)``: the gradient of ``prox / 2 * ||p - anchor||^2``
+        applied decoupled from the data term's update, as AdamW decouples weight decay, so the data term's
+        gradients stay exactly the executor's."""
         if check_memory:
             self._warm_up(device, data)
         self.model.load_state_dict(weights)
@@ -200,6 +220,8 @@ class Task:
                     batches.append(data.batch(*position))
                     position = data.position_after(*position)
                 report = training.step(batches)
+                if anchor is not None and prox:
+                    self._pull_towards(anchor, settings.learning_rate * prox)
                 losses.append(report.loss)
                 # what RSS says the step took; where it cannot tell (no /proc, or a process shared with other
                 # virtual devices whose memory came and went), what the executor accounted for
@@ -213,6 +235,12 @@ class Task:
         return TrainOutcome(weights_out, sum(losses) / max(len(losses), 1), steps,
                             steps * settings.accumulation * data.batch_size, peak, time.perf_counter() - started,
                             energy, position)
+
+    @torch.no_grad()
+    def _pull_towards(self, anchor: dict[str, torch.Tensor], rate: float) -> None:
+        for name, param in self.model.named_parameters():
+            if param.requires_grad:
+                param.lerp_(anchor[name], rate)  # p + rate * (anchor - p): no temporary as big as p
 
     def _warm_up(self, device: DevicePlan, data: LocalDataset) -> None:
         """Once per process, one training step unchecked and undone (the RNG restored; the caller loads its

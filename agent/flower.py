@@ -13,8 +13,8 @@ Messages it answers (Flower's Message API):
                        (:func:`agent.virtual.round_part`): absent, it raises (the server gets an error
                        reply naming it and why), a straggler trains a share of the steps
 ``evaluate``           the received weights (with the device's personal layers) on its held-out data
-``train.personalize``  evaluate the global model, fine-tune it locally under the schedule, evaluate again;
-                       metrics only (``global-accuracy``, ``personal-accuracy`` and the ``global-version``
+``train.personalize``  evaluate the global model, fine-tune it locally under the schedule (``ditto``: train
+                       the device's personal model on towards it), evaluate again; metrics only (``global-accuracy``, ``personal-accuracy`` and the ``global-version``
                        it started from added), no weights back
 =====================  =================================================================================
 
@@ -27,8 +27,8 @@ Otherwise the device is described by its node config (``--node-config`` of ``flo
 ``memory-budget`` (bytes), and its data: ``partition-id`` / ``num-partitions`` of the digits
 (:mod:`agent.digits`, optionally seen from ``angle``), spread as the run config's ``samples``,
 ``label-alpha``, ``quantity-skew`` and ``viewpoints`` say (:class:`agent.virtual.FleetData`).  The run config
-(:class:`common.runconfig.RunConfig`) says ``personalization`` (``none``, ``finetune``, ``fedper``, ``fedbn``)
-and ``seed``.  In Flower's simulation engine a
+(:class:`common.runconfig.RunConfig`) says ``personalization`` (``none``, ``finetune``, ``fedper``, ``fedbn``,
+``biases-norms``) and ``seed``.  In Flower's simulation engine a
 virtual SuperNode's node config holds only ``partition-id`` and ``num-partitions``; when the run
 config's ``device-classes`` is set, the rest comes from them (:func:`agent.virtual.virtual_node_config`:
 class, profile, budget fraction, name).
@@ -39,7 +39,9 @@ agent's warm runner (:mod:`agent.daemon.clientapps`) forks these processes ready
 :func:`run_clientapp_process`.
 
 Personal layers (``fedper``, ``fedbn``) live in ``context.state`` under ``personal`` and are never put
-in a reply: :func:`shared` drops them from every ``ArrayRecord`` this app sends.
+in a reply: :func:`shared` drops them from every ``ArrayRecord`` this app sends.  Under ``ditto`` each round
+also trains a whole personal model, kept in ``context.state`` under ``ditto`` and never sent, on the round's
+batches and pulled towards the round's global model (:func:`ditto_train`).
 """
 
 from __future__ import annotations
@@ -57,13 +59,14 @@ from flwr.clientapp import ClientApp
 
 from agent.data import LocalDataset
 from agent.errors import FederationError
-from agent.fedtask import DevicePlan, Task, metric_values, personal_keys
+from agent.fedtask import DevicePlan, Task, TrainOutcome, metric_values, personal_keys
 from agent.virtual import FleetData, RoundPart, round_part, virtual_node_config
 from common.errors import RunConfigError
-from common.runconfig import RunConfig
+from common.runconfig import PARTIAL_TUNING, RunConfig
 from schedules.graph import TrainingGraph
 
 PERSONAL = "personal"  # context.state: the ArrayRecord of personal layers
+DITTO = "ditto"  # context.state: the ArrayRecord of Ditto's personal model
 POSITION = "position"  # context.state: the ConfigRecord of the next batch's (epoch, index)
 BUDGET = "budget"  # context.state: the ConfigRecord of the device's memory budget in bytes (-1: none)
 
@@ -114,22 +117,40 @@ def run_config(context: Context) -> RunConfig:
 
 LAUNCHED_AT = "POET_CLIENTAPP_LAUNCHED_AT"  # environment: when the warm runner was asked for this process
 
-_TASKS: dict[tuple[int, str], Task] = {}  # per process: one per seed (and graph) serves every message and device
+_TASKS: dict[tuple[int, str, str], Task] = {}  # per process: one per seed, graph and tuning serves every device
 _DATA: dict[DeviceSetup, LocalDataset] = {}
 _AGENTS: dict[str, _Device] = {}  # agent config path -> the agent's device, built once per process
 
 
-def task_for(seed: int, graph_file: str = "") -> Task:
+def task_for(seed: int, graph_file: str = "", tuning: str = "") -> Task:
     """The digits model's :class:`Task` for ``seed``, built once per process: with ``graph_file`` (run config
     ``graph-file``: the graph a simulation profiled once for its whole fleet) every device plans from the same
-    node times, else from this process's own extraction."""
-    key = (seed, graph_file)
+    node times, else from this process's own extraction.  With ``tuning`` (a strategy of
+    :data:`agent.fedtask.PARTIAL_TUNING`) only what that strategy fine-tunes is trainable."""
+    key = (seed, graph_file, tuning)
     if key not in _TASKS:
         from agent.digits import digits_workload
 
         graph = TrainingGraph.load(graph_file) if graph_file else None
-        _TASKS[key] = Task(digits_workload(seed), graph=graph)
+        _TASKS[key] = Task(digits_workload(seed, tuning=tuning), graph=graph)
     return _TASKS[key]
+
+
+def tuning_for(d: _Device, context: Context) -> tuple[Task, DevicePlan]:
+    """What the device fine-tunes with in the personalize phase: its own task and plan, or under a strategy that
+    tunes part of the model, the task with the rest frozen, planned for the same budget."""
+    strategy = personalization(context)
+    if strategy not in PARTIAL_TUNING:
+        return d.task, d.plan
+    if "agent-config" in context.node_config:
+        raise FederationError(f"{d.setup.name}: {strategy} fine-tuning runs in simulations only; a device agent "
+                              "fine-tunes its whole model (personalization finetune)")
+    run = run_config(context)
+    task = task_for(d.setup.seed, run.tuning_graph_file, strategy)
+    try:
+        return task, task.plan(d.setup.profile, d.plan.budget_bytes)
+    except FederationError as exc:
+        raise FederationError(f"{d.setup.name}: {exc}") from exc
 
 
 def data_for(setup: DeviceSetup) -> LocalDataset:
@@ -307,6 +328,26 @@ def initial(msg: Message, context: Context) -> Message:
                                "model": ConfigRecord({"name": task.workload.name})}), reply_to=msg)
 
 
+def ditto_train(d: _Device, context: Context, anchor: dict[str, torch.Tensor], steps: int, config: ConfigRecord,
+                position: tuple[int, int]) -> tuple[TrainOutcome, DevicePlan]:
+    """Ditto's personal model (kept in the device's state; the first global model it is sent to begin with),
+    trained ``steps`` steps on the device's data, each followed by a pull towards ``anchor`` (the global model
+    of the round) with the run's ``ditto-lambda``.  It plans for the device's budget less the anchor's bytes:
+    the global model is held beside the step."""
+    own = context.state[DITTO].to_torch_state_dict() if DITTO in context.state else anchor
+    budget = d.plan.budget_bytes
+    held = sum(t.nbytes for t in anchor.values())
+    try:
+        plan = d.plan if budget is None else d.task.plan(d.setup.profile, budget - held)
+    except FederationError as exc:
+        raise FederationError(f"{d.setup.name}: ditto holds the global model ({held:,} B) beside its personal "
+                              f"model's step: {exc}") from exc
+    outcome = d.task.train(own, d.data, plan, steps=steps, lr=d.learning_rate(config), position=position,
+                           anchor=anchor, prox=run_config(context).ditto_lambda)
+    context.state[DITTO] = ArrayRecord(outcome.weights)
+    return outcome, plan
+
+
 @app.query("device")
 def device(msg: Message, context: Context) -> Message:
     """The device's name: the server samples each round's devices by name, so a seed picks the same ones."""
@@ -332,16 +373,21 @@ def train(msg: Message, context: Context) -> Message:
     part = _round_part(d, context, config)
     if part.absent:  # the server hears only that it is gone, as from a device that left the round
         raise FederationError(f"{d.setup.name}: {part.absent}")
-    steps = int(config.get("local-steps", 10))
-    outcome = d.task.train(merged(msg.content["arrays"], context, d.task, d.personal), d.data, d.plan,
-                           steps=max(1, round(steps * part.share)), lr=d.learning_rate(config),
+    steps = max(1, round(int(config.get("local-steps", 10)) * part.share))
+    received = merged(msg.content["arrays"], context, d.task, d.personal)
+    outcome = d.task.train(received, d.data, d.plan, steps=steps, lr=d.learning_rate(config),
                            position=_position(context))
-    _keep(context, outcome.weights, d.personal, outcome.position, outcome.steps)
+    steps_done, energy, peak, seconds = outcome.steps, outcome.energy_j, outcome.peak_bytes, outcome.seconds
+    if personalization(context) == "ditto":  # the personal model trains beside, on the same batches
+        own, _ = ditto_train(d, context, received, steps, config, _position(context))
+        steps_done, energy = steps_done + own.steps, energy + own.energy_j
+        peak, seconds = max(peak, own.peak_bytes), seconds + own.seconds
+    _keep(context, outcome.weights, d.personal, outcome.position, steps_done)
     loss, accuracy, _ = d.task.evaluate(outcome.weights, d.data)
     metrics = metric_values(**{"num-examples": outcome.examples, "train-loss": outcome.loss, "eval-loss": loss,
-                               "accuracy": accuracy, "steps": outcome.steps, "peak-bytes": outcome.peak_bytes,
-                               "budget-bytes": d.plan.budget_bytes or -1, "energy-j": outcome.energy_j,
-                               "seconds": outcome.seconds, "startup-seconds": startup})
+                               "accuracy": accuracy, "steps": steps_done, "peak-bytes": peak,
+                               "budget-bytes": d.plan.budget_bytes or -1, "energy-j": energy,
+                               "seconds": seconds, "startup-seconds": startup})
     return Message(RecordDict({"arrays": shared(outcome.weights, d.personal), "metrics": MetricRecord(metrics),
                                "device": _info(d.setup, d.plan)}), reply_to=msg)
 
@@ -374,16 +420,21 @@ def personalize(msg: Message, context: Context) -> Message:
     config = _config(msg)
     weights = merged(msg.content["arrays"], context, d.task, d.personal)
     global_loss, global_accuracy, _ = d.task.evaluate(weights, d.data)
-    outcome = d.task.train(weights, d.data, d.plan, steps=int(config.get("finetune-steps", 30)),
-                           lr=d.learning_rate(config), position=_position(context))
-    loss, accuracy, count = d.task.evaluate(outcome.weights, d.data)
+    task, plan = tuning_for(d, context)
+    if personalization(context) == "ditto":  # the personal model, trained on towards the final global model
+        outcome, plan = ditto_train(d, context, weights, int(config.get("finetune-steps", 30)), config,
+                                    _position(context))
+    else:
+        outcome = task.train(weights, d.data, plan, steps=int(config.get("finetune-steps", 30)),
+                             lr=d.learning_rate(config), position=_position(context))
+    loss, accuracy, count = task.evaluate(outcome.weights, d.data)
     metrics: dict[str, Any] = metric_values(**{
         "num-examples": count, "train-loss": outcome.loss, "eval-loss": loss, "accuracy": accuracy,
-        "steps": outcome.steps, "peak-bytes": outcome.peak_bytes, "budget-bytes": d.plan.budget_bytes or -1,
+        "steps": outcome.steps, "peak-bytes": outcome.peak_bytes, "budget-bytes": plan.budget_bytes or -1,
         "energy-j": outcome.energy_j, "seconds": outcome.seconds, "startup-seconds": startup})
     version = int(config.get("global-version", -1))
     metrics.update({"global-accuracy": global_accuracy, "global-loss": global_loss, "personal-accuracy": accuracy,
-                    "global-version": version})
+                    "global-version": version, "planned-peak-bytes": plan.schedule.predicted_peak_bytes})
     if bool(config.get("local-baseline", False)):
         metrics.update(_local_baseline(d, context, config, outcome.steps))
     if d.state_dir is not None:  # a device agent keeps what it made (the simulation's devices do not)

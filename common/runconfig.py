@@ -20,9 +20,16 @@ from typing import Any
 
 from common.errors import RunConfigError
 
-PERSONALIZATIONS = ("none", "finetune", "fedper", "fedbn")
+PERSONALIZATIONS = ("none", "finetune", "fedper", "fedbn", "ditto", "biases-norms")
 """What each device keeps or trains for itself after the rounds: nothing (``none``), the global model fine-tuned
-locally (``finetune``), its own head (``fedper``) or its own BatchNorm (``fedbn``)."""
+locally (``finetune``), its own head (``fedper``), its own BatchNorm (``fedbn``), a whole personal model trained
+beside the global one each round and held near it (``ditto``, with ``ditto-lambda``), or the global model with
+only its biases and normalization layers fine-tuned locally (``biases-norms``: parameter-efficient, no gradients
+or optimizer state for the other weights)."""
+
+PARTIAL_TUNING = ("biases-norms",)
+"""Strategies whose fine-tuning trains only part of the model: it plans from a graph extracted with the rest
+frozen, so the plan holds no gradients or optimizer state for the frozen weights."""
 
 AVAILABILITY = ("always", "night")
 """When a simulated device may train a round: ``always``, or only while charging at night (22:00-07:00 in its own
@@ -44,6 +51,7 @@ class RunConfig:
     lr: float = 0.05
     personalization: str = "finetune"
     finetune_steps: int = 30
+    ditto_lambda: float = 0.1  # ditto: how strongly the personal model is pulled towards the global one
     local_baseline: bool = False  # each device also trains alone from the initial weights, with the steps it spent
     seed: int = 0  # the model's initial weights, the data split, the devices sampled each round
     database_url: str = ""  # empty: the database of the server whose SuperLink runs the app
@@ -56,6 +64,7 @@ class RunConfig:
     quantity_skew: float = 0.0  # spread of the devices' sample counts: sigma of a log-normal (0: all equal)
     viewpoints: float = 360.0  # the devices' angles spread over this many degrees
     graph_file: str = ""  # the digits graph profiled once for the fleet (empty: each process extracts)
+    tuning_graph_file: str = ""  # ... and with only the parts biases-norms fine-tunes trainable
     availability: str = "always"  # see AVAILABILITY
     round_hours: float = 1.0  # simulated hours from one round to the next (availability "night")
     dropout: float = 0.0  # chance that an available device is unplugged partway through a round
@@ -109,6 +118,7 @@ class RunConfig:
             (self.personalization not in PERSONALIZATIONS,
              f"personalization must be one of {', '.join(PERSONALIZATIONS)}"),
             (self.finetune_steps < 0, "finetune-steps must be 0 or more"),
+            (self.ditto_lambda < 0, "ditto-lambda must be 0 or more"),
             (not (self.initial_version in ("latest", "none") or self.initial_version.isdigit()),
              "initial-version must be latest, none or a version number"),
             (self.samples < 0, "samples must be 0 (a whole partition) or more"),

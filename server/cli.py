@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common.runconfig import PERSONALIZATIONS, RunConfig
+from common.runconfig import PARTIAL_TUNING, PERSONALIZATIONS, RunConfig
 from schedules.exit_codes import ExitCode
 from server.config import DEFAULT_DATA_DIR, FlowerSettings, ServerSettings
 from server.errors import ServerConfigError, ServerStartError
@@ -132,7 +132,8 @@ def _add_federate_command(commands: Any) -> None:
                    help="share of devices sampled to evaluate (default: %(default)s)")
     p.add_argument("--local-steps", type=int, default=d.local_steps, help="training steps per device per round")
     p.add_argument("--lr", type=float, default=d.lr, help="the devices' SGD learning rate")
-    p.add_argument("--personalization", default=d.personalization, choices=PERSONALIZATIONS,
+    p.add_argument("--personalization", default=d.personalization,
+                   choices=[p for p in PERSONALIZATIONS if p not in PARTIAL_TUNING],  # a device agent tunes it all
                    help="what stays personal on the devices (default: %(default)s)")
     p.add_argument("--finetune-steps", type=int, default=d.finetune_steps, help="local fine-tuning steps after the rounds")
     p.add_argument("--round-timeout", type=float, default=d.round_timeout, help="seconds a round waits for replies")

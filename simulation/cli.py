@@ -45,7 +45,12 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--personalization", type=_strategies, default=("finetune",), metavar="STRATEGY,...",
                    help="strategies to compare, each in a run of its own: finetune (FedAvg, then local "
                         "fine-tuning), fedper (heads stay on the devices), fedbn (BatchNorm stays on the devices), "
-                        "or all (default finetune; finetune always runs: its global model is the global baseline)")
+                        "ditto (a personal model trained beside the global one each round, pulled towards it), "
+                        "biases-norms (FedAvg, then only biases and norms fine-tuned: no gradients or optimizer "
+                        "state for the other weights), or all (default finetune; finetune always runs: its global "
+                        "model is the global baseline)")
+    p.add_argument("--ditto-lambda", type=float, default=0.1, metavar="LAMBDA",
+                   help="ditto: how strongly each personal model is pulled towards the global one (default 0.1)")
     p.add_argument("--samples", type=_sizes, default=(DEFAULT_DATA.samples,), metavar="N,...",
                    help=f"training digits per device (default {DEFAULT_DATA.samples}; 0: each device a whole "
                         "partition of the training pool); several sizes make a sweep")
@@ -118,7 +123,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     settings = SimulationSettings(args.devices, args.classes or DEFAULT_CLASSES, args.rounds, args.local_steps,
                                   args.finetune_steps, args.lr, args.personalization[0], datas[0], args.seed,
                                   args.database, args.cpus_per_device, args.fraction, args.min_devices,
-                                  args.availability, args.round_hours, args.dropout, args.straggle)
+                                  args.availability, args.round_hours, args.dropout, args.straggle,
+                                  ditto_lambda=args.ditto_lambda)
     try:
         for data in datas:
             data.check(args.devices, BATCH_SIZE)

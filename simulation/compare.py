@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
 from common.runconfig import PERSONALIZATIONS
+from schedules.errors import CommandError
 from simulation.report import SimulationReport, mean
 
 STRATEGIES = tuple(p for p in PERSONALIZATIONS if p != "none")
@@ -47,6 +48,7 @@ class Comparison:
     seed: int
     runs: dict[str, SimulationReport]  # strategy -> its run; the first is finetune
     centralized: dict[str, float]  # device name -> accuracy
+    failed: dict[str, str] = field(default_factory=dict)  # strategy -> why some device could not run it
 
     @property
     def baseline_run(self) -> SimulationReport:
@@ -66,8 +68,15 @@ class Comparison:
         figures = self.figures()
         return max(self.runs, key=lambda s: figures[s])
 
+    def tuning(self) -> dict[str, dict[str, float]]:
+        """Per strategy, the fine-tuning's mean planned step peak (bytes) and its energy over the fleet (J)."""
+        return {s: {"planned_peak_bytes": mean([d.tuning_planned_bytes for d in run.devices
+                                                if d.tuning_planned_bytes >= 0]),
+                    "energy_j": sum(d.tuning_energy_j for d in run.devices)} for s, run in self.runs.items()}
+
     def to_json(self) -> dict[str, Any]:
-        return {"seed": self.seed, "figures": self.figures(), "centralized": self.centralized,
+        return {"seed": self.seed, "figures": self.figures(), "tuning": self.tuning(), "failed": self.failed,
+                "centralized": self.centralized,
                 "runs": {strategy: run.to_json() for strategy, run in self.runs.items()}}
 
     def print(self, out: TextIO) -> None:
@@ -93,11 +102,16 @@ class Comparison:
         out.write("\nmean over devices: " + ", ".join(f"{k} {f[k]:.1f}%" for k in (*BASELINES, *strategies))
                   + f"; best strategy {self.best_strategy} {f['gap']:+.1f} points over the better of local-only "
                   f"and global (target >= {GAP_TARGET_POINTS:.0f})\n")
+        for strategy, reason in self.failed.items():
+            out.write(f"{strategy}: failed, left out ({reason})\n")
         for strategy, run in self.runs.items():
             over = [d.name for d in run.devices if not d.within_budget]
+            planned = mean([d.tuning_planned_bytes for d in run.devices if d.tuning_planned_bytes >= 0])
             out.write(f"{strategy}: peak within budget (with {MEMORY_NOTE}) on {len(run.devices) - len(over)} of "
                       f"{len(run.devices)} devices" + (f" (over: {', '.join(over)})" if over else "")
-                      + f"; energy {sum(d.energy_j for d in run.devices):.1f} J; {run.seconds:.1f} s, "
+                      + f"; fine-tuning planned at {planned / 1024:,.0f} KiB a step on average, "
+                      f"{sum(d.tuning_energy_j for d in run.devices):.1f} J; all training "
+                      f"{sum(d.energy_j for d in run.devices):.1f} J; {run.seconds:.1f} s, "
                       f"{run.seconds_per_round:.2f} s per round after the first\n")
 
 
@@ -110,15 +124,22 @@ def compare(settings: Any, strategies: tuple[str, ...], out: TextIO = sys.stdout
     from simulation.run import simulate
 
     runs: dict[str, SimulationReport] = {}
+    failed: dict[str, str] = {}
     for i, strategy in enumerate(strategies):
         out.write(f"-- {strategy}: {settings.devices} devices, seed {settings.seed}\n")
         out.flush()
-        runs[strategy] = simulate(replace(settings, personalization=strategy, local_baseline=i == 0))
+        try:
+            runs[strategy] = simulate(replace(settings, personalization=strategy, local_baseline=i == 0))
+        except CommandError as exc:
+            if i == 0:  # the baselines come from the first run: nothing to compare without it
+                raise
+            failed[strategy] = str(exc)
+            out.write(f"{strategy} failed, left out of the comparison: {exc}\n")
     steps = sum(d.steps for d in runs[strategies[0]].devices)
     accuracies = centralized_accuracies(settings.devices, settings.data, settings.seed, steps, settings.lr,
                                         profile_once(settings.seed))
     names = [n["device-name"] for n in fleet_node_configs(settings.devices, settings.classes)]
-    return Comparison(settings.seed, runs, dict(zip(names, accuracies)))
+    return Comparison(settings.seed, runs, dict(zip(names, accuracies)), failed)
 
 
 def interval(values: list[float]) -> tuple[float, float]:
@@ -141,8 +162,9 @@ class SeedRuns:
 
     def figures(self) -> dict[str, tuple[float, float]]:
         """Each figure of :meth:`Comparison.figures` as ``(mean, 95% half-width)``."""
-        keys = self.comparisons[0].figures().keys()
-        return {k: interval([c.figures()[k] for c in self.comparisons]) for k in keys}
+        figures = [c.figures() for c in self.comparisons]
+        keys = dict.fromkeys(k for f in figures for k in f)  # a strategy that failed in a seed has no figure there
+        return {k: interval([f[k] for f in figures if k in f]) for k in keys}
 
     @property
     def target_met(self) -> bool:
@@ -150,12 +172,13 @@ class SeedRuns:
 
     def print(self, out: TextIO) -> None:
         """The seeds side by side, then their mean and interval against the target."""
-        keys = [k for k in self.comparisons[0].figures() if k != "gap"]
+        f = self.figures()
+        keys = [k for k in f if k != "gap"]
         out.write(f"\n{'seed':>5} " + " ".join(f"{k:>11}" for k in keys) + f" {'gap':>7}\n")
         for c in self.comparisons:
-            f = c.figures()
-            out.write(f"{c.seed:>5} " + " ".join(f"{f[k]:>10.1f}%" for k in keys) + f" {f['gap']:>+7.1f}\n")
-        f = self.figures()
+            seed = c.figures()
+            out.write(f"{c.seed:>5} " + " ".join(f"{seed.get(k, float('nan')):>10.1f}%" for k in keys)
+                      + f" {seed['gap']:>+7.1f}\n")
         out.write(f"mean over {len(self.comparisons)} seeds (95% confidence interval), {self.samples} digits per "
                   "device: " + ", ".join(f"{k} {f[k][0]:.1f} +- {f[k][1]:.1f} %" for k in keys)
                   + f"; the best strategy over the better of local-only and global {f['gap'][0]:+.1f} +- "
@@ -177,12 +200,13 @@ class Sweep:
 
     def print(self, out: TextIO) -> None:
         """One line per size: the mean of every figure over the seeds, and the gap with its interval."""
-        keys = [k for k in self.setups[0].figures() if k != "gap"]
+        keys = list(dict.fromkeys(k for setup in self.setups for k in setup.figures() if k != "gap"))
         out.write(f"\n{'digits/device':>13} " + " ".join(f"{k:>11}" for k in keys) + f" {'gap (95% CI)':>16}\n")
         for setup in self.setups:
             f = setup.figures()
             gap = f"{f['gap'][0]:+.1f} +- {f['gap'][1]:.1f}"
-            out.write(f"{setup.samples:>13} " + " ".join(f"{f[k][0]:>10.1f}%" for k in keys) + f" {gap:>16}\n")
+            out.write(f"{setup.samples:>13} " + " ".join(f"{f.get(k, (float('nan'),))[0]:>10.1f}%" for k in keys)
+                      + f" {gap:>16}\n")
 
     def save_json(self, path: Path) -> None:
         path.write_text(json.dumps({"format": "poet-edge/simulation", "version": 2,

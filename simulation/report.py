@@ -41,6 +41,9 @@ class DeviceResult:
     local_accuracy: float = -1.0  # the device alone with the same steps from the initial weights (-1: not run)
     steps: int = 0  # optimizer steps it trained: its rounds and its fine-tuning
     local_steps: int = -1  # the steps the local-only baseline trained (-1: not run): the same as ``steps``
+    tuning_planned_bytes: int = -1  # the fine-tuning schedule's predicted whole-step peak (-1: no fine-tuning)
+    tuning_peak_bytes: int = -1  # ... and as measured
+    tuning_energy_j: float = 0.0  # the fine-tuning steps' energy
 
     @property
     def within_budget(self) -> bool:
@@ -135,7 +138,10 @@ def _device(name: str, node: dict[str, Any], rows: list[RoundRow], rounds: list[
                         float(final.metrics["personal-accuracy"]) if final else float(global_accuracy),
                         float(final.metrics.get("local-accuracy", -1.0)) if final else -1.0,
                         int(sum(r.metrics["steps"] for r in trained)),
-                        int(final.metrics.get("local-steps-total", -1)) if final else -1)
+                        int(final.metrics.get("local-steps-total", -1)) if final else -1,
+                        int(final.metrics.get("planned-peak-bytes", -1)) if final else -1,
+                        int(final.metrics["peak-bytes"]) if final else -1,
+                        max(final.metrics["energy-j"], 0.0) if final else 0.0)
 
 
 def mean(values: list[float]) -> float:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.virtual import FleetData
-from common.runconfig import RunConfig
+from common.runconfig import PARTIAL_TUNING, RunConfig
 from schedules.errors import CommandError
 from simulation.profile import profile_once
 from simulation.fleet import DEFAULT_CLASSES, DEFAULT_DATA, DeviceClass, classes_config, fleet_node_configs
@@ -40,16 +40,19 @@ class SimulationSettings:
     dropout: float = 0.0
     straggle: float = 0.0
     local_baseline: bool = True  # every device also trains alone: the baseline personalization must beat
+    ditto_lambda: float = 0.1
 
-    def run_config(self, database_url: str, graph_file: str = "") -> dict[str, Any]:
+    def run_config(self, database_url: str, graph_file: str = "", tuning_graph_file: str = "") -> dict[str, Any]:
         """The run config both apps read (:class:`common.runconfig.RunConfig`)."""
         return RunConfig(
             num_server_rounds=self.rounds, fraction_train=self.fraction, fraction_evaluate=self.fraction,
             min_nodes=min(self.min_devices, self.devices), local_steps=self.local_steps, lr=self.lr,
             personalization=self.personalization, finetune_steps=self.finetune_steps, seed=self.seed,
+            ditto_lambda=self.ditto_lambda,
             database_url=database_url, device_classes=classes_config(self.classes), **self.data.run_config(),
             initial_version="none",  # each simulation from the seeded weights
-            local_baseline=self.local_baseline, graph_file=graph_file, availability=self.availability,
+            local_baseline=self.local_baseline, graph_file=graph_file, tuning_graph_file=tuning_graph_file,
+            availability=self.availability,
             round_hours=self.round_hours, dropout=self.dropout, straggle=self.straggle).to_mapping()
 
 
@@ -64,10 +67,12 @@ def simulate(settings: SimulationSettings) -> SimulationReport:
         url = settings.database_url or f"sqlite:///{Path(scratch) / 'rounds.db'}"
         open_store(url).dispose()  # migrated before the ServerApp writes, so a bad URL fails here
         graph = profile_once(settings.seed)
+        tuning = settings.personalization if settings.personalization in PARTIAL_TUNING else ""
+        tuning_graph = str(profile_once(settings.seed, tuning=tuning)) if tuning else ""
         started = time.time()
         try:
-            run_id = run_on_engine(settings.run_config(url, str(graph)), settings.devices, settings.cpus_per_device,
-                                   Path(scratch))
+            run_id = run_on_engine(settings.run_config(url, str(graph), tuning_graph), settings.devices,
+                                   settings.cpus_per_device, Path(scratch))
             finished = time.time()
             database = open_store(url)
             rows = round_rows(database, run_id, limit=100_000)
@@ -83,15 +88,18 @@ def simulate(settings: SimulationSettings) -> SimulationReport:
 
 
 def _check_every_device_answered(rows: list[Any], nodes: list[dict[str, Any]]) -> None:
-    """A device with no row of figures failed every message: name each with the reason its replies gave (an
-    infeasible budget names the smallest feasible one), rather than report a partial fleet as whole."""
-    answered = {r.device_name for r in rows if "error" not in r.metrics}
+    """Every device must personalize (or, in a run without personalization, answer at least once): name each
+    that did not with the reason its replies gave (an infeasible budget names the smallest feasible one),
+    rather than report a partial fleet as whole.  A device absent from a round (availability, drop-out) is not
+    a failure."""
+    final = [r for r in rows if r.phase == "personalize"]
+    answered = {r.device_name for r in (final or rows) if "error" not in r.metrics}
     failed = sorted({n["device-name"] for n in nodes} - answered)
     if failed:
         errors = [str(r.metrics["error"]) for r in rows if "error" in r.metrics]
 
         def reason(name: str) -> str:  # an error reply names its device only in its text (agent.flower._device)
-            return next((e for e in errors if f"{name}:" in e), "no reply at all")
+            return next((e for e in reversed(errors) if f"{name}:" in e), "no reply at all")
 
         named = "; ".join(f"{name}: {reason(name)}" for name in failed[:3])
         raise CommandError(f"{len(failed)} of {len(nodes)} devices failed ({named}"

@@ -474,3 +474,45 @@ def test_a_round_waits_for_its_minimum_of_devices_and_then_says_how_many_came() 
 
     with pytest.raises(ServerError, match="2 devices connected, fewer than min-nodes 5"):
         DeviceSampler(0, 5, 0.5).sample(FleetGrid(["a", "b"], 0), "train", 1, 1.0, 5)
+
+
+def test_biases_norms_fine_tunes_only_biases_and_norms_in_a_smaller_plan_for_the_same_budget() -> None:
+    full, tuning = client.task_for(0), client.task_for(0, tuning="biases-norms")
+    data = client.data_for(client.DeviceSetup.from_context(Device(0).context))
+    budget = full.budget_for(0.9)
+    plan = tuning.plan("rpi4", budget)
+    outcome = tuning.train(full.initial, data, plan, steps=4, lr=0.05)
+    changed = {k for k in full.initial if not bits_equal(outcome.weights[k], full.initial[k])}
+    trainable = {k for k, p in tuning.model.named_parameters() if p.requires_grad}
+    norms = {f"body.{i}.{k}" for i in (1, 4) for k in ("weight", "bias")}  # the two BatchNorms' affine parameters
+    assert trainable == {k for k in full.initial if k.endswith(".bias")} | norms
+    assert changed - {k for k in full.initial if "running_" in k or "num_batches" in k} == trainable
+    # no gradients or optimizer state for the frozen weights: the fine-tuning plan needs less of the budget
+    assert plan.schedule.predicted_peak_bytes < full.plan("rpi4", budget).schedule.predicted_peak_bytes
+    devices = {s: Device(0, personalization=s) for s in ("finetune", "biases-norms")}
+    replies = {s: d.ask("train.personalize", weights_message(ArrayRecord(full.initial), **{"finetune-steps": 3}))
+               for s, d in devices.items()}
+    planned = {s: r.content["metrics"]["planned-peak-bytes"] for s, r in replies.items()}
+    assert 0 < planned["biases-norms"] < planned["finetune"]
+    assert all(r.content["metrics"]["budget-bytes"] == replies["finetune"].content["metrics"]["budget-bytes"]
+               for r in replies.values())  # the device's budget, whichever part it tunes
+
+
+@pytest.mark.parametrize("pull", [0.0, 20.0])
+def test_ditto_trains_a_personal_model_beside_the_global_one_and_never_sends_it(pull) -> None:
+    device = Device(0, partitions=3, personalization="ditto", **{"ditto-lambda": pull})
+    initial = ArrayRecord(client.task_for(0).initial)
+    reply = device.ask("train", weights_message(initial))
+    assert reply.content["metrics"]["steps"] == 2 * 3  # the global model's 3 steps and the personal model's 3
+    sent = reply.content["arrays"].to_torch_state_dict()
+    own = device.context.state[client.DITTO].to_torch_state_dict()
+    assert list(reply.content.array_records) == ["arrays"]  # the global model's update only: below, not own
+    trained = [k for k, p in client.task_for(0).model.named_parameters()]
+    if pull == 0.0:  # no pull: the same start, batches and steps as the global model's training, bit for bit
+        assert all(bits_equal(own[k], sent[k]) for k in trained)
+    else:  # lr 0.05 x 20: every step ends on the round's global model itself
+        start = initial.to_torch_state_dict()
+        assert all(bits_equal(own[k], start[k]) for k in trained)
+        assert any(not bits_equal(sent[k], start[k]) for k in trained)
+    final = device.ask("train.personalize", weights_message(reply.content["arrays"], **{"finetune-steps": 2}))
+    assert not final.content.array_records and 0 <= final.content["metrics"]["personal-accuracy"] <= 1

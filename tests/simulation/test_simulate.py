@@ -20,15 +20,20 @@ def test_strategies_are_held_against_local_only_global_and_centralized_on_the_sa
     out, png = tmp_path / "sim.json", tmp_path / "sim.png"
     before = {p.pid for p in psutil.Process().children(recursive=True)}  # earlier tests' helpers, not ours
     code = main(["simulate", "--devices", "3", "--rounds", "2", "--local-steps", "3", "--finetune-steps", "5",
-                 "--personalization", "fedbn", "--seeds", "1", "--database", f"sqlite:///{tmp_path / 'server.db'}",
+                 "--personalization", "fedbn,ditto", "--seeds", "1", "--database", f"sqlite:///{tmp_path / 'server.db'}",
                  "--json", str(out), "--plot", str(png)])
     assert code == 0
     text = capsys.readouterr().out
     assert "on 3 of 3 devices" in text and "best strategy" in text
+    # ditto holds the global model beside its personal model's step: at half a plain step, the small class has
+    # no room for both; the strategy is left out, saying why, and the others are compared
+    assert "ditto failed, left out of the comparison: 1 of 3 devices failed (small-000: " in text
+    assert "ditto holds the global model" in text
     result = json.loads(out.read_text())
     assert (result["format"], result["version"]) == ("poet-edge/simulation", 2)
     seed = result["setups"][0]["seeds"][0]
     assert list(seed["runs"]) == ["finetune", "fedbn"]  # FedAvg always runs: its global model is the baseline
+    assert list(seed["failed"]) == ["ditto"] and "none fits below" in seed["failed"]["ditto"]
     f = seed["figures"]
     assert f["gap"] == pytest.approx(max(f["finetune"], f["fedbn"]) - max(f["local-only"], f["global"]))
     fedavg, fedbn = seed["runs"]["finetune"], seed["runs"]["fedbn"]
