@@ -77,7 +77,7 @@ def freeze_for_tuning(model: nn.Module, personalization: str) -> nn.Module:
 
 
 def personal_keys(model: nn.Module, personalization: str) -> frozenset[str]:
-    """State-dict keys that never leave the device under ``personalization`` (empty for none/finetune)."""
+    """State-dict keys that never leave the device under ``personalization`` (empty but for fedper and fedbn)."""
     if personalization not in PERSONALIZATIONS:
         raise FederationError(f"personalization {personalization!r} unknown; use one of {', '.join(PERSONALIZATIONS)}")
     keys: set[str] = set()

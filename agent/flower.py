@@ -10,12 +10,13 @@ Messages it answers (Flower's Message API):
                        with the shared weights, a ``MetricRecord`` of :data:`agent.fedtask.METRIC_KEYS`
                        and a ``ConfigRecord`` (``schedule-id``, ``device-name``, ``device-profile``); a
                        simulated device follows the run's availability trace
-                       (:func:`agent.virtual.round_part`): absent, it raises (the server gets an error
-                       reply naming it and why), a straggler trains a share of the steps
+                       (:func:`agent.virtual.round_part`): absent, it replies with only its ``device``
+                       ConfigRecord and ``absent`` (why); a straggler trains a share of the steps
 ``evaluate``           the received weights (with the device's personal layers) on its held-out data
 ``train.personalize``  evaluate the global model, fine-tune it locally under the schedule (``ditto``: train
-                       the device's personal model on towards it), evaluate again; metrics only (``global-accuracy``, ``personal-accuracy`` and the ``global-version``
-                       it started from added), no weights back
+                       the device's personal model on towards it), evaluate again; metrics only
+                       (``global-accuracy``, ``personal-accuracy`` and the ``global-version`` it started
+                       from added), no weights back
 =====================  =================================================================================
 
 A device agent's SuperNode (:mod:`agent.daemon.supernode`) gives the node config ``agent-config``, the
@@ -28,7 +29,7 @@ Otherwise the device is described by its node config (``--node-config`` of ``flo
 (:mod:`agent.digits`, optionally seen from ``angle``), spread as the run config's ``samples``,
 ``label-alpha``, ``quantity-skew`` and ``viewpoints`` say (:class:`agent.virtual.FleetData`).  The run config
 (:class:`common.runconfig.RunConfig`) says ``personalization`` (``none``, ``finetune``, ``fedper``, ``fedbn``,
-``biases-norms``) and ``seed``.  In Flower's simulation engine a
+and in simulations only ``ditto`` and ``biases-norms``) and ``seed``.  In Flower's simulation engine a
 virtual SuperNode's node config holds only ``partition-id`` and ``num-partitions``; when the run
 config's ``device-classes`` is set, the rest comes from them (:func:`agent.virtual.virtual_node_config`:
 class, profile, budget fraction, name).
@@ -62,15 +63,17 @@ from agent.errors import FederationError
 from agent.fedtask import DevicePlan, Task, TrainOutcome, metric_values, personal_keys
 from agent.virtual import FleetData, RoundPart, round_part, virtual_node_config
 from common.errors import RunConfigError
-from common.runconfig import PARTIAL_TUNING, RunConfig
+from common.runconfig import PARTIAL_TUNING, SIMULATION_ONLY, RunConfig
 from schedules.graph import TrainingGraph
 
 PERSONAL = "personal"  # context.state: the ArrayRecord of personal layers
 DITTO = "ditto"  # context.state: the ArrayRecord of Ditto's personal model
+ABSENT = "absent"  # a train reply's device ConfigRecord: why the device sends no update this round
 POSITION = "position"  # context.state: the ConfigRecord of the next batch's (epoch, index)
 BUDGET = "budget"  # context.state: the ConfigRecord of the device's memory budget in bytes (-1: none)
 
 app = ClientApp()
+DEFAULTS = RunConfig()  # what a message's config falls back to
 
 
 @dataclass(frozen=True)
@@ -108,9 +111,11 @@ class DeviceSetup:
 
 def run_config(context: Context) -> RunConfig:
     """The run's typed configuration (:class:`common.runconfig.RunConfig`); a bad one is a
-    :class:`~agent.errors.FederationError`."""
+    :class:`~agent.errors.FederationError`.  Keys this version does not know are left out (the app bundle comes
+    from the server, which may be newer than the device): a device trains with what it understands."""
+    known = RunConfig.keys()
     try:
-        return RunConfig.from_mapping(context.run_config)
+        return RunConfig.from_mapping({k: v for k, v in context.run_config.items() if k in known})
     except RunConfigError as exc:
         raise FederationError(str(exc)) from exc
 
@@ -142,9 +147,6 @@ def tuning_for(d: _Device, context: Context) -> tuple[Task, DevicePlan]:
     strategy = personalization(context)
     if strategy not in PARTIAL_TUNING:
         return d.task, d.plan
-    if "agent-config" in context.node_config:
-        raise FederationError(f"{d.setup.name}: {strategy} fine-tuning runs in simulations only; a device agent "
-                              "fine-tunes its whole model (personalization finetune)")
     run = run_config(context)
     task = task_for(d.setup.seed, run.tuning_graph_file, strategy)
     try:
@@ -239,10 +241,16 @@ class _Device:
     own_optimizer: bool = False  # a device agent's: it trains with its configured settings, the round's lr aside
     state_dir: Path | None = None  # a device agent's: where its personalized model is kept
     input: str = ""  # the input shape it trains on, as the agent's config says it
+    held_bytes: int = 0  # memory held beside every step and planned around (ditto's second model)
+
+    @property
+    def budget_bytes(self) -> int:
+        """The device's memory budget (-1: none): its plan's, with what it holds beside the steps."""
+        return -1 if self.plan.budget_bytes is None else self.plan.budget_bytes + self.held_bytes
 
     def learning_rate(self, config: ConfigRecord) -> float | None:
         """The round's learning rate for a simulated device; ``None`` (its own) for a device agent."""
-        return None if self.own_optimizer else float(config.get("lr", 0.05))
+        return None if self.own_optimizer else float(config.get("lr", DEFAULTS.lr))
 
 
 def agent_device(config_path: str) -> _Device:
@@ -277,16 +285,25 @@ def agent_device(config_path: str) -> _Device:
 
 
 def _device(context: Context) -> _Device:
+    strategy = personalization(context)
     if "agent-config" in context.node_config:
         d = agent_device(str(context.node_config["agent-config"]))
-        return replace(d, personal=personal_keys(d.task.model, personalization(context)), own_optimizer=True)
+        if strategy in SIMULATION_ONLY:
+            raise FederationError(f"{d.setup.name}: personalization {strategy} runs in simulations only; a device "
+                                  "agent plans for its own measured profile (use finetune, fedper or fedbn)")
+        return replace(d, personal=personal_keys(d.task.model, strategy), own_optimizer=True)
     setup = DeviceSetup.from_context(context)
     task = task_for(setup.seed, run_config(context).graph_file)
+    # ditto holds a second whole model (the global one, or its own) beside every step it trains
+    held = sum(t.nbytes for t in task.initial.values()) if strategy == "ditto" else 0
     try:
         plan = device_plan(task, setup, context)
+        if held and plan.budget_bytes is not None:
+            plan = task.plan(setup.profile, plan.budget_bytes - held)
     except FederationError as exc:  # an error reply carries no device name: the reason names the device
-        raise FederationError(f"{setup.name}: {exc}") from exc
-    return _Device(setup, task, data_for(setup), plan, personal_keys(task.model, personalization(context)))
+        beside = f"ditto holds the global model ({held:,} B) beside each step: " if held else ""
+        raise FederationError(f"{setup.name}: {beside}{exc}") from exc
+    return _Device(setup, task, data_for(setup), plan, personal_keys(task.model, strategy), held_bytes=held)
 
 
 def _startup_seconds() -> float:
@@ -332,20 +349,13 @@ def ditto_train(d: _Device, context: Context, anchor: dict[str, torch.Tensor], s
                 position: tuple[int, int]) -> tuple[TrainOutcome, DevicePlan]:
     """Ditto's personal model (kept in the device's state; the first global model it is sent to begin with),
     trained ``steps`` steps on the device's data, each followed by a pull towards ``anchor`` (the global model
-    of the round) with the run's ``ditto-lambda``.  It plans for the device's budget less the anchor's bytes:
-    the global model is held beside the step."""
+    of the round) with the run's ``ditto-lambda``, under the device's plan (made for its budget less the second
+    model it holds: :func:`_device`)."""
     own = context.state[DITTO].to_torch_state_dict() if DITTO in context.state else anchor
-    budget = d.plan.budget_bytes
-    held = sum(t.nbytes for t in anchor.values())
-    try:
-        plan = d.plan if budget is None else d.task.plan(d.setup.profile, budget - held)
-    except FederationError as exc:
-        raise FederationError(f"{d.setup.name}: ditto holds the global model ({held:,} B) beside its personal "
-                              f"model's step: {exc}") from exc
-    outcome = d.task.train(own, d.data, plan, steps=steps, lr=d.learning_rate(config), position=position,
+    outcome = d.task.train(own, d.data, d.plan, steps=steps, lr=d.learning_rate(config), position=position,
                            anchor=anchor, prox=run_config(context).ditto_lambda)
     context.state[DITTO] = ArrayRecord(outcome.weights)
-    return outcome, plan
+    return outcome, d.plan
 
 
 @app.query("device")
@@ -371,9 +381,10 @@ def train(msg: Message, context: Context) -> Message:
     d = _device(context)
     config = _config(msg)
     part = _round_part(d, context, config)
-    if part.absent:  # the server hears only that it is gone, as from a device that left the round
-        raise FederationError(f"{d.setup.name}: {part.absent}")
-    steps = max(1, round(int(config.get("local-steps", 10)) * part.share))
+    if part.absent:  # no update: the server records why and leaves it out of the average
+        return Message(RecordDict({"device": ConfigRecord({**_info(d.setup, d.plan), ABSENT: part.absent})}),
+                       reply_to=msg)
+    steps = max(1, round(int(config.get("local-steps", DEFAULTS.local_steps)) * part.share))
     received = merged(msg.content["arrays"], context, d.task, d.personal)
     outcome = d.task.train(received, d.data, d.plan, steps=steps, lr=d.learning_rate(config),
                            position=_position(context))
@@ -386,7 +397,7 @@ def train(msg: Message, context: Context) -> Message:
     loss, accuracy, _ = d.task.evaluate(outcome.weights, d.data)
     metrics = metric_values(**{"num-examples": outcome.examples, "train-loss": outcome.loss, "eval-loss": loss,
                                "accuracy": accuracy, "steps": steps_done, "peak-bytes": peak,
-                               "budget-bytes": d.plan.budget_bytes or -1, "energy-j": energy,
+                               "budget-bytes": d.budget_bytes, "energy-j": energy,
                                "seconds": seconds, "startup-seconds": startup})
     return Message(RecordDict({"arrays": shared(outcome.weights, d.personal), "metrics": MetricRecord(metrics),
                                "device": _info(d.setup, d.plan)}), reply_to=msg)
@@ -399,7 +410,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     d = _device(context)
     loss, accuracy, count = d.task.evaluate(merged(msg.content["arrays"], context, d.task, d.personal), d.data)
     metrics = metric_values(**{"num-examples": count, "eval-loss": loss, "accuracy": accuracy, "steps": 0,
-                               "budget-bytes": d.plan.budget_bytes or -1, "startup-seconds": startup})
+                               "budget-bytes": d.budget_bytes, "startup-seconds": startup})
     return Message(RecordDict({"metrics": MetricRecord(metrics), "device": _info(d.setup, d.plan)}), reply_to=msg)
 
 
@@ -421,20 +432,20 @@ def personalize(msg: Message, context: Context) -> Message:
     weights = merged(msg.content["arrays"], context, d.task, d.personal)
     global_loss, global_accuracy, _ = d.task.evaluate(weights, d.data)
     task, plan = tuning_for(d, context)
+    finetune_steps = int(config.get("finetune-steps", DEFAULTS.finetune_steps))
     if personalization(context) == "ditto":  # the personal model, trained on towards the final global model
-        outcome, plan = ditto_train(d, context, weights, int(config.get("finetune-steps", 30)), config,
-                                    _position(context))
+        outcome, plan = ditto_train(d, context, weights, finetune_steps, config, _position(context))
     else:
-        outcome = task.train(weights, d.data, plan, steps=int(config.get("finetune-steps", 30)),
+        outcome = task.train(weights, d.data, plan, steps=finetune_steps,
                              lr=d.learning_rate(config), position=_position(context))
     loss, accuracy, count = task.evaluate(outcome.weights, d.data)
     metrics: dict[str, Any] = metric_values(**{
         "num-examples": count, "train-loss": outcome.loss, "eval-loss": loss, "accuracy": accuracy,
-        "steps": outcome.steps, "peak-bytes": outcome.peak_bytes, "budget-bytes": plan.budget_bytes or -1,
+        "steps": outcome.steps, "peak-bytes": outcome.peak_bytes, "budget-bytes": d.budget_bytes,
         "energy-j": outcome.energy_j, "seconds": outcome.seconds, "startup-seconds": startup})
     version = int(config.get("global-version", -1))
     metrics.update({"global-accuracy": global_accuracy, "global-loss": global_loss, "personal-accuracy": accuracy,
-                    "global-version": version, "planned-peak-bytes": plan.schedule.predicted_peak_bytes})
+                    "global-version": version, "planned-peak-bytes": plan.schedule.predicted_peak_bytes + d.held_bytes})
     if bool(config.get("local-baseline", False)):
         metrics.update(_local_baseline(d, context, config, outcome.steps))
     if d.state_dir is not None:  # a device agent keeps what it made (the simulation's devices do not)

@@ -27,6 +27,9 @@ beside the global one each round and held near it (``ditto``, with ``ditto-lambd
 only its biases and normalization layers fine-tuned locally (``biases-norms``: parameter-efficient, no gradients
 or optimizer state for the other weights)."""
 
+SIMULATION_ONLY = ("ditto", "biases-norms")
+"""Strategies a simulated device runs but a device agent refuses (it plans for its own measured profile)."""
+
 PARTIAL_TUNING = ("biases-norms",)
 """Strategies whose fine-tuning trains only part of the model: it plans from a graph extracted with the rest
 frozen, so the plan holds no gradients or optimizer state for the frozen weights."""
@@ -69,6 +72,11 @@ class RunConfig:
     round_hours: float = 1.0  # simulated hours from one round to the next (availability "night")
     dropout: float = 0.0  # chance that an available device is unplugged partway through a round
     straggle: float = 0.0  # chance that an available device finishes only part of its local steps in time
+
+    @classmethod
+    def keys(cls) -> frozenset[str]:
+        """Every key's name."""
+        return frozenset(f.name.replace("_", "-") for f in fields(cls))
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
@@ -159,6 +167,6 @@ def _converted(value: Any, kind: type) -> Any:
 
 
 def _text(value: Any) -> str:
-    if isinstance(value, (int, float, bool)):
+    if isinstance(value, (float, bool)):  # a whole number may stand for text: initial-version = 3
         raise ValueError(value)
     return str(value)

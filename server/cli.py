@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common.runconfig import PARTIAL_TUNING, PERSONALIZATIONS, RunConfig
+from common.runconfig import PERSONALIZATIONS, SIMULATION_ONLY, RunConfig
 from schedules.exit_codes import ExitCode
 from server.config import DEFAULT_DATA_DIR, FlowerSettings, ServerSettings
 from server.errors import ServerConfigError, ServerStartError
@@ -125,7 +125,8 @@ def _add_federate_command(commands: Any) -> None:
     _storage_options(p)
     d = RunConfig()  # the app's defaults
     p.add_argument("--rounds", type=int, default=d.num_server_rounds, help="federated rounds (default: %(default)s)")
-    p.add_argument("--min-nodes", type=int, default=d.min_nodes, help="devices a round waits for (default: %(default)s)")
+    p.add_argument("--min-nodes", type=int, default=d.min_nodes,
+                   help="devices a round waits for (default: %(default)s)")
     p.add_argument("--fraction-train", type=float, default=d.fraction_train,
                    help="share of devices sampled to train, by the seed (default: %(default)s)")
     p.add_argument("--fraction-evaluate", type=float, default=d.fraction_evaluate,
@@ -133,9 +134,10 @@ def _add_federate_command(commands: Any) -> None:
     p.add_argument("--local-steps", type=int, default=d.local_steps, help="training steps per device per round")
     p.add_argument("--lr", type=float, default=d.lr, help="the devices' SGD learning rate")
     p.add_argument("--personalization", default=d.personalization,
-                   choices=[p for p in PERSONALIZATIONS if p not in PARTIAL_TUNING],  # a device agent tunes it all
+                   choices=[p for p in PERSONALIZATIONS if p not in SIMULATION_ONLY],  # what device agents run
                    help="what stays personal on the devices (default: %(default)s)")
-    p.add_argument("--finetune-steps", type=int, default=d.finetune_steps, help="local fine-tuning steps after the rounds")
+    p.add_argument("--finetune-steps", type=int, default=d.finetune_steps,
+                   help="local fine-tuning steps after the rounds")
     p.add_argument("--round-timeout", type=float, default=d.round_timeout, help="seconds a round waits for replies")
     p.add_argument("--seed", type=int, default=d.seed, help="seeds the model's weights and each round's sample")
     p.add_argument("--from-version", default="latest", type=_initial_version, metavar="VERSION",

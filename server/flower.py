@@ -93,8 +93,9 @@ def reply_row(msg: Message, phase: str, server_round: int, run_id: int, sent: It
                         {"error": f"{msg.error.reason} (code {msg.error.code})"})
     info = msg.content["device"] if "device" in msg.content else ConfigRecord()
     metrics = next(iter(msg.content.metric_records.values()), {})
+    figures = {ABSENT: absent(msg)} if absent(msg) else {k: v for k, v in metrics.items()}
     return RoundRow(run_id, server_round, phase, node, str(info.get("device-name", f"node-{node}")),
-                    {k: v for k, v in metrics.items()}, str(info["schedule-id"]) if "schedule-id" in info else None)
+                    figures, str(info["schedule-id"]) if "schedule-id" in info else None)
 
 
 def _device_for_node(node: int) -> str | None:
@@ -146,12 +147,23 @@ class RecordingFedAvg(FedAvg):
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, Any]:
         replies = in_device_order(replies)
         self._record("train", server_round, replies)
-        return super().aggregate_train(server_round, replies)
+        updates = [m for m in replies if not absent(m)]  # an absent device sent no update to average
+        return super().aggregate_train(server_round, updates) if updates else (None, None)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Any:
         replies = in_device_order(replies)
         self._record("evaluate", server_round, replies)
         return super().aggregate_evaluate(server_round, replies)
+
+
+ABSENT = "absent"  # a train reply's device ConfigRecord: why the device sends no update (agent.flower)
+
+
+def absent(msg: Message) -> str:
+    """Why a train reply carries no update (a simulated device not available this round), else ``""``."""
+    if msg.has_error() or "device" not in msg.content:
+        return ""
+    return str(msg.content["device"].get(ABSENT, ""))
 
 
 def in_device_order(replies: Iterable[Message]) -> list[Message]:
@@ -212,6 +224,8 @@ class DeviceSampler:
         for reply in grid.send_and_receive(asks, timeout=self.wait_seconds):
             if not reply.has_error() and "device" in reply.content:
                 self.names[reply.metadata.src_node_id] = str(reply.content["device"].get("device-name", ""))
+        for node in unknown:  # one that did not answer sorts by its node id: not asked (and waited for) again
+            self.names.setdefault(node, "")
 
 
 def initial_arrays(grid: Grid, config: RunConfig) -> tuple[ArrayRecord, str]:

@@ -26,7 +26,8 @@ def centralized_accuracies(devices: int, data: FleetData, seed: int, steps: int,
     from schedules.graph import TrainingGraph
 
     shares = [device_dataset(i, devices, data=data, seed=seed) for i in range(devices)]
-    pooled = LocalDataset(train_x=torch.cat([s.train_x for s in shares]), train_y=torch.cat([s.train_y for s in shares]),
+    pooled = LocalDataset(train_x=torch.cat([s.train_x for s in shares]),
+                          train_y=torch.cat([s.train_y for s in shares]),
                           holdout_x=shares[0].holdout_x[:0], holdout_y=shares[0].holdout_y[:0], batch_size=BATCH_SIZE,
                           seed=seed, source=Path(f"sklearn-digits/pooled-{devices}"))
     task = Task(digits_workload(seed), graph=TrainingGraph.load(graph_file))

@@ -22,7 +22,7 @@ class RoundResult:
     train_loss: float  # mean over the devices that trained
     seconds: float  # wall time of the round (train and evaluate); round 1 from the run's submission
     trained: int = 0  # devices whose update was aggregated
-    absent: int = 0  # devices sampled that sent none (not available, unplugged, failed)
+    absent: int = 0  # devices sampled that sent no update (not charging, unplugged)
 
 
 @dataclass(frozen=True)
@@ -95,27 +95,31 @@ def build_report(rows: list[RoundRow], node_configs: list[dict[str, Any]], setti
                  started: float, finished: float) -> SimulationReport:
     """The report from the stored rows of one run and the fleet that produced them (rows of error replies, a
     device's ClientApp that failed, have no figures and are left out)."""
-    absent = defaultdict(int)
+    absent: dict[int, int] = defaultdict(int)
+    ends: dict[int, float] = defaultdict(float)  # when each round's last reply was recorded, absent ones too
     for row in rows:
-        if "error" in row.metrics and row.phase == "train":
+        if row.phase in ("train", "evaluate"):
+            ends[row.round] = max(ends[row.round], row.recorded_at)
+        if "absent" in row.metrics and row.phase == "train":
             absent[row.round] += 1
-    rows = [r for r in rows if "error" not in r.metrics]
+    rows = [r for r in rows if "error" not in r.metrics and "absent" not in r.metrics]
     by_phase: dict[str, list[RoundRow]] = defaultdict(list)
     for row in rows:
         by_phase[row.phase].append(row)
-    rounds = _rounds(by_phase, started, absent)
+    rounds = _rounds(by_phase, started, absent, ends)
     classes = {n["device-name"]: n for n in node_configs}
     devices = [_device(name, classes[name], [r for r in rows if r.device_name == name], rounds)
                for name in sorted(classes)]
     return SimulationReport(settings, rounds, devices, finished - started)
 
 
-def _rounds(by_phase: dict[str, list[RoundRow]], started: float, absent: dict[int, int]) -> list[RoundResult]:
+def _rounds(by_phase: dict[str, list[RoundRow]], started: float, absent: dict[int, int],
+            ends: dict[int, float]) -> list[RoundResult]:
     results, previous = [], started
     for number in sorted({r.round for r in by_phase["train"]} | set(absent)):
         train = [r for r in by_phase["train"] if r.round == number]
         evaluate = [r for r in by_phase["evaluate"] if r.round == number]
-        ended = max((r.recorded_at for r in evaluate or train), default=previous)  # none: nobody trained
+        ended = ends.get(number) or previous
         weights = sum(r.metrics["num-examples"] for r in evaluate)
         accuracy = sum(r.metrics["accuracy"] * r.metrics["num-examples"] for r in evaluate) / weights if weights else -1
         results.append(RoundResult(number, accuracy, mean([r.metrics["train-loss"] for r in train]),

@@ -516,3 +516,41 @@ def test_ditto_trains_a_personal_model_beside_the_global_one_and_never_sends_it(
         assert any(not bits_equal(sent[k], start[k]) for k in trained)
     final = device.ask("train.personalize", weights_message(reply.content["arrays"], **{"finetune-steps": 2}))
     assert not final.content.array_records and 0 <= final.content["metrics"]["personal-accuracy"] <= 1
+
+
+def test_a_device_absent_from_a_round_says_why_and_is_recorded_but_not_averaged() -> None:
+    from flwr.app import Array, MetricRecord
+
+    from server.flower import DeviceSampler, RecordingFedAvg
+
+    # device 0 of 2 keeps UTC: round 13 starts at 12:00, when a device on the night trace is unplugged
+    asleep = Device(0, partitions=2, availability="night")
+    initial = ArrayRecord(client.task_for(0).initial)
+    reply = asleep.ask("train", weights_message(initial, **{"server-round": 13}))
+    assert not reply.content.array_records and not reply.content.metric_records
+    assert "not charging at 12:00 local time" in str(reply.content["device"]["absent"])
+    awake = Device(1, partitions=2, availability="night").ask("train", weights_message(initial, **{"server-round": 13}))
+    assert awake.content.array_records  # device 1's clock is 12 hours ahead: midnight, charging
+
+    def delivered(msg: Message, node: int) -> Message:  # as the SuperLink hands a reply to the ServerApp
+        metadata = Metadata(run_id=1, message_id="", src_node_id=node, dst_node_id=SUPERLINK_NODE_ID,
+                            reply_to_message_id="", group_id="1", created_at=time.time(), ttl=3600.0,
+                            message_type="train")
+        return Message(msg.content, metadata=metadata)
+
+    rows = []
+    strategy = RecordingFedAvg(rows.extend, run_id=1, sampler=DeviceSampler(0, 1, 1.0))
+    averaged, _ = strategy.aggregate_train(13, [delivered(reply, 5), delivered(awake, 6)])
+    alone, _ = strategy.aggregate_train(13, [delivered(awake, 6)])
+    assert all(bits_equal(averaged.to_torch_state_dict()[k], v) for k, v in alone.to_torch_state_dict().items())
+    recorded = {r.device_name: r.metrics for r in rows[:2]}
+    assert "not charging" in recorded["small-000"]["absent"] and "accuracy" in recorded["medium-001"]
+    assert strategy.aggregate_train(14, [delivered(reply, 5)]) == (None, None)  # nobody: no new model
+
+
+def test_a_device_trains_under_a_run_config_with_keys_of_a_newer_server() -> None:
+    device = Device(0, **{"a-key-from-a-newer-release": 1})
+    reply = device.ask("train", weights_message(ArrayRecord(client.task_for(0).initial)))
+    assert reply.content["metrics"]["steps"] == 3
+    with pytest.raises(ServerConfigError, match="unknown key 'a-key-from-a-newer-release'"):
+        federation_config(device.context.run_config)  # the server that sent it knows its own keys

@@ -220,4 +220,5 @@ def _round_cells(row: RoundRow) -> dict[str, Any]:
     if "personal-accuracy" in m:
         cells["accuracy"] = f"{display.percent(m.get('global-accuracy'))} → {display.percent(m['personal-accuracy'])}"
     return {"round": row.round, "phase": row.phase, "device": row.device_name, "node_id": str(row.node_id),
-            "schedule_id": row.schedule_id, "cells": cells, "error": m.get("error")}
+            "schedule_id": row.schedule_id, "cells": cells,
+            "error": m.get("error") or (f"absent: {m['absent']}" if m.get("absent") else None)}

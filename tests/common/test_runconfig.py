@@ -43,3 +43,9 @@ def test_every_problem_of_a_run_config_is_named_at_once() -> None:
                 "quantity-skew needs samples"):
         assert key in text, key
     assert "initial-version must be latest, none or a version number" in text
+
+
+def test_a_whole_number_stands_for_text_where_flower_parses_an_override_as_one() -> None:
+    assert RunConfig.from_mapping({"initial-version": 3}).initial_version == "3"  # flwr run -c initial-version=3
+    with pytest.raises(RunConfigError, match="personalization must be text"):
+        RunConfig.from_mapping({"personalization": 1.5})
