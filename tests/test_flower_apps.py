@@ -554,3 +554,18 @@ def test_a_device_trains_under_a_run_config_with_keys_of_a_newer_server() -> Non
     assert reply.content["metrics"]["steps"] == 3
     with pytest.raises(ServerConfigError, match="unknown key 'a-key-from-a-newer-release'"):
         federation_config(device.context.run_config)  # the server that sent it knows its own keys
+
+
+def test_a_device_agent_refuses_the_simulation_only_strategies_saying_what_it_runs(tmp_path) -> None:
+    from agent.digits import write_device_data
+    from agent.errors import FederationError
+    from benchmarks.agent_rig import FakeDevice, write_config
+
+    data = write_device_data(tmp_path / "digits.npz", 0, 3)
+    path = write_config(tmp_path, FakeDevice(tmp_path / "root"), data, "agent.digits:digits_workload", "16x1x8x8",
+                        device_name="pi-hall", training_memory_budget="12MB")
+    for strategy in ("ditto", "biases-norms"):
+        device = Device(0, node_config={"agent-config": str(path.resolve()), "device-name": "pi-hall"},
+                        personalization=strategy)
+        with pytest.raises(FederationError, match=f"pi-hall: personalization {strategy} runs in simulations only"):
+            device.ask("train", weights_message(ArrayRecord(client.task_for(0).initial)))
