@@ -164,9 +164,12 @@ def _make_pool(partitions: int, data: FleetData, seed: int, batch_size: int) -> 
     test = np.sort(order[:int(HOLDOUT_SHARE * len(x))])
     train = np.sort(order[int(HOLDOUT_SHARE * len(x)):])
     train_x, train_y = torch.from_numpy(x[train]), torch.from_numpy(y[train])
-    # a Dirichlet partition is uneven: room for every device to get its samples
-    wanted = (partitions * max(counts) if data.label_alpha else sum(counts)) * (3 if data.label_alpha else 1) \
-        if counts else 0
+    if not counts:
+        wanted = 0  # every device its whole partition of the pool as it is
+    elif data.label_alpha:
+        wanted = 3 * partitions * max(counts)  # a Dirichlet partition is uneven: room for every device's count
+    else:
+        wanted = sum(counts)
     copies = max(1, -(-wanted // len(train_x)))
     if copies > 1:
         turns = torch.from_numpy(rng.uniform(-AUGMENT_DEGREES, AUGMENT_DEGREES, (copies - 1) * len(train_x)))

@@ -346,7 +346,7 @@ def initial(msg: Message, context: Context) -> Message:
 
 
 def ditto_train(d: _Device, context: Context, anchor: dict[str, torch.Tensor], steps: int, config: ConfigRecord,
-                position: tuple[int, int]) -> tuple[TrainOutcome, DevicePlan]:
+                position: tuple[int, int]) -> TrainOutcome:
     """Ditto's personal model (kept in the device's state; the first global model it is sent to begin with),
     trained ``steps`` steps on the device's data, each followed by a pull towards ``anchor`` (the global model
     of the round) with the run's ``ditto-lambda``, under the device's plan (made for its budget less the second
@@ -355,7 +355,7 @@ def ditto_train(d: _Device, context: Context, anchor: dict[str, torch.Tensor], s
     outcome = d.task.train(own, d.data, d.plan, steps=steps, lr=d.learning_rate(config), position=position,
                            anchor=anchor, prox=run_config(context).ditto_lambda)
     context.state[DITTO] = ArrayRecord(outcome.weights)
-    return outcome, d.plan
+    return outcome
 
 
 @app.query("device")
@@ -390,7 +390,7 @@ def train(msg: Message, context: Context) -> Message:
                            position=_position(context))
     steps_done, energy, peak, seconds = outcome.steps, outcome.energy_j, outcome.peak_bytes, outcome.seconds
     if personalization(context) == "ditto":  # the personal model trains beside, on the same batches
-        own, _ = ditto_train(d, context, received, steps, config, _position(context))
+        own = ditto_train(d, context, received, steps, config, _position(context))
         steps_done, energy = steps_done + own.steps, energy + own.energy_j
         peak, seconds = max(peak, own.peak_bytes), seconds + own.seconds
     _keep(context, outcome.weights, d.personal, outcome.position, steps_done)
@@ -434,7 +434,7 @@ def personalize(msg: Message, context: Context) -> Message:
     task, plan = tuning_for(d, context)
     finetune_steps = int(config.get("finetune-steps", DEFAULTS.finetune_steps))
     if personalization(context) == "ditto":  # the personal model, trained on towards the final global model
-        outcome, plan = ditto_train(d, context, weights, finetune_steps, config, _position(context))
+        outcome = ditto_train(d, context, weights, finetune_steps, config, _position(context))  # under d.plan
     else:
         outcome = task.train(weights, d.data, plan, steps=finetune_steps,
                              lr=d.learning_rate(config), position=_position(context))

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.errors import FederationError
+from common.errors import RunConfigError
 from common.runconfig import RunConfig
 
 
@@ -48,14 +49,15 @@ class FleetData:
     quantity_skew: float = 0.0  # sigma of the log-normal the devices' sample counts follow; 0: all ``samples``
 
     def check(self, partitions: int, batch_size: int) -> None:
-        """Raise :class:`~agent.errors.FederationError` naming every setting that cannot make this fleet's data."""
-        problems = [text for bad, text in (
-            (self.samples < 0, f"samples must be 0 (a whole partition) or more, got {self.samples}"),
+        """Raise :class:`~agent.errors.FederationError` naming every setting that cannot make this fleet's data:
+        the run config's ranges (:meth:`common.runconfig.RunConfig.check`), then what this fleet needs."""
+        try:
+            RunConfig(**self.run_config()).check()
+            problems = []
+        except RunConfigError as exc:
+            problems = [str(exc)]
+        problems += [text for bad, text in (
             (0 < self.samples < batch_size, f"samples {self.samples} is fewer than a batch of {batch_size}"),
-            (self.label_alpha < 0, f"label-alpha must be 0 (natural mix) or positive, got {self.label_alpha}"),
-            (self.quantity_skew < 0, f"quantity-skew must be 0 (equal shares) or positive, got {self.quantity_skew}"),
-            (self.quantity_skew > 0 and not self.samples, "quantity-skew needs samples (the mean per device)"),
-            (not 0 <= self.viewpoints <= 360, f"viewpoints must be in [0, 360] degrees, got {self.viewpoints}"),
             (self.holdout < 1, f"holdout must be 1 digit or more, got {self.holdout}"),
             (partitions < 1, f"a fleet needs 1 device or more, got {partitions}"),
         ) if bad]

@@ -10,8 +10,9 @@ steps it trained), which the whole run's time includes.
 
 Printed side by side: devices, devices per round, the first round (starting the engine and learning the
 devices' names included), the mean of the later rounds, that mean against the smallest fleet's, the whole
-Flower run, and the whole command (profiling and the centralized reference included).  Run ``python -m benchmarks.fleet_scale`` (sizes 100, 300, 1000: about 10 minutes on 2 cores;
-``--sizes 20,1000`` to choose).
+Flower run, and the whole command (profiling and the centralized reference included).  Run
+``python -m benchmarks.fleet_scale`` (sizes 100, 300, 1000: about 10 minutes on 2 cores; ``--sizes 20,1000``
+to choose).
 """
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ class RunConfig:
     @classmethod
     def keys(cls) -> frozenset[str]:
         """Every key's name."""
-        return frozenset(f.name.replace("_", "-") for f in fields(cls))
+        return frozenset(_key(f.name) for f in fields(cls))
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
@@ -85,13 +85,13 @@ class RunConfig:
 
     def to_mapping(self) -> dict[str, Any]:
         """The run config as Flower holds it (``key-name: value``)."""
-        return {name.replace("_", "-"): value for name, value in asdict(self).items()}
+        return {_key(name): value for name, value in asdict(self).items()}
 
     @classmethod
     def from_mapping(cls, run: Mapping[str, Any]) -> RunConfig:
         """Read ``run`` (absent keys take their defaults), converting each value to its key's type; raise
         :class:`RunConfigError` naming every unknown key, wrong type and out-of-range value at once."""
-        known = {f.name.replace("_", "-"): f for f in fields(cls)}
+        known = {_key(f.name): f for f in fields(cls)}
         problems = [f"unknown key {key!r}" for key in run if key not in known]
         values: dict[str, Any] = {}
         for key, field in known.items():
@@ -144,6 +144,11 @@ class RunConfig:
 
 
 _TYPE_NAMES = {bool: "true or false", int: "a whole number", float: "a number", str: "text"}
+
+
+def _key(field_name: str) -> str:
+    """A field's run-config key: ``num_server_rounds`` is ``num-server-rounds``."""
+    return field_name.replace("_", "-")
 
 
 def _converted(value: Any, kind: type) -> Any:

@@ -93,7 +93,8 @@ def reply_row(msg: Message, phase: str, server_round: int, run_id: int, sent: It
                         {"error": f"{msg.error.reason} (code {msg.error.code})"})
     info = msg.content["device"] if "device" in msg.content else ConfigRecord()
     metrics = next(iter(msg.content.metric_records.values()), {})
-    figures = {ABSENT: absent(msg)} if absent(msg) else {k: v for k, v in metrics.items()}
+    why = absent(msg)
+    figures = {ABSENT: why} if why else {k: v for k, v in metrics.items()}
     return RoundRow(run_id, server_round, phase, node, str(info.get("device-name", f"node-{node}")),
                     figures, str(info["schedule-id"]) if "schedule-id" in info else None)
 

@@ -3,7 +3,7 @@
 ::
 
     poet-edge simulate --devices 20 --rounds 5 --samples 16 --label-alpha 1 --json sim.json --plot sim.png
-    poet-edge simulate --personalization all --samples 8,16,64     # strategies side by side, a size sweep
+    poet-edge simulate --personalization all --samples 16,64,256   # strategies side by side, a size sweep
     poet-edge simulate --devices 1000 --fraction 0.02 --availability night --dropout 0.1 --personalization finetune
 
 Each strategy is held against local-only training, the global model alone and centralized training on the
@@ -126,9 +126,9 @@ def run_simulate(args: argparse.Namespace) -> int:
                                   args.availability, args.round_hours, args.dropout, args.straggle,
                                   ditto_lambda=args.ditto_lambda)
     try:
-        for data in datas:
+        for data in datas:  # every value checked before anything starts
             data.check(args.devices, BATCH_SIZE)
-            settings.run_config("")  # every value checked before anything starts
+            replace(settings, data=data).run_config("")
     except (FederationError, RunConfigError) as exc:
         raise CommandError(str(exc), ExitCode.USAGE) from exc
     setups = []
