@@ -3,7 +3,7 @@
 The 1,797 digits ship inside scikit-learn (``sklearn.datasets.load_digits`` reads
 a bundled file; nothing is downloaded).  :func:`device_dataset` gives device
 ``partition`` of ``partitions`` its partition of a training pool and held-out
-digits from a test pool, as :class:`~agent.virtual.FleetData` says (how many, how
+digits from a test pool, as :class:`~agent.federated.virtual.FleetData` says (how many, how
 skewed the label mix), rotated by the device's own angle (the viewpoint problem
 of edge training: a camera mounted at an angle).  The global model must serve
 every viewpoint and mix at once; a model personalized on one device only needs
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from agent.data import LocalDataset
 from agent.errors import DataError
-from agent.virtual import FleetData
+from agent.federated.virtual import FleetData
 from agent.zoo import Workload, cross_entropy
 
 CLASSES = 10
@@ -56,11 +56,11 @@ class DigitsNet(nn.Module):
 
 def digits_workload(seed: int = 0, batch_size: int = BATCH_SIZE, tuning: str = "") -> Workload:
     """:class:`DigitsNet` at its seeded initial weights, with an example batch of the training shape; with
-    ``tuning`` (a strategy of :data:`agent.fedtask.PARTIAL_TUNING`) only what it fine-tunes is trainable."""
+    ``tuning`` (a strategy of :data:`agent.federated.task.PARTIAL_TUNING`) only what it fine-tunes is trainable."""
     torch.manual_seed(seed)
     model = DigitsNet().train()
     if tuning:
-        from agent.fedtask import freeze_for_tuning
+        from agent.federated.task import freeze_for_tuning
 
         freeze_for_tuning(model, tuning)
     generator = torch.Generator().manual_seed(seed)

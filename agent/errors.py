@@ -12,7 +12,7 @@ The tree, with each class's exit code (:class:`schedules.exit_codes.ExitCode`)::
         ├── CheckpointError               a checkpoint cannot be written, or none can be read  7 storage
         ├── PersonalModelError            no personalized model is kept, or its files disagree  3 bad file
         ├── MemoryBoundError              a step's memory went over its plan (the part is named)  5 rejected
-        ├── FederationError               a federated round cannot run here (:mod:`agent.fedtask`)  2 usage
+        ├── FederationError               a federated round cannot run here (:mod:`agent.federated.task`)  2 usage
         ├── EnergyMeterError              an energy meter failed (:mod:`agent.energy.errors`)  8 meter
         ├── SuperNodeKeyError             the Flower SuperNode's key cannot be read or made  7 storage
         ├── FleetError                    the fleet server refused a request (:mod:`agent.daemon.fleet`)  2 usage

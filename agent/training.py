@@ -1,7 +1,7 @@
 """The one training path: a device's model trained under its schedule, whoever asks for the steps.
 
 A daemon's training window (:mod:`agent.daemon.trainer`) and a Flower round
-(:mod:`agent.fedtask`) both build a :class:`Training` and call
+(:mod:`agent.federated.task`) both build a :class:`Training` and call
 :meth:`Training.step`.  It holds:
 
 * the optimizer the config names (:class:`OptimizerSettings`: SGD with

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.daemon.clientapps import FORKED_AFTER
+from agent.federated.runner import FORKED_AFTER
 from benchmarks.flower_rig import PLAIN_PEAK_BYTES, Fleet, run_id_of, wait_for
 from agent.training import DEFAULT_TOLERANCE_BYTES as MEMORY_TOLERANCE_BYTES  # what the memory check allows
 
@@ -113,7 +113,7 @@ def _runner_rss_mb(fleet: Fleet) -> float:
     for name in fleet.names:
         for process in psutil.Process(fleet.agents[name].pid).children(recursive=True):
             try:
-                if "agent.daemon.clientapps" in " ".join(process.cmdline()):
+                if "agent.federated.runner" in " ".join(process.cmdline()):
                     sizes.append(process.memory_info().rss / 1e6)
             except psutil.Error:
                 pass

@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agent.daemon.config import load_config
-from agent.daemon.supernode import ensure_key
+from agent.federated.supernode import ensure_key
 from agent.digits import write_device_data
 from benchmarks.agent_rig import REPO, FakeDevice, agent_command, read_status, write_config
 from schedules.programs import free_port
 from server.config import FlowerSettings, ServerSettings
-from server.superlink import SuperLink
-from server.supernodes import list_nodes
+from server.federated.superlink import SuperLink
+from server.federated.supernodes import list_nodes
 
 MODEL = "agent.digits:digits_workload"
 # A plain step of the digits model at batch 16 in an agent, whole: 1.7 MB of its own, the rest the pager's
@@ -162,7 +162,7 @@ class Fleet:
         found = []
         for process in tree:
             try:  # SuperExec leaves its launchers as zombies: they have no command line
-                if "agent.daemon.clientapps" in " ".join(process.cmdline()):
+                if "agent.federated.runner" in " ".join(process.cmdline()):
                     found += process.children()
             except psutil.Error:
                 pass
@@ -178,7 +178,7 @@ class Fleet:
 
     def rows(self, run_id: int) -> list[Any]:
         """The run's rows in the server's rounds table."""
-        from server.rounds import open_store, round_rows
+        from server.federated.rounds import open_store, round_rows
 
         return round_rows(open_store(self.settings.database_url), run_id)
 

@@ -1,9 +1,9 @@
 """The fleet's Flower run configuration, typed: every key both apps read, its default, and its checks.
 
-``server/flwr_app/pyproject.toml`` declares these keys under ``[tool.flwr.app.config]``
+``server/federated/flwr_app/pyproject.toml`` declares these keys under ``[tool.flwr.app.config]``
 (``flwr run --run-config`` overrides only declared keys); a test checks that the file
-declares exactly :meth:`RunConfig.defaults`.  The ServerApp (:mod:`server.flower`),
-the ClientApp (:mod:`agent.flower`), ``poet-edge server federate`` and ``poet-edge
+declares exactly :meth:`RunConfig.defaults`.  The ServerApp (:mod:`server.federated.serverapp`),
+the ClientApp (:mod:`agent.federated.clientapp`), ``poet-edge server federate`` and ``poet-edge
 simulate`` all read and write the run config through :class:`RunConfig`, so a key,
 its default and its range live here only.
 
@@ -60,7 +60,7 @@ class RunConfig:
     database_url: str = ""  # empty: the database of the server whose SuperLink runs the app
     data_dir: str = ""  # where global model versions go (empty: the server's data folder)
     initial_version: str = "latest"  # latest, none, or a version number
-    # a simulation's virtual devices (agent.virtual)
+    # a simulation's virtual devices (agent.federated.virtual)
     device_classes: str = ""  # NAME=PROFILE:FRACTION,...
     samples: int = 0  # training digits per device (0: a whole partition of the pool); the mean with quantity-skew
     label_alpha: float = 0.0  # Dirichlet label skew (0: the natural mix)

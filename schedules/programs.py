@@ -1,6 +1,6 @@
 """Flower's programs as both the server and the agent run them: where they are, and their environment.
 
-Neither side imports Flower here (only ``agent.flower`` and ``server.flower``
+Neither side imports Flower here (only ``agent.federated.clientapp`` and ``server.federated.serverapp``
 do); they start ``flower-superlink``, ``flower-supernode`` and ``flwr`` as
 processes of the same virtual environment.
 """

@@ -11,7 +11,8 @@ login and pages), :mod:`server.config`,
 :mod:`server.db` (models, engine, migrations), :mod:`server.devices`
 (enrolment, authentication, heartbeats), :mod:`server.solve_requests`,
 :mod:`server.solves` and :mod:`server.solve_worker` (planning),
-:mod:`server.registry` (stored schedules), :mod:`server.keys`,
+:mod:`server.registry` (stored schedules), :mod:`server.model_versions` (stored global
+models), :mod:`server.federated` (Flower: the ServerApp, SuperLink, runs and rounds), :mod:`server.keys`,
 :mod:`server.tokens`, :mod:`server.ratelimit`, :mod:`server.metrics`,
 :mod:`server.cli`, :mod:`server.errors`.
 """

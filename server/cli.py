@@ -235,7 +235,7 @@ def start_superlink(settings: ServerSettings) -> Any:
     """The supervised Flower SuperLink when the settings ask for one (ready to take SuperNodes), else ``None``."""
     if settings.flower is None:
         return None
-    from server.superlink import CONNECTION, SuperLink
+    from server.federated.superlink import CONNECTION, SuperLink
 
     superlink = SuperLink(settings)
     superlink.start()
@@ -312,7 +312,7 @@ def list_operators(args: argparse.Namespace) -> int:
 
 def register_supernode(args: argparse.Namespace) -> int:
     """Register a device's SuperNode key with the running SuperLink; print the node id."""
-    from server.supernodes import register
+    from server.federated.supernodes import register
 
     node_id = register(settings_from(args), args.name, args.public_key)
     print(f"registered {args.name}: node id {node_id}; its SuperNode may connect from now on")
@@ -321,7 +321,7 @@ def register_supernode(args: argparse.Namespace) -> int:
 
 def list_supernodes(args: argparse.Namespace) -> int:
     """Print the SuperLink's nodes: node id, device name, status."""
-    from server.supernodes import list_nodes
+    from server.federated.supernodes import list_nodes
 
     for node in list_nodes(settings_from(args)):
         print(f"{node['node-id']}\t{node['device'] or '-'}\t{node['status']}")
@@ -337,7 +337,7 @@ def federate(args: argparse.Namespace) -> int:
     """
     from server.datadir import open_database
     from server.errors import FlowerError
-    from server.federation import start_run, wait_finished, wait_reachable
+    from server.federated.runs import start_run, wait_finished, wait_reachable
     from server.model_versions import list_versions
 
     settings = settings_from(args)
@@ -415,7 +415,7 @@ def print_rounds(settings: ServerSettings, run_ids: list[int]) -> None:
     """Per round the devices that answered and their mean accuracy; per device the personalization (over the
     Flower runs of one federation, in order)."""
     from server.datadir import open_database
-    from server.rounds import round_rows
+    from server.federated.rounds import round_rows
 
     database = open_database(settings)
     rows = sorted((row for run_id in run_ids for row in round_rows(database, run_id)),

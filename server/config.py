@@ -21,7 +21,7 @@ TLS_FILES = ("ca.crt", "server.pem", "server.key")  # what a Flower TLS director
 
 @dataclass(frozen=True)
 class FlowerSettings:
-    """The Flower SuperLink the server supervises (:mod:`server.superlink`).
+    """The Flower SuperLink the server supervises (:mod:`server.federated.superlink`).
 
     Attributes
     ----------

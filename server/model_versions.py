@@ -8,7 +8,7 @@ was aggregated from (``parent``), the round's aggregated metrics, and the server
 all of that and the file's hash (:func:`schedules.signing.sign_payload`), so a device or an operator can
 check a downloaded model as it checks a schedule.
 
-The ServerApp (:mod:`server.flower`) stores a version after each round and starts a run from the newest
+The ServerApp (:mod:`server.federated.serverapp`) stores a version after each round and starts a run from the newest
 unless told otherwise; the dashboard lists them.  No Flower and no torch here: arrays are NumPy's.
 """
 

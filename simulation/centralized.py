@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.virtual import FleetData
+from agent.federated.virtual import FleetData
 
 
 def centralized_accuracies(devices: int, data: FleetData, seed: int, steps: int, lr: float,
@@ -22,7 +22,7 @@ def centralized_accuracies(devices: int, data: FleetData, seed: int, steps: int,
 
     from agent.data import LocalDataset
     from agent.digits import BATCH_SIZE, device_dataset, digits_workload
-    from agent.fedtask import Task
+    from agent.federated.task import Task
     from schedules.graph import TrainingGraph
 
     shares = [device_dataset(i, devices, data=data, seed=seed) for i in range(devices)]

@@ -112,7 +112,7 @@ def _sizes(text: str) -> tuple[int, ...]:
 def run_simulate(args: argparse.Namespace) -> int:
     """Run the comparison for each size and seed, print the figures, write JSON and the plot when asked."""
     from agent.digits import BATCH_SIZE
-    from agent.virtual import FleetData
+    from agent.federated.virtual import FleetData
     from common.errors import RunConfigError
     from simulation.compare import SeedRuns, Sweep, compare
     from simulation.fleet import DEFAULT_CLASSES

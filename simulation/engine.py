@@ -1,9 +1,9 @@
 """Flower's simulation engine, driven as programs: a SuperLink in simulation mode, ``flwr run``, ``flwr list``.
 
-:func:`run_on_engine` runs the fleet's Flower app (``server/flwr_app``,
-:mod:`server.federation`) on ``N`` virtual SuperNodes:
+:func:`run_on_engine` runs the fleet's Flower app (``server/federated/flwr_app``,
+:mod:`server.federated.runs`) on ``N`` virtual SuperNodes:
 
-1. a ``flower-superlink --simulation`` supervised by :class:`server.superlink.SuperLink`
+1. a ``flower-superlink --simulation`` supervised by :class:`server.federated.superlink.SuperLink`
    (``FlowerSettings(simulation=True)``) in a scratch folder: its own
    ``FLWR_HOME`` and ``config.toml`` connection, a free port, telemetry and the
    update check off, no runtime dependency installation, the virtual
@@ -34,8 +34,8 @@ from typing import Any
 
 from server.config import FlowerSettings, ServerSettings
 from schedules.programs import free_port
-from server.federation import start_run, wait_finished
-from server.superlink import SuperLink
+from server.federated.runs import start_run, wait_finished
+from server.federated.superlink import SuperLink
 
 RAY_ENVIRONMENT = {"RAY_USAGE_STATS_ENABLED": "0"}  # Ray's own telemetry
 

@@ -1,7 +1,7 @@
 """Device classes and the virtual fleet's node configs (what ``flower-supernode --node-config`` would carry).
 
 The classes reach the ClientApps as one run config value (:func:`classes_config`); each virtual device derives
-its own node config from its partition id with :func:`agent.virtual.virtual_node_config`, the function
+its own node config from its partition id with :func:`agent.federated.virtual.virtual_node_config`, the function
 :func:`fleet_node_configs` calls too, so the report names devices exactly as the devices name themselves.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agent.virtual import FleetData, format_device_classes, virtual_node_config
+from agent.federated.virtual import FleetData, format_device_classes, virtual_node_config
 from schedules.errors import CommandError
 from schedules.exit_codes import ExitCode
 

@@ -8,7 +8,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from server.rounds import RoundRow
+from common.messages import ABSENT
+from server.federated.rounds import RoundRow
 
 MEMORY_TOLERANCE_BYTES = 8 << 20  # agent.training.DEFAULT_TOLERANCE_BYTES (the report imports no torch)
 
@@ -100,9 +101,9 @@ def build_report(rows: list[RoundRow], node_configs: list[dict[str, Any]], setti
     for row in rows:
         if row.phase in ("train", "evaluate"):
             ends[row.round] = max(ends[row.round], row.recorded_at)
-        if "absent" in row.metrics and row.phase == "train":
+        if ABSENT in row.metrics and row.phase == "train":
             absent[row.round] += 1
-    rows = [r for r in rows if "error" not in r.metrics and "absent" not in r.metrics]
+    rows = [r for r in rows if "error" not in r.metrics and ABSENT not in r.metrics]
     by_phase: dict[str, list[RoundRow]] = defaultdict(list)
     for row in rows:
         by_phase[row.phase].append(row)

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.virtual import FleetData
+from agent.federated.virtual import FleetData
 from common.runconfig import PARTIAL_TUNING, RunConfig
 from schedules.errors import CommandError
 from simulation.profile import profile_once
@@ -59,7 +59,7 @@ class SimulationSettings:
 def simulate(settings: SimulationSettings) -> SimulationReport:
     """Run the federation on ``settings.devices`` virtual devices in Flower's simulation engine; report what
     the server stored."""
-    from server.rounds import open_store, round_rows
+    from server.federated.rounds import open_store, round_rows
     from simulation.engine import run_on_engine
 
     nodes = fleet_node_configs(settings.devices, settings.classes)
@@ -98,7 +98,7 @@ def _check_every_device_answered(rows: list[Any], nodes: list[dict[str, Any]]) -
     if failed:
         errors = [str(r.metrics["error"]) for r in rows if "error" in r.metrics]
 
-        def reason(name: str) -> str:  # an error reply names its device only in its text (agent.flower._device)
+        def reason(name: str) -> str:  # an error reply names its device only in its text (agent.federated.clientapp._device)
             return next((e for e in reversed(errors) if f"{name}:" in e), "no reply at all")
 
         named = "; ".join(f"{name}: {reason(name)}" for name in failed[:3])

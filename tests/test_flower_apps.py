@@ -1,4 +1,4 @@
-"""The Flower apps: ``agent.flower:app`` on virtual devices, ``server.flower:app`` over them.
+"""The Flower apps: ``agent.federated.clientapp:app`` on virtual devices, ``server.federated.serverapp:app`` over them.
 
 The round trip runs in Flower's simulation engine (a SuperLink with ``--simulation``, virtual SuperNodes on
 Ray; :mod:`simulation.engine`).  The other tests hand the ClientApp messages directly, as the SuperNode
@@ -19,16 +19,16 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, Metadata, RecordDict  # noqa: E402
 
-from agent import flower as client  # noqa: E402
-from agent.fedtask import METRIC_KEYS, personal_keys  # noqa: E402
+from agent.federated import clientapp as client  # noqa: E402
+from agent.federated.task import METRIC_KEYS, personal_keys  # noqa: E402
 from agent.parity import bits_equal  # noqa: E402
 from agent.training import DEFAULT_TOLERANCE_BYTES  # noqa: E402
 from server.config import ServerSettings  # noqa: E402
 from server.errors import ServerConfigError  # noqa: E402
-from server.flower import federation_config  # noqa: E402
+from server.federated.serverapp import federation_config  # noqa: E402
 from server.keys import load_or_create  # noqa: E402
 from server.model_versions import list_versions, load_version  # noqa: E402
-from server.rounds import open_store, round_rows  # noqa: E402
+from server.federated.rounds import open_store, round_rows  # noqa: E402
 from simulation.engine import run_on_engine  # noqa: E402
 from simulation.fleet import DEFAULT_CLASSES, classes_config, fleet_node_configs  # noqa: E402
 
@@ -343,7 +343,7 @@ def test_a_device_that_left_mid_round_is_a_row_with_its_error_and_its_name(tmp_p
 
     from flwr.app.error import Error
 
-    from server.flower import reply_row
+    from server.federated.serverapp import reply_row
 
     sent = [_sent(41), _sent(42)]
     # the SuperLink answers for a node that went away: the error comes from the SuperLink (node 1)
@@ -394,7 +394,7 @@ def test_the_global_model_is_the_same_bit_for_bit_whichever_device_answers_first
     import numpy as np
     from flwr.app import Array, MetricRecord
 
-    from server.flower import DeviceSampler, RecordingFedAvg
+    from server.federated.serverapp import DeviceSampler, RecordingFedAvg
 
     def reply(name: str, node: int, value: float) -> Message:
         metadata = Metadata(run_id=1, message_id="", src_node_id=node, dst_node_id=SUPERLINK_NODE_ID,
@@ -447,7 +447,7 @@ class FleetGrid:
 
 
 def test_each_round_samples_the_same_devices_for_a_seed_whatever_node_ids_the_fleet_drew(serverapp_process) -> None:
-    from server.flower import DeviceSampler
+    from server.federated.serverapp import DeviceSampler
 
     names = [f"dev-{i:03d}" for i in range(40)]
     picked = []
@@ -470,7 +470,7 @@ def test_each_round_samples_the_same_devices_for_a_seed_whatever_node_ids_the_fl
 
 def test_a_round_waits_for_its_minimum_of_devices_and_then_says_how_many_came() -> None:
     from server.errors import ServerError
-    from server.flower import DeviceSampler
+    from server.federated.serverapp import DeviceSampler
 
     with pytest.raises(ServerError, match="2 devices connected, fewer than min-nodes 5"):
         DeviceSampler(0, 5, 0.5).sample(FleetGrid(["a", "b"], 0), "train", 1, 1.0, 5)
@@ -521,7 +521,7 @@ def test_ditto_trains_a_personal_model_beside_the_global_one_and_never_sends_it(
 def test_a_device_absent_from_a_round_says_why_and_is_recorded_but_not_averaged() -> None:
     from flwr.app import Array, MetricRecord
 
-    from server.flower import DeviceSampler, RecordingFedAvg
+    from server.federated.serverapp import DeviceSampler, RecordingFedAvg
 
     # device 0 of 2 keeps UTC: round 13 starts at 12:00, when a device on the night trace is unplugged
     asleep = Device(0, partitions=2, availability="night")

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from agent.daemon.supernode import ensure_key, flower_binary
+from agent.federated.supernode import ensure_key, flower_binary
 from agent.training import DEFAULT_TOLERANCE_BYTES
 from benchmarks.flower_rig import Fleet, run_id_of, wait_for
 from schedules.programs import flower_environment, free_port
@@ -161,7 +161,7 @@ def test_federated_rounds_complete_with_a_device_unplugged_mid_round(fleet: Flee
 
 def test_a_run_survives_a_superlink_killed_mid_round_from_its_last_stored_global_model(fleet: Fleet) -> None:
     from server.model_versions import list_versions
-    from server.rounds import open_store
+    from server.federated.rounds import open_store
 
     fleet.wait_online()
     database = open_store(fleet.settings.database_url)

@@ -125,7 +125,7 @@ class ServerSection:
 
 @dataclass(frozen=True)
 class FlowerSection:
-    """``[flower]``: the Flower SuperNode the agent runs while the device is eligible (:mod:`agent.daemon.supernode`)."""
+    """``[flower]``: the Flower SuperNode the agent runs while the device is eligible (:mod:`agent.federated.supernode`)."""
 
     enabled: bool = False
     superlink: str = ""  # the fleet's SuperLink, HOST:PORT: "fleet.example:9092"
@@ -134,7 +134,7 @@ class FlowerSection:
     # SuperNode registers itself with a fresh key each start (a SuperLink run with --no-flower-auth)
     auth_key: Path | None = None  # ECDSA P-384 OpenSSH private key; default state_dir/flower/supernode.key (made)
     runtime_port: int = 9094  # the SuperNode's local port for its ClientApps (127.0.0.1)
-    warm_clientapps: bool = True  # fork each message's ClientApp ready-loaded (agent.daemon.clientapps)
+    warm_clientapps: bool = True  # fork each message's ClientApp ready-loaded (agent.federated.runner)
 
 
 @dataclass(frozen=True)

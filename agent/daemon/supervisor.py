@@ -14,7 +14,7 @@ process never imports torch: it holds monitors, the status and the worker's
 pipe, so a waiting agent costs the device little memory.
 
 With ``[flower] enabled`` the device's Flower SuperNode follows the same
-checks (:mod:`agent.daemon.supernode`): it runs while the device is eligible
+checks (:mod:`agent.federated.supernode`): it runs while the device is eligible
 and is stopped, its whole process group, as soon as a check says it is not.
 Such a device trains when the federation's rounds ask it to (its ClientApps
 train the agent's model on its data under its schedule), never in local
@@ -46,7 +46,7 @@ from agent.daemon.config import AgentConfig
 from agent.daemon.notify import Notifier
 from agent.daemon.sources import NoReporter, Reporter
 from agent.daemon.status import initial_status, write_status
-from agent.daemon.supernode import SuperNode
+from agent.federated.supernode import SuperNode
 from agent.monitors import Decision, Eligibility
 
 log = logging.getLogger("poet-agent")

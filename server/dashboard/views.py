@@ -17,7 +17,7 @@ from server.db.engine import Database
 from server.db.models import (Device, DeviceSchedule, EnrolmentToken, FederatedRound, Heartbeat, SolveRequest,
                               StoredSchedule)
 from server.model_versions import list_versions
-from server.rounds import RoundRow, round_rows, run_ids
+from server.federated.rounds import RoundRow, round_rows, run_ids
 
 STATES = ("waiting", "preparing", "training", "backing off", "stopped")
 FILTERS = (*STATES, "revoked")

@@ -180,7 +180,7 @@ class OperatorSession(Base):
 
 
 class FederatedRound(Base):
-    """One device's reply in one federated round (:mod:`server.rounds`, written by :mod:`server.flower`).
+    """One device's reply in one federated round (:mod:`server.federated.rounds`, written by :mod:`server.federated.serverapp`).
 
     Flower's run and node ids are unsigned 64-bit, beyond a signed BIGINT: they are kept as decimal text.
     ``metrics`` is the reply's ``MetricRecord`` as sent (every device sends the same keys).

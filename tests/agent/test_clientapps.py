@@ -13,9 +13,9 @@ import threading
 import time
 from pathlib import Path
 
-from agent.daemon.clientapp_launcher import PROGRAM_VARIABLE, SOCKET_VARIABLE
-from agent.daemon.clientapps import MessageArrival
-from agent.daemon.supernode import install_launcher
+from agent.federated.launcher import PROGRAM_VARIABLE, SOCKET_VARIABLE
+from agent.federated.runner import MessageArrival
+from agent.federated.supernode import install_launcher
 
 
 def flower_stand_in(tmp_path: Path) -> tuple[Path, Path]:
@@ -88,7 +88,7 @@ def test_a_runner_leaves_a_launch_to_a_launcher_that_gave_up(tmp_path: Path) -> 
     import json
     import socket
 
-    from agent.daemon.clientapps import Runner
+    from agent.federated.runner import Runner
 
     runner = Runner(str(tmp_path / "agent.toml"), tmp_path / "clientapps.sock", threads=1)
     listener = runner.listen()

@@ -7,8 +7,8 @@ import torch
 
 from agent.digits import DigitsNet, device_angle, device_dataset, load_digits, rotate
 from agent.errors import DataError, FederationError
-from agent.fedtask import METRIC_KEYS, metric_values, personal_keys
-from agent.virtual import FleetData
+from agent.federated.task import METRIC_KEYS, metric_values, personal_keys
+from agent.federated.virtual import FleetData
 from common.runconfig import RunConfig
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent.daemon.config import load_config
-from agent.daemon.supernode import supernode_command
+from agent.federated.supernode import supernode_command
 from benchmarks.agent_rig import FakeDevice, write_config
 
 

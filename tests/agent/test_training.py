@@ -277,7 +277,7 @@ def test_a_federated_round_trains_with_the_configured_optimizer_under_the_same_c
     import numpy as np
 
     from agent.data import open_dataset
-    from agent.fedtask import DevicePlan, Task
+    from agent.federated.task import DevicePlan, Task
 
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "data.npz", x=rng.normal(size=(64, 32)).astype(np.float32), y=rng.integers(0, 5, 64))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.virtual import round_part
+from agent.federated.virtual import round_part
 from common.runconfig import RunConfig
 
 

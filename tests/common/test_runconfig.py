@@ -10,7 +10,7 @@ import pytest
 from common.errors import RunConfigError
 from common.runconfig import RunConfig
 
-APP = Path(__file__).parents[2] / "server" / "flwr_app" / "pyproject.toml"
+APP = Path(__file__).parents[2] / "server" / "federated" / "flwr_app" / "pyproject.toml"
 
 
 def test_the_app_bundle_declares_exactly_the_typed_keys_with_their_defaults() -> None:

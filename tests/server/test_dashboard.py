@@ -18,7 +18,7 @@ from server.dashboard.operators import verify_login
 from server.dashboard.state import STATIC
 from server.db.models import Device, EnrolmentToken, OperatorSession
 from server.ratelimit import RateLimiter
-from server.rounds import RoundRow, record_rounds
+from server.federated.rounds import RoundRow, record_rounds
 from tests.server.conftest import (OPERATOR, PASSWORD, Dashboard, add_operator, csrf_token_in, enrol, heartbeat,
                                    log_in, schedule_request, wait_for_solve)
 

@@ -13,10 +13,10 @@ from flwr.app import Array, ArrayRecord
 
 from server.db.models import ModelVersion
 from server.errors import ModelVersionError, ServerConfigError
-from server.flower import GlobalModels
+from server.federated.serverapp import GlobalModels
 from server.keys import load_or_create
 from server.model_versions import list_versions, load_version, model_identity, store_version, weights_path
-from server.rounds import open_store
+from server.federated.rounds import open_store
 
 
 def weights(seed: int, width: int = 4) -> dict[str, np.ndarray]:

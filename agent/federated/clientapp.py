@@ -1,4 +1,4 @@
-"""The device's Flower ``ClientApp`` (``agent.flower:app``): a thin adapter over :mod:`agent.fedtask`.
+"""The device's Flower ``ClientApp`` (``agent.federated.clientapp:app``): a thin adapter over :mod:`agent.federated.task`.
 
 Messages it answers (Flower's Message API):
 
@@ -7,10 +7,10 @@ Messages it answers (Flower's Message API):
                        ``ConfigRecord`` ``model``): the server builds no model
 ``query.device``       the device's name (``ConfigRecord`` ``device``): the server samples rounds by name
 ``train``              train the received weights on local data under this device's POET schedule; reply
-                       with the shared weights, a ``MetricRecord`` of :data:`agent.fedtask.METRIC_KEYS`
+                       with the shared weights, a ``MetricRecord`` of :data:`agent.federated.task.METRIC_KEYS`
                        and a ``ConfigRecord`` (``schedule-id``, ``device-name``, ``device-profile``); a
                        simulated device follows the run's availability trace
-                       (:func:`agent.virtual.round_part`): absent, it replies with only its ``device``
+                       (:func:`agent.federated.virtual.round_part`): absent, it replies with only its ``device``
                        ConfigRecord and ``absent`` (why); a straggler trains a share of the steps
 ``evaluate``           the received weights (with the device's personal layers) on its held-out data
 ``train.personalize``  evaluate the global model, fine-tune it locally under the schedule (``ditto``: train
@@ -19,7 +19,7 @@ Messages it answers (Flower's Message API):
                        from added), no weights back
 =====================  =================================================================================
 
-A device agent's SuperNode (:mod:`agent.daemon.supernode`) gives the node config ``agent-config``, the
+A device agent's SuperNode (:mod:`agent.federated.supernode`) gives the node config ``agent-config``, the
 path of the agent's config: the round then trains the agent's own model on its own data file under the
 schedule the agent holds for its memory budget (:func:`agent_device`; profiled and cached by the agent).
 Otherwise the device is described by its node config (``--node-config`` of ``flower-supernode``):
@@ -27,16 +27,16 @@ Otherwise the device is described by its node config (``--node-config`` of ``flo
 ``budget-fraction`` (of a plain step's whole memory; absent or 1: no limit) or
 ``memory-budget`` (bytes), and its data: ``partition-id`` / ``num-partitions`` of the digits
 (:mod:`agent.digits`, optionally seen from ``angle``), spread as the run config's ``samples``,
-``label-alpha``, ``quantity-skew`` and ``viewpoints`` say (:class:`agent.virtual.FleetData`).  The run config
+``label-alpha``, ``quantity-skew`` and ``viewpoints`` say (:class:`agent.federated.virtual.FleetData`).  The run config
 (:class:`common.runconfig.RunConfig`) says ``personalization`` (``none``, ``finetune``, ``fedper``, ``fedbn``,
 and in simulations only ``ditto`` and ``biases-norms``) and ``seed``.  In Flower's simulation engine a
 virtual SuperNode's node config holds only ``partition-id`` and ``num-partitions``; when the run
-config's ``device-classes`` is set, the rest comes from them (:func:`agent.virtual.virtual_node_config`:
+config's ``device-classes`` is set, the rest comes from them (:func:`agent.federated.virtual.virtual_node_config`:
 class, profile, budget fraction, name).
 
 Every reply's metrics carry ``startup-seconds``: from the launch of this ClientApp's process to its
 handler (Flower's per-message cost on the device; -1 where unknown, as in the simulation engine).  The
-agent's warm runner (:mod:`agent.daemon.clientapps`) forks these processes ready-loaded and calls
+agent's warm runner (:mod:`agent.federated.runner`) forks these processes ready-loaded and calls
 :func:`run_clientapp_process`.
 
 Personal layers (``fedper``, ``fedbn``) live in ``context.state`` under ``personal`` and are never put
@@ -60,15 +60,17 @@ from flwr.clientapp import ClientApp
 
 from agent.data import LocalDataset
 from agent.errors import FederationError
-from agent.fedtask import DevicePlan, Task, TrainOutcome, metric_values, personal_keys
-from agent.virtual import FleetData, RoundPart, round_part, virtual_node_config
+from agent.federated.task import DevicePlan, Task, TrainOutcome, metric_values, personal_keys
+from agent.federated.virtual import FleetData, RoundPart, round_part, virtual_node_config
 from common.errors import RunConfigError
+from common.messages import (ABSENT, ARRAYS, CONFIG, DEVICE, DEVICE_NAME, DEVICE_PROFILE, FINETUNE_STEPS, GLOBAL_VERSION,
+                             INITIAL, LOCAL_BASELINE, LOCAL_STEPS, LR, METRICS, MODEL, MODEL_NAME, NAME, PERSONALIZE,
+                             SCHEDULE_ID, SERVER_ROUND)
 from common.runconfig import PARTIAL_TUNING, SIMULATION_ONLY, RunConfig
 from schedules.graph import TrainingGraph
 
 PERSONAL = "personal"  # context.state: the ArrayRecord of personal layers
 DITTO = "ditto"  # context.state: the ArrayRecord of Ditto's personal model
-ABSENT = "absent"  # a train reply's device ConfigRecord: why the device sends no update this round
 POSITION = "position"  # context.state: the ConfigRecord of the next batch's (epoch, index)
 BUDGET = "budget"  # context.state: the ConfigRecord of the device's memory budget in bytes (-1: none)
 
@@ -131,7 +133,7 @@ def task_for(seed: int, graph_file: str = "", tuning: str = "") -> Task:
     """The digits model's :class:`Task` for ``seed``, built once per process: with ``graph_file`` (run config
     ``graph-file``: the graph a simulation profiled once for its whole fleet) every device plans from the same
     node times, else from this process's own extraction.  With ``tuning`` (a strategy of
-    :data:`agent.fedtask.PARTIAL_TUNING`) only what that strategy fine-tunes is trainable."""
+    :data:`agent.federated.task.PARTIAL_TUNING`) only what that strategy fine-tunes is trainable."""
     key = (seed, graph_file, tuning)
     if key not in _TASKS:
         from agent.digits import digits_workload
@@ -223,12 +225,12 @@ def _position(context: Context) -> tuple[int, int]:
 
 
 def _info(setup: DeviceSetup, plan: DevicePlan) -> ConfigRecord:
-    return ConfigRecord({"schedule-id": plan.schedule.schedule_id, "device-name": setup.name,
-                         "device-profile": setup.profile})
+    return ConfigRecord({SCHEDULE_ID: plan.schedule.schedule_id, DEVICE_NAME: setup.name,
+                         DEVICE_PROFILE: setup.profile})
 
 
 def _config(msg: Message) -> ConfigRecord:
-    return msg.content["config"] if "config" in msg.content else ConfigRecord()
+    return msg.content[CONFIG] if CONFIG in msg.content else ConfigRecord()
 
 
 @dataclass(frozen=True)
@@ -250,7 +252,7 @@ class _Device:
 
     def learning_rate(self, config: ConfigRecord) -> float | None:
         """The round's learning rate for a simulated device; ``None`` (its own) for a device agent."""
-        return None if self.own_optimizer else float(config.get("lr", DEFAULTS.lr))
+        return None if self.own_optimizer else float(config.get(LR, DEFAULTS.lr))
 
 
 def agent_device(config_path: str) -> _Device:
@@ -333,7 +335,7 @@ def run_clientapp_process(argv: list[str]) -> None:
     flwr_clientapp()
 
 
-@app.query("initial")
+@app.query(INITIAL)
 def initial(msg: Message, context: Context) -> Message:
     """The seeded initial weights, shared layers only: the server starts the federation from them."""
     if "agent-config" in context.node_config:
@@ -341,8 +343,8 @@ def initial(msg: Message, context: Context) -> Message:
     else:
         task = task_for(DeviceSetup.from_context(context).seed, run_config(context).graph_file)
     personal = personal_keys(task.model, personalization(context))
-    return Message(RecordDict({"arrays": shared(task.initial, personal),
-                               "model": ConfigRecord({"name": task.workload.name})}), reply_to=msg)
+    return Message(RecordDict({ARRAYS: shared(task.initial, personal),
+                               MODEL: ConfigRecord({MODEL_NAME: task.workload.name})}), reply_to=msg)
 
 
 def ditto_train(d: _Device, context: Context, anchor: dict[str, torch.Tensor], steps: int, config: ConfigRecord,
@@ -358,20 +360,20 @@ def ditto_train(d: _Device, context: Context, anchor: dict[str, torch.Tensor], s
     return outcome
 
 
-@app.query("device")
+@app.query(NAME)
 def device(msg: Message, context: Context) -> Message:
     """The device's name: the server samples each round's devices by name, so a seed picks the same ones."""
     name = agent_device(str(context.node_config["agent-config"])).setup.name if "agent-config" in context.node_config \
         else DeviceSetup.from_context(context).name
-    return Message(RecordDict({"device": ConfigRecord({"device-name": name})}), reply_to=msg)
+    return Message(RecordDict({DEVICE: ConfigRecord({DEVICE_NAME: name})}), reply_to=msg)
 
 
 def _round_part(d: _Device, context: Context, config: ConfigRecord) -> RoundPart:
     """A simulated device's part in this round under the run's availability trace; a device agent trains it all
     (its own eligibility decides whether it is online at all)."""
-    if "agent-config" in context.node_config or "server-round" not in config:
+    if "agent-config" in context.node_config or SERVER_ROUND not in config:
         return RoundPart()
-    return round_part(d.setup.partition, d.setup.partitions, int(config["server-round"]), run_config(context))
+    return round_part(d.setup.partition, d.setup.partitions, int(config[SERVER_ROUND]), run_config(context))
 
 
 @app.train()
@@ -382,10 +384,10 @@ def train(msg: Message, context: Context) -> Message:
     config = _config(msg)
     part = _round_part(d, context, config)
     if part.absent:  # no update: the server records why and leaves it out of the average
-        return Message(RecordDict({"device": ConfigRecord({**_info(d.setup, d.plan), ABSENT: part.absent})}),
+        return Message(RecordDict({DEVICE: ConfigRecord({**_info(d.setup, d.plan), ABSENT: part.absent})}),
                        reply_to=msg)
-    steps = max(1, round(int(config.get("local-steps", DEFAULTS.local_steps)) * part.share))
-    received = merged(msg.content["arrays"], context, d.task, d.personal)
+    steps = max(1, round(int(config.get(LOCAL_STEPS, DEFAULTS.local_steps)) * part.share))
+    received = merged(msg.content[ARRAYS], context, d.task, d.personal)
     outcome = d.task.train(received, d.data, d.plan, steps=steps, lr=d.learning_rate(config),
                            position=_position(context))
     steps_done, energy, peak, seconds = outcome.steps, outcome.energy_j, outcome.peak_bytes, outcome.seconds
@@ -399,8 +401,8 @@ def train(msg: Message, context: Context) -> Message:
                                "accuracy": accuracy, "steps": steps_done, "peak-bytes": peak,
                                "budget-bytes": d.budget_bytes, "energy-j": energy,
                                "seconds": seconds, "startup-seconds": startup})
-    return Message(RecordDict({"arrays": shared(outcome.weights, d.personal), "metrics": MetricRecord(metrics),
-                               "device": _info(d.setup, d.plan)}), reply_to=msg)
+    return Message(RecordDict({ARRAYS: shared(outcome.weights, d.personal), METRICS: MetricRecord(metrics),
+                               DEVICE: _info(d.setup, d.plan)}), reply_to=msg)
 
 
 @app.evaluate()
@@ -408,10 +410,10 @@ def evaluate(msg: Message, context: Context) -> Message:
     """The received weights, with the device's personal layers, on its held-out data."""
     startup = _startup_seconds()
     d = _device(context)
-    loss, accuracy, count = d.task.evaluate(merged(msg.content["arrays"], context, d.task, d.personal), d.data)
+    loss, accuracy, count = d.task.evaluate(merged(msg.content[ARRAYS], context, d.task, d.personal), d.data)
     metrics = metric_values(**{"num-examples": count, "eval-loss": loss, "accuracy": accuracy, "steps": 0,
                                "budget-bytes": d.budget_bytes, "startup-seconds": startup})
-    return Message(RecordDict({"metrics": MetricRecord(metrics), "device": _info(d.setup, d.plan)}), reply_to=msg)
+    return Message(RecordDict({METRICS: MetricRecord(metrics), DEVICE: _info(d.setup, d.plan)}), reply_to=msg)
 
 
 def _local_baseline(d: _Device, context: Context, config: ConfigRecord, finetune_steps: int) -> dict[str, Any]:
@@ -423,16 +425,16 @@ def _local_baseline(d: _Device, context: Context, config: ConfigRecord, finetune
     return {"local-accuracy": accuracy, "local-loss": loss, "local-steps-total": steps}
 
 
-@app.train("personalize")
+@app.train(PERSONALIZE)
 def personalize(msg: Message, context: Context) -> Message:
     """Global model on local data, then fine-tuned locally under the schedule; metrics only, nothing shared."""
     startup = _startup_seconds()
     d = _device(context)
     config = _config(msg)
-    weights = merged(msg.content["arrays"], context, d.task, d.personal)
+    weights = merged(msg.content[ARRAYS], context, d.task, d.personal)
     global_loss, global_accuracy, _ = d.task.evaluate(weights, d.data)
     task, plan = tuning_for(d, context)
-    finetune_steps = int(config.get("finetune-steps", DEFAULTS.finetune_steps))
+    finetune_steps = int(config.get(FINETUNE_STEPS, DEFAULTS.finetune_steps))
     if personalization(context) == "ditto":  # the personal model, trained on towards the final global model
         outcome = ditto_train(d, context, weights, finetune_steps, config, _position(context))  # under d.plan
     else:
@@ -443,10 +445,10 @@ def personalize(msg: Message, context: Context) -> Message:
         "num-examples": count, "train-loss": outcome.loss, "eval-loss": loss, "accuracy": accuracy,
         "steps": outcome.steps, "peak-bytes": outcome.peak_bytes, "budget-bytes": d.budget_bytes,
         "energy-j": outcome.energy_j, "seconds": outcome.seconds, "startup-seconds": startup})
-    version = int(config.get("global-version", -1))
+    version = int(config.get(GLOBAL_VERSION, -1))
     metrics.update({"global-accuracy": global_accuracy, "global-loss": global_loss, "personal-accuracy": accuracy,
-                    "global-version": version, "planned-peak-bytes": plan.schedule.predicted_peak_bytes + d.held_bytes})
-    if bool(config.get("local-baseline", False)):
+                    GLOBAL_VERSION: version, "planned-peak-bytes": plan.schedule.predicted_peak_bytes + d.held_bytes})
+    if bool(config.get(LOCAL_BASELINE, False)):
         metrics.update(_local_baseline(d, context, config, outcome.steps))
     if d.state_dir is not None:  # a device agent keeps what it made (the simulation's devices do not)
         from agent.personal_model import keep
@@ -455,4 +457,4 @@ def personalize(msg: Message, context: Context) -> Message:
              global_version=version if version >= 0 else None, run_id=int(context.run_id),
              personalization=personalization(context), steps=outcome.steps, accuracy_before=global_accuracy,
              accuracy_after=accuracy)
-    return Message(RecordDict({"metrics": MetricRecord(metrics), "device": _info(d.setup, d.plan)}), reply_to=msg)
+    return Message(RecordDict({METRICS: MetricRecord(metrics), DEVICE: _info(d.setup, d.plan)}), reply_to=msg)

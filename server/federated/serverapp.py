@@ -1,7 +1,7 @@
-"""The fleet's Flower ``ServerApp`` (``server.flower:app``): weighted FedAvg that records every device's reply.
+"""The fleet's Flower ``ServerApp`` (``server.federated.serverapp:app``): weighted FedAvg that records every device's reply.
 
 :class:`RecordingFedAvg` is Flower's ``FedAvg`` (``flwr.serverapp.strategy``) that,
-before aggregating, turns each reply into a :class:`server.rounds.RoundRow`
+before aggregating, turns each reply into a :class:`server.federated.rounds.RoundRow`
 (node id from ``metadata.src_node_id``, device name and schedule id from the
 reply's ``device`` ConfigRecord, metrics from its MetricRecord) and hands the
 rows to a recorder: the rounds table when the run config names a database.
@@ -23,7 +23,7 @@ rows to a recorder: the rounds table when the run config names a database.
    to every node with the final global weights and their version; each device
    reports the global model's accuracy on its own data and the accuracy after
    fine-tuning under its schedule.  Which layers stay on the device (``fedper``:
-   the head, ``fedbn``: BatchNorm) is the devices' business (:mod:`agent.flower`):
+   the head, ``fedbn``: BatchNorm) is the devices' business (:mod:`agent.federated.clientapp`):
    they never send them, so the global model is made of the shared layers only.
    Its rows carry the round number after the last.
 
@@ -54,14 +54,17 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
 from common.errors import RunConfigError
+from common.messages import (ABSENT, ARRAYS, CONFIG, DEVICE, DEVICE_NAME, FINETUNE_STEPS, GLOBAL_VERSION, LOCAL_BASELINE,
+                             LOCAL_STEPS, LR, MODEL, MODEL_NAME, QUERY_INITIAL, QUERY_NAME, SCHEDULE_ID, SERVER_ROUND,
+                             TRAIN_PERSONALIZE)
 from common.runconfig import RunConfig
 from server.db.engine import Database
 from server.errors import ModelVersionError, ServerConfigError, ServerError
 from server.keys import ServerKey, load_or_create
 from server.model_versions import checked_weights, load_version, model_identity, store_version, version_info
 from server.config import ServerSettings
-from server.rounds import RoundRow, open_store, record_rounds
-from server.superlink import DATA_DIR_VARIABLE, DATABASE_VARIABLE
+from server.federated.rounds import RoundRow, open_store, record_rounds
+from server.federated.superlink import DATA_DIR_VARIABLE, DATABASE_VARIABLE
 
 log = logging.getLogger("poet-server")
 Recorder = Callable[[list[RoundRow]], None]
@@ -91,19 +94,19 @@ def reply_row(msg: Message, phase: str, server_round: int, run_id: int, sent: It
                      if m.metadata.message_id == msg.metadata.reply_to_message_id), node)
         return RoundRow(run_id, server_round, phase, node, _device_for_node(node) or f"node-{node}",
                         {"error": f"{msg.error.reason} (code {msg.error.code})"})
-    info = msg.content["device"] if "device" in msg.content else ConfigRecord()
+    info = msg.content[DEVICE] if DEVICE in msg.content else ConfigRecord()
     metrics = next(iter(msg.content.metric_records.values()), {})
     why = absent(msg)
     figures = {ABSENT: why} if why else {k: v for k, v in metrics.items()}
-    return RoundRow(run_id, server_round, phase, node, str(info.get("device-name", f"node-{node}")),
-                    figures, str(info["schedule-id"]) if "schedule-id" in info else None)
+    return RoundRow(run_id, server_round, phase, node, str(info.get(DEVICE_NAME, f"node-{node}")),
+                    figures, str(info[SCHEDULE_ID]) if SCHEDULE_ID in info else None)
 
 
 def _device_for_node(node: int) -> str | None:
     data_dir = os.environ.get(DATA_DIR_VARIABLE)
     if not data_dir:
         return None
-    from server.supernodes import device_for_node
+    from server.federated.supernodes import device_for_node
 
     try:
         return device_for_node(ServerSettings(data_dir=Path(data_dir)), node)
@@ -134,7 +137,7 @@ class RecordingFedAvg(FedAvg):
 
     def _messages(self, kind: str, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                   nodes: list[int]) -> list[Message]:
-        config["server-round"] = server_round  # as Flower's FedAvg does: the devices know which round it is
+        config[SERVER_ROUND] = server_round  # as Flower's FedAvg does: the devices know which round it is
         log.info("round %d: %s on %d devices", server_round, kind, len(nodes))
         record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
         return [Message(record, dst_node_id=node, message_type=kind) for node in nodes]
@@ -157,14 +160,13 @@ class RecordingFedAvg(FedAvg):
         return super().aggregate_evaluate(server_round, replies)
 
 
-ABSENT = "absent"  # a train reply's device ConfigRecord: why the device sends no update (agent.flower)
 
 
 def absent(msg: Message) -> str:
     """Why a train reply carries no update (a simulated device not available this round), else ``""``."""
-    if msg.has_error() or "device" not in msg.content:
+    if msg.has_error() or DEVICE not in msg.content:
         return ""
-    return str(msg.content["device"].get(ABSENT, ""))
+    return str(msg.content[DEVICE].get(ABSENT, ""))
 
 
 def in_device_order(replies: Iterable[Message]) -> list[Message]:
@@ -172,8 +174,8 @@ def in_device_order(replies: Iterable[Message]) -> list[Message]:
     the same global model bit for bit whichever device answered first (floating-point addition does not
     commute in its rounding)."""
     def key(msg: Message) -> tuple[str, int]:
-        info = msg.content["device"] if not msg.has_error() and "device" in msg.content else ConfigRecord()
-        return str(info.get("device-name", "")), int(msg.metadata.src_node_id)
+        info = msg.content[DEVICE] if not msg.has_error() and DEVICE in msg.content else ConfigRecord()
+        return str(info.get(DEVICE_NAME, "")), int(msg.metadata.src_node_id)
 
     return sorted(replies, key=key)
 
@@ -220,11 +222,11 @@ class DeviceSampler:
         unknown = [n for n in nodes if n not in self.names]
         if not unknown:
             return
-        asks = [Message(RecordDict({"config": ConfigRecord()}), dst_node_id=n, message_type="query.device")
+        asks = [Message(RecordDict({CONFIG: ConfigRecord()}), dst_node_id=n, message_type=QUERY_NAME)
                 for n in unknown]
         for reply in grid.send_and_receive(asks, timeout=self.wait_seconds):
-            if not reply.has_error() and "device" in reply.content:
-                self.names[reply.metadata.src_node_id] = str(reply.content["device"].get("device-name", ""))
+            if not reply.has_error() and DEVICE in reply.content:
+                self.names[reply.metadata.src_node_id] = str(reply.content[DEVICE].get(DEVICE_NAME, ""))
         for node in unknown:  # one that did not answer sorts by its node id: not asked (and waited for) again
             self.names.setdefault(node, "")
 
@@ -235,13 +237,13 @@ def initial_arrays(grid: Grid, config: RunConfig) -> tuple[ArrayRecord, str]:
     nodes = sorted(grid.get_node_ids())
     if not nodes:
         raise ServerError("no device is connected: start SuperNodes (or agents) before the run")
-    ask = Message(RecordDict({"config": ConfigRecord()}), dst_node_id=nodes[0], message_type="query.initial")
+    ask = Message(RecordDict({CONFIG: ConfigRecord()}), dst_node_id=nodes[0], message_type=QUERY_INITIAL)
     replies = [m for m in grid.send_and_receive([ask], timeout=config.round_timeout) if not m.has_error()]
-    if not replies or "arrays" not in replies[0].content:
+    if not replies or ARRAYS not in replies[0].content:
         raise ServerError(f"node {nodes[0]} sent no initial weights: check its log (flwr log RUN_ID)")
     content = replies[0].content
-    name = str(content["model"].get("name", "model")) if "model" in content else "model"
-    arrays = content["arrays"]
+    name = str(content[MODEL].get(MODEL_NAME, "model")) if MODEL in content else "model"
+    arrays = content[ARRAYS]
     return arrays, model_identity(name, _numpy(arrays))
 
 
@@ -249,10 +251,10 @@ def personalize(grid: Grid, arrays: ArrayRecord, config: RunConfig, recorder: Re
                 server_round: int, version: int | None = None) -> list[RoundRow]:
     """Phase 3: every device evaluates the global model (``version``, where stored) and fine-tunes it; their
     rows, recorded."""
-    content = RecordDict({"arrays": arrays, "config": ConfigRecord({
-        "finetune-steps": config.finetune_steps, "lr": config.lr, "local-baseline": config.local_baseline,
-        "global-version": version if version is not None else -1})})
-    asks = [Message(content, dst_node_id=node, message_type="train.personalize") for node in grid.get_node_ids()]
+    content = RecordDict({ARRAYS: arrays, CONFIG: ConfigRecord({
+        FINETUNE_STEPS: config.finetune_steps, LR: config.lr, LOCAL_BASELINE: config.local_baseline,
+        GLOBAL_VERSION: version if version is not None else -1})})
+    asks = [Message(content, dst_node_id=node, message_type=TRAIN_PERSONALIZE) for node in grid.get_node_ids()]
     replies = grid.send_and_receive(asks, timeout=config.round_timeout)
     rows = [reply_row(m, "personalize", server_round, grid.run.run_id, asks) for m in replies]
     if rows:
@@ -282,7 +284,7 @@ def run_federation(grid: Grid, config: RunConfig, recorder: Recorder,
     version = None
     if models is not None:
         arrays, version = models.start(config.initial_version, model, arrays)
-    train_config = ConfigRecord({"local-steps": config.local_steps, "lr": config.lr})
+    train_config = ConfigRecord({LOCAL_STEPS: config.local_steps, LR: config.lr})
     last = config.first_round + config.num_server_rounds - 1
     for server_round in range(config.first_round, last + 1):
         log.info("round %d of %d, from global model version %s", server_round, last, version)

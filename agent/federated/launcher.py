@@ -2,7 +2,7 @@
 
 Flower's SuperExec starts the program ``flwr-clientapp`` by name for every
 message.  The agent installs this file under that name first on the
-SuperNode's ``PATH`` (:func:`agent.daemon.supernode.install_launcher`, run as
+SuperNode's ``PATH`` (:func:`agent.federated.supernode.install_launcher`, run as
 ``python -IS``: the standard library only, a few milliseconds to start).  It
 sends its arguments and its launch time to the runner's Unix socket
 (``$POET_CLIENTAPP_SOCKET``) and exits once the runner has taken the launch

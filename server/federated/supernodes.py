@@ -4,7 +4,7 @@ With SuperNode authentication on, the SuperLink admits only SuperNodes whose
 public key was registered; the key also gives the device a node id that
 stays the same across restarts.  ``poet-edge server supernode register NAME
 KEY`` runs ``flwr supernode register KEY poet-edge --name NAME`` against the
-running SuperLink (the ``poet-edge`` connection that :mod:`server.superlink`
+running SuperLink (the ``poet-edge`` connection that :mod:`server.federated.superlink`
 writes) and records ``NAME -> node id`` in ``DATA_DIR/flower/supernodes.json``,
 which is how a round's node ids become device names.
 """
@@ -21,7 +21,7 @@ from typing import Any
 from server.config import ServerSettings
 from server.devices import check_device_name
 from server.errors import FlowerError, SuperNodeRegistrationError
-from server.superlink import CONNECTION, flower_binary, flower_environment
+from server.federated.superlink import CONNECTION, flower_binary, flower_environment
 
 
 def names_path(settings: ServerSettings) -> Path:

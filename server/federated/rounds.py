@@ -1,6 +1,6 @@
 """Federated rounds in the server's store: a row per device per round and phase, written and read back.
 
-:mod:`server.flower` turns each device's reply into a :class:`RoundRow` and
+:mod:`server.federated.serverapp` turns each device's reply into a :class:`RoundRow` and
 :func:`record_rounds` writes them; the dashboard's rounds page and
 ``poet-edge simulate`` read them with :func:`round_rows`.  No Flower here:
 rows are plain data.

@@ -5,7 +5,7 @@ Flower's simulation engine gives each virtual SuperNode only ``partition-id`` an
 e.g. ``small=rpi4:0.5,large=jetson-orin-nano:1``) fills in the rest,
 deterministically: device ``i`` is of class ``i mod len(classes)``, named
 ``NAME-iii``, and its viewpoint angle follows from its partition
-(:func:`agent.digits.device_angle`).  The ClientApp (:mod:`agent.flower`) and
+(:func:`agent.digits.device_angle`).  The ClientApp (:mod:`agent.federated.clientapp`) and
 ``poet-edge simulate`` (which reports per device) both call
 :func:`virtual_node_config`, so the two always agree.  How the digits are spread over the fleet (``samples``,
 ``label-alpha``, ``quantity-skew``, ``viewpoints``) is :class:`FleetData`; a device's part in each round under

@@ -15,7 +15,7 @@ bit-identical under every budget (the executor's parity guarantee).
 
 Personal layers (:func:`personal_keys`) name state-dict entries a device keeps
 to itself: ``fedper`` its head (the last module with parameters), ``fedbn`` its
-BatchNorm statistics and affine parameters.  :mod:`agent.flower` keeps them in
+BatchNorm statistics and affine parameters.  :mod:`agent.federated.clientapp` keeps them in
 the device's state and sends only the rest.  ``biases-norms`` keeps nothing
 personal in the rounds and fine-tunes only the biases and normalization layers
 (:func:`freeze_for_tuning`).

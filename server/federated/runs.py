@@ -1,8 +1,8 @@
 """Federated runs on a SuperLink, driven with Flower's ``flwr`` program: submit the app, follow it to its end.
 
-The app is ``server/flwr_app`` (:data:`APP_DIR`, shipped as package data): only a
-``pyproject.toml`` whose components are the installed ``server.flower:app`` and
-``agent.flower:app`` and whose ``[tool.flwr.app.config]`` declares every run-config
+The app is ``server/federated/flwr_app`` (:data:`APP_DIR`, shipped as package data): only a
+``pyproject.toml`` whose components are the installed ``server.federated.serverapp:app`` and
+``agent.federated.clientapp:app`` and whose ``[tool.flwr.app.config]`` declares every run-config
 key either app reads (``flwr run --run-config`` overrides only declared keys).  The
 bundle carries no code, so the SuperLink installs nothing.  ``poet-edge server
 federate`` runs it on the fleet's SuperLink, ``poet-edge simulate`` on a SuperLink in
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from server.errors import FlowerError
-from server.superlink import CONNECTION, flower_binary, flower_environment
+from server.federated.superlink import CONNECTION, flower_binary, flower_environment
 
 APP_DIR = Path(__file__).resolve().parent / "flwr_app"
 POLL_SECONDS = 1.0

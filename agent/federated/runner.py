@@ -4,14 +4,14 @@ Flower starts a fresh ``flwr-clientapp`` process for every message a device
 answers, and each one imports Flower and torch and builds the model before it
 can train: seconds of a small device's CPU per message.  While the device's
 SuperNode runs, the agent also runs this process
-(``python -m agent.daemon.clientapps --config FILE --socket PATH``): it loads
-Flower's ClientApp program, torch, :mod:`agent.flower` and the agent's device
-(workload, profile, schedule and data, :func:`agent.flower.agent_device`)
+(``python -m agent.federated.runner --config FILE --socket PATH``): it loads
+Flower's ClientApp program, torch, :mod:`agent.federated.clientapp` and the agent's device
+(workload, profile, schedule and data, :func:`agent.federated.clientapp.agent_device`)
 once, then listens on a Unix socket.  The launcher installed as
 ``flwr-clientapp`` on the SuperNode's ``PATH``
-(:mod:`agent.daemon.clientapp_launcher`, :func:`agent.daemon.supernode.install_launcher`) sends each launch's arguments there;
+(:mod:`agent.federated.launcher`, :func:`agent.federated.supernode.install_launcher`) sends each launch's arguments there;
 the runner forks, and the child runs Flower's own ``flwr-clientapp`` entry
-point with them (:func:`agent.flower.run_clientapp_process`): the same
+point with them (:func:`agent.federated.clientapp.run_clientapp_process`): the same
 program, the same protocol and isolation, without the start-up.
 
 Flower's SuperNode creates a message's task before it has pulled the message's
@@ -114,7 +114,7 @@ class Runner:
         """
         import torch
 
-        from agent import flower
+        from agent.federated import clientapp
 
         pid = os.fork()
         if pid == 0:
@@ -134,8 +134,8 @@ class Runner:
         if os.waitstatus_to_exitcode(status) != 0:
             raise RuntimeError("preparing the device's workload failed (see above)")
         torch.set_num_threads(1)
-        flower.agent_device(self.config_path)  # the profile and schedule now come from the agent's cache
-        flower.load_clientapp_program()
+        clientapp.agent_device(self.config_path)  # the profile and schedule now come from the agent's cache
+        clientapp.load_clientapp_program()
 
     def listen(self) -> socket.socket:
         """The runner's socket, readable and writable by this user only."""
@@ -216,11 +216,11 @@ class Runner:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)
             import torch
 
-            from agent import flower
+            from agent.federated import clientapp
 
             torch.set_num_threads(self.threads)
-            os.environ[flower.LAUNCHED_AT] = repr(launched_at)
-            flower.run_clientapp_process(argv)
+            os.environ[clientapp.LAUNCHED_AT] = repr(launched_at)
+            clientapp.run_clientapp_process(argv)
             code = 0
         except SystemExit as exit_:  # Flower's program ends with sys.exit
             code = exit_.code if isinstance(exit_.code, int) else 1

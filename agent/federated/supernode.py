@@ -11,7 +11,7 @@ SuperNode stopped in the middle of a round has its message answered with an
 error at once, so the round goes on with the others instead of waiting.
 
 Each message's ClientApp is forked ready-loaded by the agent's warm runner
-(:mod:`agent.daemon.clientapps`, ``[flower] warm_clientapps``, on by default):
+(:mod:`agent.federated.runner`, ``[flower] warm_clientapps``, on by default):
 it starts with the SuperNode and stops with it, and the launcher it answers
 comes first on the SuperNode's ``PATH`` as ``flwr-clientapp``.  SuperExec's
 task poll is shortened to :data:`TASK_POLL_SECONDS` (Flower's default is 1 s).
@@ -34,8 +34,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agent.daemon import clientapp_launcher
-from agent.daemon.clientapp_launcher import PROGRAM_VARIABLE, SOCKET_VARIABLE
+from agent.federated import launcher
+from agent.federated.launcher import PROGRAM_VARIABLE, SOCKET_VARIABLE
 from agent.daemon.config import AgentConfig
 from agent.errors import SuperNodeKeyError
 from schedules.process_tree import stop_tree
@@ -80,10 +80,10 @@ def ensure_key(path: Path) -> Path:
 
 
 def install_launcher(bin_dir: Path, python: str = sys.executable) -> Path:
-    """Write the launcher (:mod:`agent.daemon.clientapp_launcher`) as ``bin_dir/flwr-clientapp``; returns it."""
+    """Write the launcher (:mod:`agent.federated.launcher`) as ``bin_dir/flwr-clientapp``; returns it."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     target = bin_dir / LAUNCHER_NAME
-    source = Path(clientapp_launcher.__file__).read_text(encoding="utf-8")
+    source = Path(launcher.__file__).read_text(encoding="utf-8")
     temporary = target.with_name(target.name + ".tmp")
     temporary.write_text(f"#!{python} -IS\n{source}", encoding="utf-8")
     temporary.chmod(0o755)
@@ -187,8 +187,8 @@ class SuperNode:
         environment["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = str(TASK_POLL_SECONDS)
         if f.warm_clientapps:
             self._keep_runner(dict(environment))  # the ClientApps it forks share the SuperNode's FLWR_HOME
-            launcher = install_launcher(self.config.flower_dir / "bin")
-            environment.update({"PATH": f"{launcher.parent}{os.pathsep}{environment['PATH']}",
+            installed = install_launcher(self.config.flower_dir / "bin")
+            environment.update({"PATH": f"{installed.parent}{os.pathsep}{environment['PATH']}",
                                 SOCKET_VARIABLE: str(self.socket_path),
                                 PROGRAM_VARIABLE: str(flower_binary("flwr-clientapp"))})
         with open(self.log_path, "ab") as output:
@@ -242,7 +242,7 @@ class SuperNode:
             self._runner_retry_seconds = min(RETRY_MAX_SECONDS, 2 * self._runner_retry_seconds)
         with open(self.config.flower_dir / "clientapps.log", "ab") as output:
             self.runner = subprocess.Popen(
-                [sys.executable, "-m", "agent.daemon.clientapps", "--config", str(self.config.path.resolve()),
+                [sys.executable, "-m", "agent.federated.runner", "--config", str(self.config.path.resolve()),
                  "--socket", str(self.socket_path), "--supernode-log", str(self.log_path)], env=environment,
                 stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
                 cwd=self.config.flower_dir)
