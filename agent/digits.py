@@ -1,18 +1,20 @@
-"""scikit-learn's 8x8 handwritten digits, split across devices that each see them from their own viewpoint.
+"""The fleet's image data: scikit-learn's 8x8 digits or a saved data set, split across devices with their own view.
 
 The 1,797 digits ship inside scikit-learn (``sklearn.datasets.load_digits`` reads
-a bundled file; nothing is downloaded).  :func:`device_dataset` gives device
-``partition`` of ``partitions`` its partition of a training pool and held-out
-digits from a test pool, as :class:`~agent.federated.virtual.FleetData` says (how many, how
-skewed the label mix), rotated by the device's own angle (the viewpoint problem
-of edge training: a camera mounted at an angle).  The global model must serve
-every viewpoint and mix at once; a model personalized on one device only needs
-its own.
+a bundled file; nothing is downloaded); a run config's ``dataset`` names a data set
+saved by Hugging Face ``datasets`` instead (FEMNIST, CIFAR-10; :mod:`agent.image_sets`).
+:func:`device_dataset` gives device ``partition`` of ``partitions`` its partition of a
+training pool and held-out images from a test pool, as
+:class:`~agent.federated.virtual.FleetData` says (how many, how skewed the label mix),
+rotated by the device's own angle (the viewpoint problem of edge training: a camera
+mounted at an angle).  Under natural partitioning (``partition-by``) a device is one
+natural id (a writer) and is tested on its own held-out images.  The global model must
+serve every device at once; a model personalized on one device only needs its own.
 
-:class:`DigitsNet` is the small CNN the federation trains: a convolutional body
-with BatchNorm (what FedBN keeps local) and a linear ``head`` (what FedPer keeps
-local).  Everything is a function of its seed: every device builds the same
-initial weights and the same split.
+:class:`SmallCNN` is the small CNN the federation trains, sized to the images
+(:func:`fleet_workload`): a convolutional body with BatchNorm (what FedBN keeps local)
+and a linear ``head`` (what FedPer keeps local).  Everything is a function of its seed:
+every device builds the same initial weights and the same split.
 """
 
 from __future__ import annotations
@@ -30,43 +32,62 @@ import torch.nn.functional as F
 from agent.data import LocalDataset
 from agent.errors import DataError
 from agent.federated.virtual import FleetData
+from agent.image_sets import ImageSet, ImageShape, image_set_shape, load_image_set
 from agent.zoo import Workload, cross_entropy
 
 CLASSES = 10
 SIDE = 8  # pixels per side
 BATCH_SIZE = 16
+DIGITS = ImageShape(1, SIDE, CLASSES)
 
 
-class DigitsNet(nn.Module):
-    """Two 3x3 convolutions with BatchNorm, a hidden layer, and a linear ``head`` over 10 classes."""
+class SmallCNN(nn.Module):
+    """Two 3x3 convolutions with BatchNorm, a hidden layer, and a linear ``head`` over the classes.
 
-    def __init__(self, width: int = 16) -> None:
+    Sized to the images: an image wider than 16 pixels is halved after the first convolution until it is
+    not, so the hidden layer stays small (the digits' 8x8 take no extra pooling)."""
+
+    def __init__(self, shape: ImageShape = DIGITS, width: int = 16) -> None:
         super().__init__()
+        side, shrink = shape.side, []
+        while side > 16:
+            shrink.append(nn.MaxPool2d(2))
+            side //= 2
         self.body = nn.Sequential(
-            nn.Conv2d(1, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(),      # B x w x 8 x 8
+            nn.Conv2d(shape.channels, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(), *shrink,
             nn.Conv2d(width, 2 * width, 3, padding=1), nn.BatchNorm2d(2 * width), nn.ReLU(),
-            nn.MaxPool2d(2), nn.Flatten(),                                            # B x 2w*16
-            nn.Linear(2 * width * 16, 64), nn.ReLU(),                                 # B x 64
+            nn.MaxPool2d(2), nn.Flatten(),                                          # B x 2w * (side/2)^2
+            nn.Linear(2 * width * (side // 2) ** 2, 64), nn.ReLU(),                 # B x 64
         )
-        self.head = nn.Linear(64, CLASSES)
+        self.head = nn.Linear(64, shape.classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.body(x))
 
 
-def digits_workload(seed: int = 0, batch_size: int = BATCH_SIZE, tuning: str = "") -> Workload:
-    """:class:`DigitsNet` at its seeded initial weights, with an example batch of the training shape; with
-    ``tuning`` (a strategy of :data:`agent.federated.task.PARTIAL_TUNING`) only what it fine-tunes is trainable."""
+def digits_workload(seed: int = 0, batch_size: int = BATCH_SIZE, tuning: str = "",
+                    shape: ImageShape = DIGITS, name: str = "digits-cnn") -> Workload:
+    """:class:`SmallCNN` for ``shape`` (the digits') at its seeded initial weights, with an example batch of
+    the training shape; with ``tuning`` (a strategy of :data:`agent.federated.task.PARTIAL_TUNING`) only what
+    it fine-tunes is trainable."""
     torch.manual_seed(seed)
-    model = DigitsNet().train()
+    model = SmallCNN(shape).train()
     if tuning:
         from agent.federated.task import freeze_for_tuning
 
         freeze_for_tuning(model, tuning)
     generator = torch.Generator().manual_seed(seed)
-    inputs = torch.rand(batch_size, 1, SIDE, SIDE, generator=generator)
-    targets = torch.randint(0, CLASSES, (batch_size,), generator=generator)
-    return Workload("digits-cnn", model, inputs, targets, cross_entropy)
+    inputs = torch.rand(batch_size, shape.channels, shape.side, shape.side, generator=generator)
+    targets = torch.randint(0, shape.classes, (batch_size,), generator=generator)
+    return Workload(name, model, inputs, targets, cross_entropy)
+
+
+def fleet_workload(data: FleetData, seed: int = 0, batch_size: int = BATCH_SIZE, tuning: str = "") -> Workload:
+    """The model a fleet with ``data`` trains: the digits' :class:`SmallCNN`, or one sized to its data set."""
+    if not data.dataset:
+        return digits_workload(seed, batch_size, tuning)
+    shape = image_set_shape(data.dataset, data.label_column)
+    return digits_workload(seed, batch_size, tuning, shape, f"{Path(data.dataset).name}-cnn")
 
 
 def load_digits() -> tuple[np.ndarray, np.ndarray]:
@@ -81,7 +102,7 @@ def load_digits() -> tuple[np.ndarray, np.ndarray]:
 
 
 def rotate(x: torch.Tensor, degrees: float | torch.Tensor) -> torch.Tensor:
-    """Images ``(n, 1, H, W)`` rotated about their centre by ``degrees`` (one angle, or one per image; bilinear,
+    """Images ``(n, C, H, W)`` rotated about their centre by ``degrees`` (one angle, or one per image; bilinear,
     zeros outside)."""
     if not isinstance(degrees, torch.Tensor):
         if degrees % 360 == 0:
@@ -101,12 +122,12 @@ def device_angle(partition: int, partitions: int, viewpoints: float = 360.0) -> 
         return 360.0 * partition / partitions
     if partitions == 1:
         return 0.0
-    return viewpoints * (partition / (partitions - 1) - 0.5)
+    return viewpoints * (partition / (partitions - 1) - 0.5) + 0.0  # + 0.0: never -0.0
 
 
 def device_dataset(partition: int, partitions: int, *, data: FleetData = FleetData(), angle: float | None = None,
                    seed: int = 0, batch_size: int = BATCH_SIZE) -> LocalDataset:
-    """Device ``partition``'s digits (see :class:`FleetData`): its training partition and held-out digits, both
+    """Device ``partition``'s images (see :class:`FleetData`): its training partition and held-out images, both
     seen from its angle.  A function of the arguments: every process builds the same fleet."""
     if not 0 <= partition < partitions:
         raise DataError(f"partition {partition} out of range for {partitions} partitions")
@@ -115,30 +136,37 @@ def device_dataset(partition: int, partitions: int, *, data: FleetData = FleetDa
     rows = pool.rows[partition]
     wanted = pool.counts[partition] if pool.counts else batch_size
     if len(rows) < wanted:
-        raise DataError(f"device {partition} of {partitions} gets {len(rows)} training digits, fewer than "
-                        f"{wanted}: set samples (digits per device) or use fewer devices")
+        raise DataError(f"device {partition} of {partitions} gets {len(rows)} training images, fewer than "
+                        f"{wanted}: set samples (images per device) or use fewer devices")
     if pool.counts:
         rows = rows[:wanted]
     labels = pool.train_y[rows]
-    held = _held_out(pool, labels, data.holdout, np.random.default_rng([seed, partition]))
+    if pool.held:  # natural partitions: the device's own held-out images
+        held = pool.held[partition]
+    else:
+        held = _held_out(pool, labels, data.holdout, np.random.default_rng([seed, partition]))
     degrees = device_angle(partition, partitions, data.viewpoints) if angle is None else angle
     return LocalDataset(train_x=rotate(pool.train_x[rows], degrees), train_y=labels,
                         holdout_x=rotate(pool.test_x[held], degrees), holdout_y=pool.test_y[held],
-                        batch_size=batch_size, seed=seed + partition, source=_source(partition, partitions, degrees))
+                        batch_size=batch_size, seed=seed + partition,
+                        source=_source(pool.name, partition, partitions, degrees))
 
 
-HOLDOUT_SHARE = 0.25  # of the digits, the test pool
+HOLDOUT_SHARE = 0.25  # of the images, the test pool (under natural partitions, of each device's own)
 AUGMENT_DEGREES = 10.0  # a grown pool's copies turn by up to this much either way
 
 
 @dataclass(frozen=True)
 class _Pool:
+    name: str
+    classes: int
     train_x: torch.Tensor
     train_y: torch.Tensor
     test_x: torch.Tensor
     test_y: torch.Tensor
     rows: list[np.ndarray]  # per device, its rows of the training pool in its own order
-    counts: list[int]  # per device, the training digits it keeps (empty: its whole partition)
+    counts: list[int]  # per device, the training images it keeps (empty: its whole partition)
+    held: list[np.ndarray]  # natural partitions: per device, its held-out rows of the test pool (else empty)
 
 
 _POOLS: dict[tuple[int, FleetData, int, int], _Pool] = {}
@@ -149,8 +177,27 @@ def _pool(partitions: int, data: FleetData, seed: int, batch_size: int) -> _Pool
     key = (partitions, data, seed, batch_size)
     if key not in _POOLS:
         _POOLS.clear()  # one fleet per process at a time
-        _POOLS[key] = _make_pool(partitions, data, seed, batch_size)
+        if data.partition_by:
+            _POOLS[key] = _natural_pool(partitions, data, seed, batch_size)
+        else:
+            _POOLS[key] = _make_pool(partitions, data, seed, batch_size)
     return _POOLS[key]
+
+
+def _image_set(data: FleetData, rng: np.random.Generator) -> ImageSet:
+    """The digits, or the saved data set, with a test split (a share drawn by ``rng`` where the set has none)."""
+    if data.dataset:
+        images = load_image_set(data.dataset, data.label_column)
+    else:
+        x, y = load_digits()
+        images = ImageSet("sklearn-digits", CLASSES, x, y)
+    if images.test_x is not None:
+        return images
+    order = rng.permutation(len(images.train_x))
+    test = np.sort(order[:int(HOLDOUT_SHARE * len(order))])
+    train = np.sort(order[int(HOLDOUT_SHARE * len(order)):])
+    return ImageSet(images.name, images.classes, images.train_x[train], images.train_y[train],
+                    images.train_x[test], images.train_y[test])
 
 
 def _make_pool(partitions: int, data: FleetData, seed: int, batch_size: int) -> _Pool:
@@ -158,12 +205,9 @@ def _make_pool(partitions: int, data: FleetData, seed: int, batch_size: int) -> 
     from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, SizePartitioner
 
     counts = data.sample_counts(partitions, seed, batch_size) if data.samples else []
-    x, y = load_digits()
     rng = np.random.default_rng(seed)
-    order = rng.permutation(len(x))
-    test = np.sort(order[:int(HOLDOUT_SHARE * len(x))])
-    train = np.sort(order[int(HOLDOUT_SHARE * len(x)):])
-    train_x, train_y = torch.from_numpy(x[train]), torch.from_numpy(y[train])
+    images = _image_set(data, rng)
+    train_x, train_y = torch.from_numpy(images.train_x), torch.from_numpy(images.train_y)
     if not counts:
         wanted = 0  # every device its whole partition of the pool as it is
     elif data.label_alpha:
@@ -193,27 +237,47 @@ def _make_pool(partitions: int, data: FleetData, seed: int, batch_size: int) -> 
             rows = [np.asarray(partitioner.load_partition(i)["row"], dtype=np.int64) for i in range(partitions)]
     except ValueError as exc:
         raise DataError(f"label-alpha {data.label_alpha:g} leaves some of {partitions} devices fewer than "
-                        f"{max([*counts, batch_size])} digits in every Dirichlet draw ({exc}): raise label-alpha, "
+                        f"{max([*counts, batch_size])} images in every Dirichlet draw ({exc}): raise label-alpha, "
                         "lower samples or lower quantity-skew") from exc
-    return _Pool(train_x, train_y, torch.from_numpy(x[test]), torch.from_numpy(y[test]), rows, counts)
+    return _Pool(images.name, images.classes, train_x, train_y, torch.from_numpy(images.test_x),
+                 torch.from_numpy(images.test_y), rows, counts, [])
+
+
+def _natural_pool(partitions: int, data: FleetData, seed: int, batch_size: int) -> _Pool:
+    """One natural id's images per device (``partition-by``), each split by the seed into training rows and
+    its own held-out rows."""
+    images = load_image_set(data.dataset, data.label_column, data.partition_by, partitions)
+    rows, held = [], []
+    for partition in range(partitions):
+        mine = np.flatnonzero(images.train_ids == partition)
+        mine = mine[np.random.default_rng([seed, partition]).permutation(len(mine))]
+        cut = max(1, int(HOLDOUT_SHARE * len(mine)))
+        if len(mine) - cut < batch_size:
+            raise DataError(f"device {partition} ({data.partition_by} #{partition}) has {len(mine)} images: "
+                            f"after its {cut} held out, fewer than a batch of {batch_size} to train on")
+        held.append(np.sort(mine[:cut]))
+        rows.append(mine[cut:])
+    x, y = torch.from_numpy(images.train_x), torch.from_numpy(images.train_y)
+    return _Pool(images.name, images.classes, x, y, x, y, rows, [], held)
 
 
 def _held_out(pool: _Pool, labels: torch.Tensor, count: int, rng: np.random.Generator) -> np.ndarray:
-    """``count`` test-pool rows in the label mix of ``labels`` (each class's digits drawn without repeats until
-    the class runs out)."""
-    mix = np.bincount(labels.numpy(), minlength=CLASSES) / len(labels)
+    """``count`` test-pool rows in the label mix of ``labels`` (each class's images drawn without repeats until
+    the class runs out; a class the test pool lacks is left out)."""
+    mix = np.bincount(labels.numpy(), minlength=pool.classes) / len(labels)
     wanted = rng.multinomial(count, mix)
     test_y = pool.test_y.numpy()
     picked = []
     for label, n in enumerate(wanted):
         members = np.flatnonzero(test_y == label)
-        picked.append(rng.choice(members, size=n, replace=n > len(members)))
+        if len(members):
+            picked.append(rng.choice(members, size=n, replace=n > len(members)))
     return np.sort(np.concatenate(picked))
 
 
-def _source(partition: int, partitions: int, degrees: float) -> Path:
+def _source(name: str, partition: int, partitions: int, degrees: float) -> Path:
     """A name for the share in logs (no file backs it)."""
-    return Path(f"sklearn-digits/{partition}-of-{partitions}@{degrees:.0f}deg")
+    return Path(f"{name}/{partition}-of-{partitions}@{degrees:.0f}deg")
 
 
 def write_device_data(path: Path, partition: int, partitions: int, *, data: FleetData = FleetData(),

@@ -62,6 +62,9 @@ class RunConfig:
     initial_version: str = "latest"  # latest, none, or a version number
     # a simulation's virtual devices (agent.federated.virtual)
     device_classes: str = ""  # NAME=PROFILE:FRACTION,...
+    dataset: str = ""  # a data set saved by Hugging Face datasets (agent.image_sets); empty: the shipped digits
+    label_column: str = ""  # its label column (empty: its one ClassLabel column)
+    partition_by: str = ""  # a column of natural ids, one device each (FEMNIST's writer_id); empty: split the pool
     samples: int = 0  # training digits per device (0: a whole partition of the pool); the mean with quantity-skew
     label_alpha: float = 0.0  # Dirichlet label skew (0: the natural mix)
     quantity_skew: float = 0.0  # spread of the devices' sample counts: sigma of a log-normal (0: all equal)
@@ -134,6 +137,9 @@ class RunConfig:
             (self.quantity_skew < 0, "quantity-skew must be 0 (equal shares) or positive"),
             (self.quantity_skew > 0 and self.samples == 0, "quantity-skew needs samples (the mean per device)"),
             (not 0 <= self.viewpoints <= 360, "viewpoints must be in [0, 360] degrees"),
+            (bool(self.partition_by) and not self.dataset, "partition-by needs a dataset (the digits have no ids)"),
+            (bool(self.partition_by) and bool(self.samples or self.label_alpha or self.quantity_skew),
+             "partition-by keeps each natural id's own data: leave samples, label-alpha and quantity-skew at 0"),
             (self.availability not in AVAILABILITY, f"availability must be one of {', '.join(AVAILABILITY)}"),
             (self.round_hours <= 0, "round-hours must be positive"),
             (not 0 <= self.dropout < 1, "dropout must be in [0, 1)"),

@@ -51,18 +51,26 @@ def add_commands(subparsers: Any) -> None:
                         "model is the global baseline)")
     p.add_argument("--ditto-lambda", type=float, default=0.1, metavar="LAMBDA",
                    help="ditto: how strongly each personal model is pulled towards the global one (default 0.1)")
-    p.add_argument("--samples", type=_sizes, default=(DEFAULT_DATA.samples,), metavar="N,...",
-                   help=f"training digits per device (default {DEFAULT_DATA.samples}; 0: each device a whole "
-                        "partition of the training pool); several sizes make a sweep")
-    p.add_argument("--label-alpha", type=float, default=DEFAULT_DATA.label_alpha,
+    p.add_argument("--dataset", metavar="DIR", default="",
+                   help="train on this data set, a directory Hugging Face datasets' save_to_disk wrote (FEMNIST, "
+                        "CIFAR-10, ...; nothing is downloaded), instead of the shipped digits")
+    p.add_argument("--label-column", metavar="NAME", default="",
+                   help="the data set's label column (default: its one ClassLabel column)")
+    p.add_argument("--partition-by", metavar="COLUMN", default="",
+                   help="natural partitions: each device is one value of this column of the data set (FEMNIST's "
+                        "writer_id), tested on its own held-out images; samples and label skew then stay 0")
+    p.add_argument("--samples", type=_sizes, metavar="N,...",
+                   help=f"training images per device (default {DEFAULT_DATA.samples}, 0 with --partition-by; 0: "
+                        "each device a whole partition of the training pool); several sizes make a sweep")
+    p.add_argument("--label-alpha", type=float,
                    help="Dirichlet label skew across devices, smaller is more skewed (default "
-                        f"{DEFAULT_DATA.label_alpha:g}; 0: every device the natural mix)")
+                        f"{DEFAULT_DATA.label_alpha:g}, 0 with --partition-by; 0: every device the natural mix)")
     p.add_argument("--quantity-skew", type=float, default=0.0, metavar="SIGMA",
                    help="spread of the devices' training-set sizes: a log-normal draw with SIGMA whose mean is "
                         "the samples (default 0: all equal)")
-    p.add_argument("--viewpoints", type=float, default=DEFAULT_DATA.viewpoints, metavar="DEGREES",
+    p.add_argument("--viewpoints", type=float, metavar="DEGREES",
                    help=f"the devices' camera angles spread over this many degrees (default "
-                        f"{DEFAULT_DATA.viewpoints:g}; 360: all the way round)")
+                        f"{DEFAULT_DATA.viewpoints:g} for the digits, 0 for a --dataset; 360: all the way round)")
     p.add_argument("--fraction", type=float, default=1.0,
                    help="share of the devices sampled (by the seed) to train and evaluate each round (default 1)")
     p.add_argument("--min-devices", type=positive_int, default=2, help="the fewest a round samples (default 2)")
@@ -109,9 +117,23 @@ def _sizes(text: str) -> tuple[int, ...]:
     return sizes
 
 
+def _or(value: Any, default: Any) -> Any:
+    """An option's value, or its default where it was not given."""
+    return default if value is None else value
+
+
+def _share(data: Any) -> str:
+    """What each device trains on, for the progress lines."""
+    if data.partition_by:
+        return f"each device one {data.partition_by}'s images of {Path(data.dataset).name}"
+    what = f"{Path(data.dataset).name} images" if data.dataset else "digits"
+    return f"{data.samples or 'a partition of'} {what} per device"
+
+
 def run_simulate(args: argparse.Namespace) -> int:
     """Run the comparison for each size and seed, print the figures, write JSON and the plot when asked."""
-    from agent.digits import BATCH_SIZE
+    from agent.digits import BATCH_SIZE, device_dataset
+    from agent.errors import DataError
     from agent.federated.virtual import FleetData
     from common.errors import RunConfigError
     from simulation.compare import SeedRuns, Sweep, compare
@@ -119,7 +141,11 @@ def run_simulate(args: argparse.Namespace) -> int:
     from simulation.report import plot_report
     from simulation.run import SimulationSettings
 
-    datas = [FleetData(n, args.label_alpha, args.viewpoints, quantity_skew=args.quantity_skew) for n in args.samples]
+    datas = [FleetData(n, _or(args.label_alpha, 0.0 if args.partition_by else DEFAULT_DATA.label_alpha),
+                       _or(args.viewpoints, 0.0 if args.dataset else DEFAULT_DATA.viewpoints),
+                       quantity_skew=args.quantity_skew, dataset=args.dataset, label_column=args.label_column,
+                       partition_by=args.partition_by)
+             for n in _or(args.samples, (0,) if args.partition_by else (DEFAULT_DATA.samples,))]
     settings = SimulationSettings(args.devices, args.classes or DEFAULT_CLASSES, args.rounds, args.local_steps,
                                   args.finetune_steps, args.lr, args.personalization[0], datas[0], args.seed,
                                   args.database, args.cpus_per_device, args.fraction, args.min_devices,
@@ -129,14 +155,15 @@ def run_simulate(args: argparse.Namespace) -> int:
         for data in datas:  # every value checked before anything starts
             data.check(args.devices, BATCH_SIZE)
             replace(settings, data=data).run_config("")
-    except (FederationError, RunConfigError) as exc:
+            if data.dataset:  # readable, with images for every device (the digits always have them)
+                device_dataset(args.devices - 1, args.devices, data=data, seed=args.seed)
+    except (FederationError, RunConfigError, DataError) as exc:
         raise CommandError(str(exc), ExitCode.USAGE) from exc
     setups = []
     for data in datas:
         comparisons = []
         for seed in range(args.seed, args.seed + args.seeds):
-            print(f"== {data.samples} digits per device, seed {seed} ({seed - args.seed + 1} of {args.seeds})",
-                  flush=True)
+            print(f"== {_share(data)}, seed {seed} ({seed - args.seed + 1} of {args.seeds})", flush=True)
             comparisons.append(compare(replace(settings, data=data, seed=seed), args.personalization, sys.stdout))
             comparisons[-1].print(sys.stdout)
         setups.append(SeedRuns(data.samples, comparisons))

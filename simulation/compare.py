@@ -139,7 +139,8 @@ def compare(settings: Any, strategies: tuple[str, ...], out: TextIO = sys.stdout
             out.write(f"{strategy} failed, left out of the comparison: {exc}\n")
     steps = sum(d.steps for d in runs[strategies[0]].devices)
     accuracies = centralized_accuracies(settings.devices, settings.data, settings.seed, steps, settings.lr,
-                                        profile_once(settings.seed))
+                                        profile_once(settings.seed, dataset=settings.data.dataset,
+                                                     label_column=settings.data.label_column))
     names = [n["device-name"] for n in fleet_node_configs(settings.devices, settings.classes)]
     return Comparison(settings.seed, runs, dict(zip(names, accuracies)), failed)
 
@@ -194,7 +195,7 @@ class SeedRuns:
             gap = seed.get(best, float("nan")) - max(seed["local-only"], seed["global"])
             out.write(f"{c.seed:>5} " + " ".join(f"{seed.get(k, float('nan')):>10.1f}%" for k in keys)
                       + f" {gap:>+7.1f}\n")
-        out.write(f"mean over {len(self.comparisons)} seeds (95% confidence interval), {self.samples} digits per "
+        out.write(f"mean over {len(self.comparisons)} seeds (95% confidence interval), {self.samples or 'a whole partition of'} training images per "
                   "device: " + ", ".join(f"{k} {f[k][0]:.1f} +- {f[k][1]:.1f} %" for k in keys)
                   + f"; the best strategy on average, {best}, over the better of local-only and global "
                   f"{f['gap'][0]:+.1f} +- {f['gap'][1]:.1f} points (target >= {GAP_TARGET_POINTS:.0f}: "

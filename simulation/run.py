@@ -66,9 +66,10 @@ def simulate(settings: SimulationSettings) -> SimulationReport:
     with tempfile.TemporaryDirectory(prefix="poet-simulate-") as scratch:
         url = settings.database_url or f"sqlite:///{Path(scratch) / 'rounds.db'}"
         open_store(url).dispose()  # migrated before the ServerApp writes, so a bad URL fails here
-        graph = profile_once(settings.seed)
+        model = {"dataset": settings.data.dataset, "label_column": settings.data.label_column}
+        graph = profile_once(settings.seed, **model)
         tuning = settings.personalization if settings.personalization in PARTIAL_TUNING else ""
-        tuning_graph = str(profile_once(settings.seed, tuning=tuning)) if tuning else ""
+        tuning_graph = str(profile_once(settings.seed, tuning=tuning, **model)) if tuning else ""
         started = time.time()
         try:
             run_id = run_on_engine(settings.run_config(url, str(graph), tuning_graph), settings.devices,

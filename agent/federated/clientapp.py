@@ -124,22 +124,23 @@ def run_config(context: Context) -> RunConfig:
 
 LAUNCHED_AT = "POET_CLIENTAPP_LAUNCHED_AT"  # environment: when the warm runner was asked for this process
 
-_TASKS: dict[tuple[int, str, str], Task] = {}  # per process: one per seed, graph and tuning serves every device
+_TASKS: dict[tuple[int, str, str, str, str], Task] = {}  # per process: one per seed, graph, tuning and data set
 _DATA: dict[DeviceSetup, LocalDataset] = {}
 _AGENTS: dict[str, _Device] = {}  # agent config path -> the agent's device, built once per process
 
 
-def task_for(seed: int, graph_file: str = "", tuning: str = "") -> Task:
-    """The digits model's :class:`Task` for ``seed``, built once per process: with ``graph_file`` (run config
+def task_for(seed: int, graph_file: str = "", tuning: str = "", data: FleetData = FleetData()) -> Task:
+    """The fleet's model's :class:`Task` for ``seed`` (the digits', or one sized to ``data``'s data set,
+    :func:`agent.digits.fleet_workload`), built once per process: with ``graph_file`` (run config
     ``graph-file``: the graph a simulation profiled once for its whole fleet) every device plans from the same
     node times, else from this process's own extraction.  With ``tuning`` (a strategy of
     :data:`agent.federated.task.PARTIAL_TUNING`) only what that strategy fine-tunes is trainable."""
-    key = (seed, graph_file, tuning)
+    key = (seed, graph_file, tuning, data.dataset, data.label_column)
     if key not in _TASKS:
-        from agent.digits import digits_workload
+        from agent.digits import fleet_workload
 
         graph = TrainingGraph.load(graph_file) if graph_file else None
-        _TASKS[key] = Task(digits_workload(seed, tuning=tuning), graph=graph)
+        _TASKS[key] = Task(fleet_workload(data, seed, tuning=tuning), graph=graph)
     return _TASKS[key]
 
 
@@ -150,7 +151,7 @@ def tuning_for(d: _Device, context: Context) -> tuple[Task, DevicePlan]:
     if strategy not in PARTIAL_TUNING:
         return d.task, d.plan
     run = run_config(context)
-    task = task_for(d.setup.seed, run.tuning_graph_file, strategy)
+    task = task_for(d.setup.seed, run.tuning_graph_file, strategy, d.setup.data)
     try:
         return task, task.plan(d.setup.profile, d.plan.budget_bytes)
     except FederationError as exc:
@@ -295,7 +296,7 @@ def _device(context: Context) -> _Device:
                                   "agent plans for its own measured profile (use finetune, fedper or fedbn)")
         return replace(d, personal=personal_keys(d.task.model, strategy), own_optimizer=True)
     setup = DeviceSetup.from_context(context)
-    task = task_for(setup.seed, run_config(context).graph_file)
+    task = task_for(setup.seed, run_config(context).graph_file, data=setup.data)
     # ditto holds a second whole model (the global one, or its own) beside every step it trains
     held = sum(t.nbytes for t in task.initial.values()) if strategy == "ditto" else 0
     try:
@@ -341,7 +342,8 @@ def initial(msg: Message, context: Context) -> Message:
     if "agent-config" in context.node_config:
         task = agent_device(str(context.node_config["agent-config"])).task
     else:
-        task = task_for(DeviceSetup.from_context(context).seed, run_config(context).graph_file)
+        setup = DeviceSetup.from_context(context)
+        task = task_for(setup.seed, run_config(context).graph_file, data=setup.data)
     personal = personal_keys(task.model, personalization(context))
     return Message(RecordDict({ARRAYS: shared(task.initial, personal),
                                MODEL: ConfigRecord({MODEL_NAME: task.workload.name})}), reply_to=msg)

@@ -27,8 +27,12 @@ from common.runconfig import RunConfig
 
 @dataclass(frozen=True)
 class FleetData:
-    """How a fleet's digits are spread over its devices (the run config's ``samples``, ``label-alpha`` and
-    ``viewpoints``).
+    """How a fleet's images are spread over its devices (the run config's ``dataset``, ``label-column``,
+    ``partition-by``, ``samples``, ``label-alpha``, ``quantity-skew`` and ``viewpoints``).
+
+    The images are the shipped digits, or a data set saved by Hugging Face ``datasets`` (``dataset``;
+    :mod:`agent.image_sets`).  With ``partition_by`` each device is one natural id's images (a writer's),
+    tested on its own held-out ones; otherwise:
 
     The digits are split once (by the seed) into a training pool and a test pool, so no device is ever tested
     on a digit any device trained on.  The training pool is partitioned over the devices by Flower Datasets'
@@ -47,6 +51,9 @@ class FleetData:
     viewpoints: float = 360.0  # the devices' angles spread evenly over this many degrees (centred on upright)
     holdout: int = 40  # held-out digits per device
     quantity_skew: float = 0.0  # sigma of the log-normal the devices' sample counts follow; 0: all ``samples``
+    dataset: str = ""  # a saved data set's directory; empty: the shipped digits
+    label_column: str = ""  # its label column; empty: its one ClassLabel column
+    partition_by: str = ""  # a column of natural ids, one device each; empty: partition the training pool
 
     def check(self, partitions: int, batch_size: int) -> None:
         """Raise :class:`~agent.errors.FederationError` naming every setting that cannot make this fleet's data:
@@ -66,13 +73,15 @@ class FleetData:
 
     @classmethod
     def from_run_config(cls, run: RunConfig) -> FleetData:
-        """The run config's ``samples``, ``label-alpha``, ``quantity-skew`` and ``viewpoints``."""
-        return cls(run.samples, run.label_alpha, run.viewpoints, quantity_skew=run.quantity_skew)
+        """The run config's data keys (:meth:`run_config`)."""
+        return cls(**{name: getattr(run, name) for name in cls._RUN_CONFIG_FIELDS})
 
     def run_config(self) -> dict[str, Any]:
         """The :class:`~common.runconfig.RunConfig` fields :meth:`from_run_config` reads."""
-        return {"samples": self.samples, "label_alpha": self.label_alpha, "viewpoints": self.viewpoints,
-                "quantity_skew": self.quantity_skew}
+        return {name: getattr(self, name) for name in self._RUN_CONFIG_FIELDS}
+
+    _RUN_CONFIG_FIELDS = ("dataset", "label_column", "partition_by", "samples", "label_alpha", "viewpoints",
+                          "quantity_skew")
 
     def sample_counts(self, partitions: int, seed: int, batch_size: int) -> list[int]:
         """Training digits per device: ``samples`` each, or with ``quantity_skew`` a seeded log-normal draw

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agent.digits import DigitsNet, device_angle, device_dataset, load_digits, rotate
+from agent.digits import SmallCNN, device_angle, device_dataset, load_digits, rotate
 from agent.errors import DataError, FederationError
 from agent.federated.task import METRIC_KEYS, metric_values, personal_keys
 from agent.federated.virtual import FleetData
@@ -103,7 +103,7 @@ def test_every_report_has_every_metric_key_and_no_other() -> None:
 
 
 def test_personal_layers_are_the_head_for_fedper_and_batchnorm_for_fedbn() -> None:
-    model = DigitsNet()
+    model = SmallCNN()
     assert personal_keys(model, "fedper") == {"head.weight", "head.bias"}
     fedbn = personal_keys(model, "fedbn")
     assert "body.1.running_mean" in fedbn and "body.1.weight" in fedbn and "body.0.weight" not in fedbn
