@@ -12,7 +12,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 demo: $(VENV)/.installed
-	$(PY) -m schedules.demo
+	$(VENV)/bin/poet-edge demo
 
 test: $(VENV)/.installed system-packages
 	$(PY) -m pytest -q

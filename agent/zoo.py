@@ -19,9 +19,11 @@ name                      default input     model
 ========================  ================  ==================================================
 
 A user's own model: ``--module package.module:factory``.  ``factory()``
-returns a :class:`Workload` (used as it is) or an ``nn.Module``; for a module
-the batch is ``torch.randn(--input)`` and the loss follows the output's shape
-(see :func:`workload_for_module`).
+returns a :class:`Workload` (used as it is; a factory with a ``batch_size``
+parameter is called with ``--input``'s batch size, and the workload's batch
+must have ``--input``'s shape) or an ``nn.Module``; for a module the batch is
+``torch.randn(--input)`` and the loss follows the output's shape (see
+:func:`workload_for_module`).
 
 This module imports torch; import it only where a model is really built.
 """
@@ -29,6 +31,7 @@ This module imports torch; import it only where a model is really built.
 from __future__ import annotations
 
 import importlib
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -258,8 +261,14 @@ def _from_module(spec: str, shape: tuple[int, ...] | None) -> Workload:
     except (ImportError, AttributeError) as exc:
         raise ZooError(f"cannot load {spec!r}: {exc}; give an importable package.module:factory "
                        "(is the package on PYTHONPATH?)") from exc
-    made = factory()
+    takes_batch = shape is not None and "batch_size" in inspect.signature(factory).parameters
+    made = factory(batch_size=shape[0]) if takes_batch else factory()
     if isinstance(made, Workload):
+        made_shape = tuple(getattr(made.inputs, "shape", ()))
+        if shape is not None and made_shape and made_shape != tuple(shape):
+            raise ZooError(f"{spec} returned a Workload whose batch is {made_shape}, not the "
+                           f"configured input {tuple(shape)}: give the factory a batch_size parameter (it is called "
+                           "with the input's batch size), or configure the input it makes")
         return made
     if not isinstance(made, nn.Module):
         raise ZooError(f"{spec} returned {type(made).__name__}; a factory returns an nn.Module or an "

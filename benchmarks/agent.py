@@ -31,7 +31,7 @@ import numpy as np
 from agent.daemon.config import TrainingSection, load_config
 from agent.daemon.prepare import training_spec
 from schedules.budgets import memory_lower_bound, store_all_peak
-from benchmarks.agent_rig import FakeDevice, read_status, start_agent, stop, wait_for, write_config
+from demo.devices import FakeDevice, read_status, start_agent, stop, wait_for, write_config
 
 TARGET_RSS_MB = 60.0
 TARGET_CPU_PERCENT = 1.0

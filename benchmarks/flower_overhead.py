@@ -4,7 +4,7 @@
 
 Runs the same federation twice on a real deployment on 127.0.0.1 (the server's
 SuperLink with TLS and SuperNode authentication, ``--devices`` agents on fake
-sysfs trees training the digits model under their own budgets; benchmarks.flower_rig):
+sysfs trees training the digits model under their own budgets; demo.flower_fleet):
 first with ``[flower] warm_clientapps = false`` (Flower starts ``flwr-clientapp``
 for each message: Python, Flower, torch, the agent's model and data), then with
 the warm runner (each ClientApp forked ready-loaded).  Each reply's
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.federated.runner import FORKED_AFTER
-from benchmarks.flower_rig import PLAIN_PEAK_BYTES, Fleet, run_id_of, wait_for
+from demo.flower_fleet import PLAIN_PEAK_BYTES, Fleet, run_id_of, wait_for
 from agent.training import DEFAULT_TOLERANCE_BYTES as MEMORY_TOLERANCE_BYTES  # what the memory check allows
 
 TARGET_SECONDS_PER_ROUND = 1.0

@@ -1,4 +1,4 @@
-"""The main job, end to end: ``python -m schedules.demo`` (or ``make demo``).
+"""The planner and executor step by step: ``poet-edge walkthrough`` (or ``python -m schedules.demo``).
 
 1. Load the POET reference graph ``resnet18_cifar_a72`` (ResNet-18 on CIFAR-10
    priced for a Raspberry Pi 4) from ``../shared/bench/poet_graphs``, or build
@@ -78,6 +78,12 @@ def synthetic_graph(layers: int = 16) -> TrainingGraph:
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m schedules.demo", description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    return p.parse_args(argv)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The walkthrough's options, for ``python -m schedules.demo`` and ``poet-edge walkthrough``."""
     p.add_argument("--out", default="out", help="output folder (default ./out)")
     p.add_argument("--graph", help="graph file (default: the reference resnet18_cifar_a72, else a synthetic chain)")
     p.add_argument("--synthetic", action="store_true", help="use the built-in synthetic chain graph")
@@ -88,14 +94,17 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default="resnet18", help="zoo model trained on this machine in step 5 (default resnet18)")
     p.add_argument("--input", help="its batch shape (default 16x3x64x64 for resnet18, else the zoo's own)")
     p.add_argument("--no-device", action="store_true", help="skip step 5 (planning only)")
-    return p.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the demo; returns 0 on success, like the CLI's exit codes otherwise."""
+    """Run the walkthrough; returns 0 on success, like the CLI's exit codes otherwise."""
+    return run(_parse(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """The walkthrough with parsed options (:func:`add_arguments`)."""
     from schedules.cli import main as cli_main
 
-    args = _parse(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()

@@ -139,6 +139,9 @@ def _add_federate_command(commands: Any) -> None:
     p.add_argument("--finetune-steps", type=int, default=d.finetune_steps,
                    help="local fine-tuning steps after the rounds")
     p.add_argument("--round-timeout", type=float, default=d.round_timeout, help="seconds a round waits for replies")
+    p.add_argument("--local-baseline", action="store_true",
+                   help="each device also trains alone from the initial weights, with the steps it spent in the "
+                        "run, and reports that model's accuracy beside the global and personalized ones")
     p.add_argument("--seed", type=int, default=d.seed, help="seeds the model's weights and each round's sample")
     p.add_argument("--from-version", default="latest", type=_initial_version, metavar="VERSION",
                    help="the global model to start from: latest (the newest stored version of the devices' model, "
@@ -400,7 +403,7 @@ def federate_run_config(args: argparse.Namespace, settings: ServerSettings) -> d
         config = RunConfig(num_server_rounds=args.rounds, min_nodes=args.min_nodes, fraction_train=args.fraction_train,
                            fraction_evaluate=args.fraction_evaluate, local_steps=args.local_steps, lr=args.lr,
                            personalization=args.personalization, finetune_steps=args.finetune_steps,
-                           round_timeout=args.round_timeout, seed=args.seed,
+                           round_timeout=args.round_timeout, seed=args.seed, local_baseline=args.local_baseline,
                            # empty: the ServerApp records into the database its SuperLink names
                            # ($POET_EDGE_DATABASE_URL), so no credentials travel in the run config, which the
                            # SuperLink stores
@@ -428,6 +431,8 @@ def print_rounds(settings: ServerSettings, run_ids: list[int]) -> None:
         accuracy = f"{m['accuracy']:.3f}" if m.get("accuracy", -1) >= 0 else "-"
         extra = (f" global {m['global-accuracy']:.3f} -> personal {m['personal-accuracy']:.3f}"
                  if row.phase == "personalize" else f" loss {m.get('eval-loss', -1):.4f}")
+        if "local-accuracy" in m:
+            extra += f" (alone {m['local-accuracy']:.3f})"
         peak, budget = (f"{int(m[k]):,} B" if m.get(k, -1) >= 0 else "-" for k in ("peak-bytes", "budget-bytes"))
         print(f"round {row.round} {row.phase:<11} {row.device_name:<24} accuracy {accuracy}{extra} "
               f"peak {peak} / budget {budget}")

@@ -178,6 +178,7 @@ def test_federate_and_simulate_submit_run_configs_of_the_typed_keys_and_defaults
     assert federate == RunConfig(database_url="").to_mapping()  # the command's defaults are the app's
     with pytest.raises(ServerConfigError, match="fraction-train"):
         federate_run_config(_parse("server", "federate", "--fraction-train", "0"), ServerSettings())
+    assert federate_run_config(_parse("server", "federate", "--local-baseline"), ServerSettings())["local-baseline"]
 
 
 def _parse(*argv: str):
@@ -196,7 +197,7 @@ def _parse(*argv: str):
 def test_an_agents_device_trains_its_own_model_on_its_own_data_under_its_budget(tmp_path) -> None:
     from agent.daemon.config import load_config
     from agent.digits import write_device_data
-    from benchmarks.agent_rig import FakeDevice, write_config
+    from demo.devices import FakeDevice, write_config
     from schedules.schedule import Schedule
 
     data = write_device_data(tmp_path / "digits.npz", 1, 3)
@@ -258,7 +259,7 @@ def test_an_agents_device_keeps_its_personalized_model_shows_it_and_exports_it(t
     from agent.daemon.prepare import build_workload
     from agent.digits import write_device_data
     from agent.personal_model import folder, load
-    from benchmarks.agent_rig import FakeDevice, write_config
+    from demo.devices import FakeDevice, write_config
 
     data = write_device_data(tmp_path / "digits.npz", 1, 3)
     path = write_config(tmp_path, FakeDevice(tmp_path / "root"), data, "agent.digits:digits_workload", "16x1x8x8",
@@ -559,7 +560,7 @@ def test_a_device_trains_under_a_run_config_with_keys_of_a_newer_server() -> Non
 def test_a_device_agent_refuses_the_simulation_only_strategies_saying_what_it_runs(tmp_path) -> None:
     from agent.digits import write_device_data
     from agent.errors import FederationError
-    from benchmarks.agent_rig import FakeDevice, write_config
+    from demo.devices import FakeDevice, write_config
 
     data = write_device_data(tmp_path / "digits.npz", 0, 3)
     path = write_config(tmp_path, FakeDevice(tmp_path / "root"), data, "agent.digits:digits_workload", "16x1x8x8",

@@ -12,7 +12,7 @@ from starlette.exceptions import HTTPException
 from server import registry, solve_requests
 from server.api.auth import Device
 from server.api.responses import errors
-from server.api.schemas import ScheduleRequestAccepted, ScheduleRequestBody, ScheduleRequestStatus
+from server.api.schemas import ScheduleRequestBody, ScheduleRequestStatus
 from server.api.state import server_state
 
 router = APIRouter(tags=["schedules"])
@@ -21,9 +21,9 @@ REQUEST_ID = re.compile(r"[0-9a-f]{32}")
 SCHEDULE_ID = re.compile(r"[0-9a-f]{16}")
 
 
-@router.post("/api/v1/schedule-requests", status_code=202, response_model=ScheduleRequestAccepted,
+@router.post("/api/v1/schedule-requests", status_code=202, response_model=ScheduleRequestStatus,
              responses=errors(401, 429), summary="ask for a schedule; identical requests share one solve")
-def request_schedule(body: ScheduleRequestBody, device: Device, request: Request) -> ScheduleRequestAccepted:
+def request_schedule(body: ScheduleRequestBody, device: Device, request: Request) -> ScheduleRequestStatus:
     state = server_state(request)
     item = solve_requests.parse_solve_input(body.graph, body.device, body.memory_budget, body.runtime_budget,
                                             state.settings.max_graph_nodes, body.training)
@@ -32,7 +32,9 @@ def request_schedule(body: ScheduleRequestBody, device: Device, request: Request
                                          requested_by=device.id)
     if queued:
         state.solves.wake()
-    return ScheduleRequestAccepted(request_id=row.id, status=row.status, schedule_id=row.schedule_id)
+    # the whole status: a request identical to one already failed says why at once
+    return ScheduleRequestStatus(request_id=row.id, status=row.status, schedule_id=row.schedule_id, error=row.error,
+                                 solve_seconds=row.solve_seconds)
 
 
 @router.get("/api/v1/schedule-requests/{request_id}", response_model=ScheduleRequestStatus,

@@ -1,4 +1,4 @@
-"""The agent tests' device: the rig of :mod:`benchmarks.agent_rig` with a small MLP and a CSV data set."""
+"""The agent tests' device: the rig of :mod:`demo.devices` with a small MLP and a CSV data set."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.agent_rig import (REPO, FakeDevice, agent_command, copy_prepared, read_status, start_agent,  # noqa: F401
+from demo.devices import (REPO, FakeDevice, agent_command, copy_prepared, read_status, start_agent,  # noqa: F401
                                   stop, wait_for)
-from benchmarks.agent_rig import write_config as _write_config
+from demo.devices import write_config as _write_config
 
 MODEL = "tests.agent.models:mlp"  # 32 features -> 5 classes, dropout between segments
 INPUT = "8x32"
@@ -29,5 +29,5 @@ def write_csv(path: Path, rows: int = 200, bad_rows: int = 2, seed: int = 0) -> 
 
 
 def write_config(directory: Path, device: FakeDevice, data: Path, **overrides: Any) -> Path:
-    """The test config: the MLP on ``data``; overrides as :func:`benchmarks.agent_rig.write_config` takes them."""
+    """The test config: the MLP on ``data``; overrides as :func:`demo.devices.write_config` takes them."""
     return _write_config(directory, device, data, MODEL, INPUT, **overrides)

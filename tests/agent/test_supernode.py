@@ -6,7 +6,7 @@ from pathlib import Path
 
 from agent.daemon.config import load_config
 from agent.federated.supernode import supernode_command
-from benchmarks.agent_rig import FakeDevice, write_config
+from demo.devices import FakeDevice, write_config
 
 
 def command(tmp_path: Path, **flower) -> list[str]:

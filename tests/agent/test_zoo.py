@@ -22,3 +22,11 @@ def test_bert_is_cut_inside_each_layer_which_lowers_the_smallest_feasible_budget
 def test_a_shape_the_model_cannot_take_is_refused_with_an_example():
     with pytest.raises(ZooError, match="8x128"):
         load_workload("bert", (8, 128, 3))
+
+
+def test_a_factory_workload_takes_the_configured_batch_or_is_refused_saying_why():
+    work = load_workload("agent.digits:digits_workload", (128, 1, 8, 8))
+    assert tuple(work.inputs.shape) == (128, 1, 8, 8) and tuple(work.targets.shape) == (128,)
+    assert tuple(load_workload("agent.digits:digits_workload").inputs.shape) == (16, 1, 8, 8)
+    with pytest.raises(ZooError, match=r"batch is \(16, 1, 8, 8\), not the configured input \(16, 3, 8, 8\)"):
+        load_workload("agent.digits:digits_workload", (16, 3, 8, 8))

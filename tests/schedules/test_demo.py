@@ -1,4 +1,4 @@
-"""The demo (`make demo`) runs end to end and leaves a signed schedule and its pictures."""
+"""The walkthrough (`poet-edge walkthrough`) runs end to end and leaves a signed schedule and its pictures."""
 
 import pytest
 

@@ -85,6 +85,8 @@ def test_an_infeasible_budget_fails_with_the_planners_message(solving_client) ->
     status = wait_for_solve(solving_client, accepted["request_id"], device.headers)
     assert status["status"] == "failed" and status["schedule_id"] is None
     assert status["error"].startswith("infeasible") and "budget" in status["error"]
+    again = ask(solving_client, device.headers, schedule_request(memory_budget=1))  # the same request, answered
+    assert (again["status"], again["error"]) == ("failed", status["error"])  # at once with why, not asked twice
 
 
 def test_a_solve_past_its_limit_is_stopped_and_reported_timed_out(tmp_path, poet_graphs) -> None:

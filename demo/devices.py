@@ -99,6 +99,17 @@ def read_status(config_dir: Path) -> dict[str, Any]:
         return {}
 
 
+def poll_until(predicate: Callable[[], Any], timeout: float, interval: float = 0.2) -> Any:
+    """Call ``predicate()`` every ``interval`` s until it is truthy; its value, or ``None`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return None
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, process: subprocess.Popen | None = None,
              interval: float = 0.05) -> Any:
     """Poll until ``predicate()`` is truthy; fail with the agent's output when it never is."""

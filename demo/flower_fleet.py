@@ -13,14 +13,13 @@ import ipaddress
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 from agent.daemon.config import load_config
 from agent.federated.supernode import ensure_key
 from agent.digits import write_device_data
-from benchmarks.agent_rig import REPO, FakeDevice, agent_command, read_status, write_config
+from demo.devices import REPO, FakeDevice, agent_command, poll_until, read_status, write_config
 from schedules.programs import free_port
 from server.config import FlowerSettings, ServerSettings
 from server.federated.superlink import SuperLink
@@ -65,13 +64,10 @@ def make_tls(directory: Path) -> Path:
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
     """Poll until ``predicate()`` is truthy; its value.  AssertionError after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    value = poll_until(predicate, timeout, 0.25)
+    if not value:
+        raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    return value
 
 
 class Fleet:
