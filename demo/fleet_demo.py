@@ -111,8 +111,9 @@ class FleetDemo:
 
     def __init__(self, root: Path, *, short: bool = False, keep_running: bool = False,
                  out: TextIO = sys.stdout) -> None:
-        self.root, self.short, self.keep_running, self.out = root, short, keep_running, out
-        self.server_dir, self.tls = root / "server", root / "tls"
+        # absolute: the agents' configs name files that they resolve from their own folders
+        self.root, self.short, self.keep_running, self.out = root.resolve(), short, keep_running, out
+        self.server_dir, self.tls = self.root / "server", self.root / "tls"
         self.port, self.flower_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.server: subprocess.Popen | None = None
@@ -391,8 +392,19 @@ class FleetDemo:
             return None
 
     def wait(self, predicate: Callable[[], Any], timeout: float, what: str, log: Path) -> Any:
-        """Poll until ``predicate()`` is truthy; its value.  DemoError naming the log after ``timeout`` s."""
-        value = poll_until(predicate, timeout)
+        """Poll until ``predicate()`` is truthy; its value.  DemoError after ``timeout`` s, or as soon as a
+        process of the demo has exited, with the end of its log."""
+        def settled() -> Any:
+            exited = [p for p in (self.server, *(d.process for d in self.devices)) if p and p.poll() is not None]
+            return ("exited", exited[0]) if exited else predicate()
+
+        value = poll_until(settled, timeout)
+        if isinstance(value, tuple) and value[:1] == ("exited",):
+            process = value[1]
+            culprit = next((d.log for d in self.devices if d.process is process), self.root / "server.log")
+            tail = "".join(culprit.read_text(errors="replace").splitlines(keepends=True)[-5:])
+            raise DemoError(f"{' '.join(process.args[3:6])} exited ({process.returncode}) while waiting for "
+                            f"{what}; the end of {culprit}:\n{tail}")
         if not value:
             raise DemoError(f"timed out after {timeout:.0f} s waiting for {what}; see {log}")
         return value
