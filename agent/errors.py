@@ -1,33 +1,8 @@
 """Exceptions raised by the agent: a branch of POET Edge's one tree (:mod:`schedules.errors`).
 
-The tree, with each class's exit code (:class:`schedules.exit_codes.ExitCode`)::
-
-    PoetEdgeError
-    └── AgentError                        anything the agent refuses or fails to do        2 usage
-        ├── ZooError                      a model name, module path or shape that cannot be built  2 usage
-        ├── ExtractionError               the model cannot be cut or traced as written     9 unsupported model
-        ├── ProfileError                  the swap path cannot be measured                 7 storage
-        ├── DataError                     the local data set is unreadable or too small to train on  3 bad file
-        ├── ConfigError                   the agent's config file has problems (all listed)  3 bad file
-        ├── CheckpointError               a checkpoint cannot be written, or none can be read  7 storage
-        ├── PersonalModelError            no personalized model is kept, or its files disagree  3 bad file
-        ├── MemoryBoundError              a step's memory went over its plan (the part is named)  5 rejected
-        ├── FederationError               a federated round cannot run here (:mod:`agent.federated.task`)  2 usage
-        ├── EnergyMeterError              an energy meter failed (:mod:`agent.energy.errors`)  8 meter
-        ├── SuperNodeKeyError             the Flower SuperNode's key cannot be read or made  7 storage
-        ├── FleetError                    the fleet server refused a request (:mod:`agent.daemon.fleet`)  2 usage
-        │   ├── FleetUnavailableError     unreachable, timed out, 5xx or 429 (cache or local solve)  2 usage
-        │   └── FleetAuthError            enrolment token refused, name taken, or the device revoked  5 rejected
-        └── ExecutorError                 a training step cannot run as scheduled          5 rejected
-            ├── StepCancelled             a step was cancelled between instructions (rolled back)  130 interrupted
-            ├── ScheduleRefusedError      the schedule is for another model/graph or breaks its budget  5 rejected
-            ├── InputMismatchError        the batch differs from the one the graph was extracted with  5 rejected
-            ├── LedgerError               resident bytes went over the schedule's memory budget  5 rejected
-            ├── OptimizerError            the optimizer cannot run its updates in the backward pass  5 rejected
-            ├── UpdateInterrupted         a step failed after it began updating parameters  5 rejected
-            ├── SwapSpaceError            the swap directory lacks room for the schedule's pages  7 storage
-            └── PageError                 a page could not be written or read back         7 storage
-                └── PageCorruptError      a page file is missing, truncated or fails its checksum  7 storage
+The whole tree, every package's branch with each class's exit code, is drawn once in
+``docs/architecture.md`` ("Errors and exit codes"), generated from the classes and checked by
+``tests/test_errors.py``.
 
 Every executor error raised during :meth:`agent.executor.Executor.step` leaves
 the model (parameters, gradients, buffers) and the RNG state as they were before

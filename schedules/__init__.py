@@ -3,6 +3,33 @@
 Pure Python, numpy and PuLP/HiGHS: ``schedules`` never imports torch, and
 nothing of ``agent`` or ``server``.  Training graphs come from a model through
 :func:`agent.extract.extract` (device side) or from a graph file.
+
+Modules:
+
+- :mod:`~schedules.graph`: ``TrainingGraph`` and ``Node``: the graph format, structure helpers, the fingerprint,
+  reading POET reference graphs
+- :mod:`~schedules.device`: ``DeviceProfile``, built-in profiles, ``price_graph``, ``paging_time_ms``
+- :mod:`~schedules.matrices`: the five decision matrices and ``to_instructions``
+- :mod:`~schedules.milp`: the POET MILP: ``solve_poet_milp`` and the public names of its modules below
+- :mod:`~schedules.baselines`: heuristic baselines: store-all, checkpoint-all, sqrt-n, capuchin
+- :mod:`~schedules.plan`: ``plan()``, ``PlanOptions``, ``PlanResult``, ``METHODS``: one entry point for POET and every
+  baseline, one time limit for the whole call
+- :mod:`~schedules.simulate`: replays and checks a schedule; predicts peak, runtime, energy
+- :mod:`~schedules.timeline`: the executor's I/O plan (``plan_io``) and step time with paging overlapped
+  (``timeline_step_ms``)
+- :mod:`~schedules.budgets`: smallest feasible memory budget, energy-vs-budget sweeps
+- :mod:`~schedules.schedule`: ``Schedule``, ``SolverInfo``, the instruction token encoding
+- :mod:`~schedules.signing`: Ed25519 keys, ``sign``, ``verify``, ``verify_document``
+- :mod:`~schedules.canonical`: canonical JSON and validated JSON loading
+- :mod:`~schedules.units`: byte sizes as people type them (``3MB``, ``1.5MiB``)
+- :mod:`~schedules.errors`: the root of the exception tree and the planner's branch
+- :mod:`~schedules.exit_codes`: ``ExitCode``, ``EXIT_CODES``, ``exit_code_for``
+- :mod:`~schedules.cli`: the ``poet-edge`` command: solve, plot, pareto, keys, verify, devices; loads
+  entry-point providers
+- :mod:`~schedules.plot`: stage x node timeline and Pareto pictures (matplotlib, Agg)
+- :mod:`~schedules.progress`: live solver progress: a bar on a terminal, a line at a regular interval
+  elsewhere
+- :mod:`~schedules.demo`: ``poet-edge walkthrough`: the planner and executor step by step
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """Exceptions of POET Edge: one root for every package, each class with its exit code.
 
-The tree (``agent`` and ``server`` hang their branches under the same root)::
-
-    PoetEdgeError                        anything POET Edge refuses or fails to do          2 usage
-    ├── PlannerError                     anything the planner refuses to do                 2 usage
-    │   ├── FormatError                  a file is not a valid graph / profile / schedule   3 bad file
-    │   │   └── UnsupportedVersionError  the file's ``version`` is not one we read          3 bad file
-    │   ├── SignatureError               a signature is missing, wrong or tampered          5 rejected
-    │   ├── ScheduleMismatchError        a schedule was planned for another graph           5 rejected
-    │   ├── ScheduleViolation            a schedule breaks the rules when replayed          5 rejected
-    │   ├── SolverError                  the solver failed (not: the budget is infeasible)  4 solver
-    │   └── UnknownNameError             no such device profile / baseline / method         2 usage
-    └── CommandError                     a subcommand refuses its arguments                 its own
+The whole tree, every package's branch with each class's exit code, is drawn once in
+``docs/architecture.md`` ("Errors and exit codes"), generated from the classes and checked by
+``tests/test_errors.py``.
 
 An infeasible budget is *not* an error: :func:`schedules.plan` returns a
 ``PlanResult`` with ``feasible=False``.  Exit codes are

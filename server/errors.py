@@ -1,25 +1,8 @@
 """Exceptions raised by the fleet server: a branch of POET Edge's one tree (:mod:`schedules.errors`).
 
-The tree, with each class's exit code (:class:`schedules.exit_codes.ExitCode`) and, for the errors a device
-request can meet, the HTTP status the API answers with::
-
-    PoetEdgeError
-    └── ServerError                    anything the server refuses or fails to do           2 usage     500
-        ├── ServerConfigError          a setting the server cannot run with (all listed)    2 usage
-        ├── ServerStartError           the server cannot listen on its address             2 usage
-        ├── DataDirError               the data directory cannot be created or written     3 bad file
-        ├── DatabaseError              the database cannot be opened or migrated           3 bad file
-        ├── ServerKeyError             the server's signing key cannot be read or made     3 bad file
-        ├── ModelVersionError          a stored global model is missing, changed or unsigned  3 bad file
-        ├── UnknownDeviceError         no enrolled device has that name                    2 usage     404
-        ├── DeviceNameTakenError       another device already has that name                2 usage     409
-        ├── EnrolmentRefusedError      an enrolment token is wrong, used or expired        5 rejected  401
-        ├── AuthenticationError        a device token is missing, unknown or revoked       5 rejected  401
-        ├── RateLimitedError           too many attempts from one address; retry later     5 rejected  429
-        ├── RequestRejectedError       a request the server cannot take as sent            3 bad file  422
-        ├── SolveQueueFullError        too many schedule requests wait already             4 solver    503
-        └── FlowerError                the Flower SuperLink cannot be started or asked     2 usage
-            └── SuperNodeRegistrationError  a SuperNode key the SuperLink did not register  5 rejected
+The whole tree, every package's branch with each class's exit code and HTTP status, is drawn once in
+``docs/architecture.md`` ("Errors and exit codes"), generated from the classes and checked by
+``tests/test_errors.py``.
 
 ``http_status`` is what :mod:`server.api` answers for the error; the message
 is the response's ``detail`` (it says what to do next and never holds a

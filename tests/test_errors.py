@@ -15,10 +15,11 @@ import agent
 import schedules
 import server
 from schedules.cli import main
-from schedules.errors import PoetEdgeError
+from schedules.errors import CommandError, PoetEdgeError
 from schedules.exit_codes import EXIT_CODES, ExitCode, exit_code_for, exit_code_table
 
 REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("schedules", "agent", "server")
 
 
 def every_error_class() -> list[type[PoetEdgeError]]:
@@ -47,6 +48,36 @@ def make(cls: type[PoetEdgeError]) -> PoetEdgeError:
     return cls(f"{cls.__name__} happened; do the next thing", *([0] * len(required)))
 
 
+def error_tree() -> str:
+    """The tree as ``docs/architecture.md`` draws it: each class, its exit code, the HTTP status the server's
+    API answers with (its errors only), and its module where it changes."""
+    lines: list[str] = []
+
+    def walk(cls: type, prefix: str, last: bool, depth: int, parent_module: str) -> None:
+        branch = "" if depth == 0 else prefix + ("└── " if last else "├── ")
+        if cls is CommandError:
+            code = "per instance: the command says which"
+        else:
+            code = f"{int(cls.exit_code)} {ExitCode(cls.exit_code).name.lower().replace('_', ' ')}"
+        module = cls.__module__.replace(".", "/") + ".py" if cls.__module__ != parent_module else ""
+        http = f"HTTP {cls.http_status}" if hasattr(cls, "http_status") else ""
+        lines.append(f"{branch + cls.__name__:<40}{code:<20}{http:<10}{module}".rstrip())
+        children = sorted((c for c in cls.__subclasses__() if c.__module__.split(".")[0] in PACKAGES),
+                          key=lambda c: c.__name__)  # not the fakes a test may define
+        below = "" if depth == 0 else prefix + ("    " if last else "│   ")
+        for i, child in enumerate(children):
+            walk(child, below, i == len(children) - 1, depth + 1, cls.__module__)
+
+    walk(PoetEdgeError, "", True, 0, "")
+    return "\n".join(lines) + "\n"
+
+
+def test_the_architecture_draws_the_tree_the_code_has() -> None:
+    tree = error_tree()
+    assert (REPO / "docs" / "architecture.md").read_text().count(tree) == 1, \
+        f"docs/architecture.md should draw the error tree as the code has it now:\n{tree}"
+
+
 def test_the_tree_has_the_errors_the_packages_raise() -> None:
     names = {cls.__name__ for cls in ERRORS}
     assert {"ZooError", "ExtractionError", "ProfileError", "MeterReadError", "PageCorruptError",
@@ -72,9 +103,9 @@ def test_codes_say_what_went_wrong() -> None:
     assert by_name["ServerStartError"] == by_name["UnknownDeviceError"] == ExitCode.USAGE
 
 
-def test_the_readme_prints_the_table_once() -> None:
-    readme = (REPO / "README.md").read_text()
-    assert readme.count(exit_code_table()) == 1
+def test_the_cli_page_prints_the_table_once_and_the_readme_links_it() -> None:
+    assert (REPO / "docs" / "cli.md").read_text().count(exit_code_table()) == 1
+    assert "docs/cli.md" in (REPO / "README.md").read_text()
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """The layers point one way, and the planner installs and runs without the device's libraries.
 
 ``schedules`` (the planner) never imports torch, Flower, ``agent`` or
-``benchmarks``; ``agent`` never imports Flower outside ``agent.federated.clientapp``.  The
+``benchmarks``; ``agent`` and ``server`` import Flower only inside ``agent.federated`` and ``server.federated``.  The
 contracts live in ``pyproject.toml`` (``[tool.importlinter]``) and are checked
 here by import-linter on the real import graph.
 """

@@ -1,12 +1,8 @@
 """Exceptions raised by the energy meters.
 
-The tree, a branch of the agent's (:mod:`agent.errors`)::
-
-    AgentError
-    └── EnergyMeterError              anything a meter refuses to do
-        ├── MeterUnavailableError     this kind of meter is not on this machine
-        ├── MeterPermissionError      the meter is there but this user may not read it
-        └── MeterReadError            a read failed or returned something unreadable
+The whole tree, every package's branch with each class's exit code, is drawn once in
+``docs/architecture.md`` ("Errors and exit codes"), generated from the classes and checked by
+``tests/test_errors.py``.
 
 OS and pyserial errors are converted where they enter (``raise ... from
 exc``) and every message says what to do next.

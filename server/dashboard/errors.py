@@ -1,13 +1,8 @@
 """Exceptions raised by the dashboard's operator accounts: part of the server's branch (:mod:`server.errors`).
 
-::
-
-    ServerError
-    └── OperatorError                  an operator account cannot be made or changed       2 usage
-        ├── OperatorExistsError        another operator already has that name              2 usage
-        ├── UnknownOperatorError       no operator has that name                           2 usage
-        └── PasswordRejectedError      a password too short, too long, or typed twice
-                                       differently                                         2 usage
+The whole tree, every package's branch with each class's exit code and HTTP status, is drawn once in
+``docs/architecture.md`` ("Errors and exit codes"), generated from the classes and checked by
+``tests/test_errors.py``.
 
 Failed logins are not errors: the login page answers them (and counts them
 against the address's rate limit).
