@@ -9,8 +9,8 @@
                        --device device.json --swap-dir /mnt/sd/swap --steps 5 --plot memory.png
 
 Registered in the ``poet_edge.commands`` entry-point group (see
-:mod:`schedules.cli`); errors exit with their own codes
-(:mod:`schedules.exit_codes`).  This module imports neither torch nor the model zoo: the
+:mod:`common.cli`); errors exit with their own codes
+(:mod:`common.exit_codes`).  This module imports neither torch nor the model zoo: the
 handlers do, so ``poet-edge --help`` stays fast.  Both commands make glibc
 keep large blocks on mmap (:func:`agent.rss.return_freed_memory`)
 before measuring, so a profile's times and a validation's are taken under the
@@ -26,9 +26,10 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator, TextIO
 
-from schedules.cli import check_writable, load_device, load_schedule, positive_int
-from schedules.errors import CommandError
-from schedules.exit_codes import ExitCode
+from common.cli import positive_int
+from schedules.cli import check_writable, load_device, load_schedule
+from common.errors import CommandError
+from common.exit_codes import ExitCode
 
 
 def add_commands(subparsers: Any) -> None:

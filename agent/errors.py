@@ -15,8 +15,8 @@ OS errors are converted where they enter (``raise PageError(...) from exc``).
 
 from __future__ import annotations
 
-from schedules.errors import PoetEdgeError
-from schedules.exit_codes import ExitCode
+from common.errors import PoetEdgeError
+from common.exit_codes import ExitCode
 
 
 class AgentError(PoetEdgeError):

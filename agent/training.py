@@ -42,7 +42,7 @@ from agent.zoo import Workload
 from schedules.graph import TrainingGraph
 from schedules.schedule import Schedule
 from schedules.step_memory import OPTIMIZERS, TrainingSpec, updates_by_rows
-from schedules.units import format_bytes
+from common.units import format_bytes
 
 DEFAULT_TOLERANCE_BYTES = 8 << 20
 """How far a measured part may exceed its prediction: page granularity, allocator slack and the interpreter's

@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from schedules.programs import free_port
+from common.programs import free_port
 
 
 def postgres_bin() -> Path | None:

@@ -63,7 +63,7 @@ class ServerProcess:
 
 def start_server(data_dir: Path, database: str | None, log: Path) -> ServerProcess:
     """``poet-edge server run --port 0`` on loopback, waiting until it answers."""
-    command = [sys.executable, "-m", "schedules.cli", "server", "run", "--data-dir", str(data_dir),
+    command = [sys.executable, "-m", "common.cli", "server", "run", "--data-dir", str(data_dir),
                "--host", "127.0.0.1", "--port", "0", "--solve-time-limit", "20"]
     if database is not None:
         command += ["--database", database]

@@ -1,7 +1,14 @@
-"""What every package of POET Edge shares, beneath them all; imports nothing of theirs.
+"""What every package of POET Edge shares, beneath them all; imports nothing of theirs, nor torch or Flower.
 
+- :mod:`common.cli` the ``poet-edge`` command's shell: ``main``, the entry-point registry of subcommands, the
+  argument types every package uses.
+- :mod:`common.errors` the root of the one error tree (``PoetEdgeError``), ``CommandError``, and
+  ``RunConfigError``.
+- :mod:`common.exit_codes` ``ExitCode``, ``EXIT_CODES`` and ``exit_code_for``: where an error becomes a status.
+- :mod:`common.units` byte sizes as people type them (``3MB``, ``1.5MiB``).
+- :mod:`common.programs` and :mod:`common.process_tree` finding installed programs, free ports and Flower's
+  environment; signalling and stopping a child's whole process tree (the SuperLink and SuperNode supervisors).
 - :mod:`common.runconfig` the fleet's Flower run configuration, typed: the keys the ServerApp, the ClientApp,
   ``poet-edge server federate`` and ``poet-edge simulate`` read and write.
 - :mod:`common.messages` what the ServerApp and the ClientApp say to each other: message types and record keys.
-- :mod:`common.errors` ``RunConfigError``, a ``ValueError`` each package converts into its own error tree.
 """

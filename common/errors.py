@@ -1,7 +1,31 @@
-"""Errors of the bottom package.  They derive from the standard library's own (it imports nothing of ours);
-each package that reads them converts them into its own tree where they enter (``raise X from exc``)."""
+"""The root of POET Edge's one error tree, and the bottom package's own errors.
+
+:class:`PoetEdgeError` is the root every package's branch hangs from, each class with the exit code a command
+ends with (:class:`common.exit_codes.ExitCode`); :class:`CommandError` fails a subcommand with the code it
+names.  The whole tree is drawn once in ``docs/architecture.md`` ("Errors and exit codes"), generated from
+the classes and checked by ``tests/test_errors.py``.  :class:`RunConfigError` derives from the standard
+library's ``ValueError``: each package converts it into its own branch where it enters (``raise X from exc``).
+"""
 
 from __future__ import annotations
+
+from typing import ClassVar
+
+from common.exit_codes import ExitCode
+
+
+class PoetEdgeError(Exception):
+    """Root of every error POET Edge raises; ``exit_code`` is the status a command exits with."""
+
+    exit_code: ClassVar[ExitCode] = ExitCode.USAGE
+
+
+class CommandError(PoetEdgeError):
+    """Fail a ``poet-edge`` subcommand with ``message`` on standard error and ``exit_code``."""
+
+    def __init__(self, message: str, exit_code: ExitCode = ExitCode.USAGE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code  # type: ignore[misc]  # per instance: the command says which
 
 
 class RunConfigError(ValueError):

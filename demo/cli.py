@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from schedules.errors import CommandError
-from schedules.exit_codes import ExitCode
+from common.errors import CommandError
+from common.exit_codes import ExitCode
 
 
 def add_commands(subparsers: Any) -> None:

@@ -82,7 +82,7 @@ def copy_prepared(template_state: Path, state: Path) -> None:
 
 
 def agent_command(*args: str) -> list[str]:
-    return [sys.executable, "-c", "import sys; from schedules.cli import main; sys.exit(main())", *args]
+    return [sys.executable, "-c", "import sys; from common.cli import main; sys.exit(main())", *args]
 
 
 def start_agent(config: Path, env: dict[str, str] | None = None) -> subprocess.Popen:

@@ -44,7 +44,7 @@ from typing import Any, Callable, TextIO
 
 from demo.devices import REPO, FakeDevice, agent_command, poll_until, read_status, write_config
 from demo.flower_fleet import make_tls
-from schedules.programs import free_port
+from common.programs import free_port
 
 # The digits model at a batch whose activations dominate the step, so budgets below a plain step's mean
 # recomputing and paging.

@@ -20,7 +20,7 @@ from agent.daemon.config import load_config
 from agent.federated.supernode import ensure_key
 from agent.digits import write_device_data
 from demo.devices import REPO, FakeDevice, agent_command, poll_until, read_status, write_config
-from schedules.programs import free_port
+from common.programs import free_port
 from server.config import FlowerSettings, ServerSettings
 from server.federated.superlink import SuperLink
 from server.federated.supernodes import list_nodes

@@ -21,11 +21,10 @@ Modules:
 - :mod:`~schedules.schedule`: ``Schedule``, ``SolverInfo``, the instruction token encoding
 - :mod:`~schedules.signing`: Ed25519 keys, ``sign``, ``verify``, ``verify_document``
 - :mod:`~schedules.canonical`: canonical JSON and validated JSON loading
-- :mod:`~schedules.units`: byte sizes as people type them (``3MB``, ``1.5MiB``)
+- :mod:`~common.units`: byte sizes as people type them (``3MB``, ``1.5MiB``)
 - :mod:`~schedules.errors`: the root of the exception tree and the planner's branch
-- :mod:`~schedules.exit_codes`: ``ExitCode``, ``EXIT_CODES``, ``exit_code_for``
-- :mod:`~schedules.cli`: the ``poet-edge`` command: solve, plot, pareto, keys, verify, devices; loads
-  entry-point providers
+- :mod:`~common.exit_codes`: ``ExitCode``, ``EXIT_CODES``, ``exit_code_for``
+- :mod:`~schedules.cli`: the planner's subcommands of ``poet-edge``: solve, plot, pareto, keys, verify, devices
 - :mod:`~schedules.plot`: stage x node timeline and Pareto pictures (matplotlib, Agg)
 - :mod:`~schedules.progress`: live solver progress: a bar on a terminal, a line at a regular interval
   elsewhere

@@ -1,6 +1,6 @@
-"""The ``poet-edge`` command: plan, draw, sweep, sign and verify POET schedules.
+"""The planner's subcommands of ``poet-edge`` (:mod:`common.cli`): plan, draw, sweep, sign and verify schedules.
 
-Subcommands (``poet-edge COMMAND --help`` for each)::
+Registered in the ``poet_edge.commands`` entry-point group (``poet-edge COMMAND --help`` for each)::
 
     solve    plan one training step of a graph within memory and runtime budgets
     plot     draw a schedule as a stage x node timeline with memory over the step
@@ -8,43 +8,22 @@ Subcommands (``poet-edge COMMAND --help`` for each)::
     keys     make an Ed25519 key pair for signing schedules
     verify   check a schedule's signature, and that it fits and replays on its graph
     devices  list the built-in device profiles
-
-Exit codes
-----------
-:class:`schedules.exit_codes.ExitCode` (the README prints the table).  Every
-error POET Edge raises carries its code; :func:`main` maps them in one place
-(:func:`schedules.exit_codes.exit_code_for`).  Errors are one line on standard
-error (``poet-edge solve: error: ...``), never a traceback.  Results go to
-standard output, progress to standard error.
-
-Adding subcommands from another package
----------------------------------------
-A package declares an entry point in the group ``poet_edge.commands`` (this
-distribution's ``pyproject.toml`` does for ``agent.cli``) naming a function
-``add_commands(subparsers)``.  It adds parsers with
-``subparsers.add_parser(...)`` and sets ``handler=`` (a function taking the
-parsed ``argparse.Namespace`` and returning an exit code) with
-``set_defaults``.  The module must be cheap to import: import torch and other
-heavy libraries inside the handlers, so that ``poet-edge --help`` and
-``poet-edge solve`` never load them.  Handlers raise :class:`CommandError` or
-any :class:`schedules.errors.PoetEdgeError` to fail with a message and the
-error's exit code.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import re
 import sys
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from schedules.budgets import BudgetSearch, SweepPoint, budget_points, smallest_feasible_budget, store_all_peak, sweep
 from schedules.device import DeviceProfile, paging_time_ms, price_graph
-from schedules.errors import CommandError, PoetEdgeError, UnknownNameError
-from schedules.exit_codes import EXIT_CODES, ExitCode, exit_code_for
+from common.errors import CommandError
+from schedules.errors import UnknownNameError
+from common.cli import positive_float, positive_int, size_arg
+from common.exit_codes import ExitCode
 from schedules.graph import TrainingGraph
 from schedules.plan import METHODS, MILP_METHODS, READ_AHEAD, PlanResult, plan
 from schedules.plot import plot_pareto, plot_timeline  # matplotlib itself loads only when drawing
@@ -53,110 +32,12 @@ from schedules.schedule import Schedule
 from schedules.signing import generate_keypair, load_private_key, load_public_key, sign
 from schedules.simulate import SimulationReport, simulate
 from schedules.step_memory import OPTIMIZERS, TrainingSpec
-from schedules.units import format_bytes, parse_bytes, short_bytes
+from common.units import format_bytes, short_bytes
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-ENTRY_POINT_GROUP = "poet_edge.commands"
-
-Handler = Callable[[argparse.Namespace], int]
 Planner = Callable[..., PlanResult]  # plan() with the graph and every setting but budget and method bound
-
-
-# -- entry point -----------------------------------------------------------------
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``poet-edge`` with ``argv`` (default: the process's arguments); return the exit code."""
-    parser = build_parser()
-    try:
-        args = parser.parse_args(attach_negative_values(sys.argv[1:] if argv is None else argv))
-    except SystemExit as exc:  # --help (0) and usage errors (2): return, so callers in-process get a code
-        return exc.code if isinstance(exc.code, int) else ExitCode.USAGE
-    handler: Handler | None = getattr(args, "handler", None)
-    if handler is None:
-        parser.print_help(sys.stderr)
-        return ExitCode.USAGE
-    try:
-        return handler(args)
-    except KeyboardInterrupt:
-        print(f"{parser.prog} {args.command}: interrupted", file=sys.stderr)
-        return ExitCode.INTERRUPTED
-    except (PoetEdgeError, OSError) as exc:
-        print(f"{parser.prog} {args.command}: error: {_message(exc)}", file=sys.stderr)
-        return exit_code_for(exc)
-
-
-def attach_negative_values(argv: Sequence[str]) -> list[str]:
-    """``--memory -1MB`` -> ``--memory=-1MB``, so the option's own check says what is wrong with the value.
-
-    argparse takes a word starting with ``-`` for an option unless it is a
-    plain number, and then reports "expected one argument"; no option here
-    starts with a digit, so such a word is always a value.
-    """
-    out: list[str] = []
-    for word in argv:
-        if out and out[-1].startswith("--") and "=" not in out[-1] and NEGATIVE_VALUE.match(word):
-            out[-1] = f"{out[-1]}={word}"
-        else:
-            out.append(word)
-    return out
-
-
-NEGATIVE_VALUE = re.compile(r"^-\.?\d")
-
-
-def _message(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
-        return f"{exc.filename}: {exc.strerror}"
-    return str(exc)
-
-
-def build_parser(providers: Sequence[Callable[[Any], None]] | None = None) -> argparse.ArgumentParser:
-    """The full parser: this package's subcommands, then those of every registered provider (or ``providers``)."""
-    parser = argparse.ArgumentParser(
-        prog="poet-edge",
-        description="Plan, draw, sign and verify POET schedules, and measure and run them on a device: training "
-                    "under a hard memory budget by recomputing and paging activations.",
-        epilog="Exit codes: " + "; ".join(f"{int(code)} {text.split(':')[0]}" for code, text in EXIT_CODES.items()),
-    )
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    add_commands(subparsers)
-    for add_more in (registered_providers() if providers is None else providers):
-        add_more(subparsers)
-    return parser
-
-
-def registered_providers() -> list[Callable[[Any], None]]:
-    """``add_commands`` of every package registered in the ``poet_edge.commands`` entry-point group, by name."""
-    entries = sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda entry: entry.name)
-    return [entry.load() for entry in entries]
-
-
-# -- argument types --------------------------------------------------------------
-def size_arg(text: str) -> int:
-    """argparse type for byte sizes (``3MB``, ``1.5MiB``, ``3000000``); see :mod:`schedules.units`."""
-    try:
-        return parse_bytes(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-
-
-def positive_float(text: str) -> float:
-    """argparse type for a finite number > 0 (a trailing ``x`` is allowed: ``7.6x``)."""
-    try:
-        value = float(text.rstrip("xX"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number > 0")
-    return value
-
-
-def positive_int(text: str) -> int:
-    """argparse type for a whole number >= 1."""
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a whole number >= 1")
-    return int(text)
 
 
 # -- this package's subcommands ----------------------------------------------------
@@ -639,6 +520,3 @@ def run_devices(args: argparse.Namespace) -> int:
         print(f"{name:<18} {profile.description}")
     return ExitCode.OK
 
-
-if __name__ == "__main__":
-    sys.exit(main())

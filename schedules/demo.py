@@ -103,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """The walkthrough with parsed options (:func:`add_arguments`)."""
-    from schedules.cli import main as cli_main
+    from common.cli import main as cli_main
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -149,7 +149,7 @@ def _run(cli_main, title: str, command: list[str]) -> int:
 def _train_on_this_machine(model: str, shape: str | None, out: Path, keys: tuple[Path, Path], cli_main) -> int:
     """Step 5: profile ``model`` here, plan it at half of plain backpropagation's memory, and run it."""
     from schedules.budgets import memory_lower_bound, store_all_peak
-    from schedules.exit_codes import ExitCode
+    from common.exit_codes import ExitCode
 
     graph, device, schedule = out / f"{model}_graph.json", out / "this_machine.json", out / f"{model}_schedule.json"
     shape = shape or ("16x3x64x64" if model == "resnet18" else None)  # half the zoo's 32: a quicker demo

@@ -1,4 +1,4 @@
-"""Exceptions of POET Edge: one root for every package, each class with its exit code.
+"""The planner's branch of POET Edge's one error tree (its root is :class:`common.errors.PoetEdgeError`).
 
 The whole tree, every package's branch with each class's exit code, is drawn once in
 ``docs/architecture.md`` ("Errors and exit codes"), generated from the classes and checked by
@@ -6,21 +6,14 @@ The whole tree, every package's branch with each class's exit code, is drawn onc
 
 An infeasible budget is *not* an error: :func:`schedules.plan` returns a
 ``PlanResult`` with ``feasible=False``.  Exit codes are
-:class:`schedules.exit_codes.ExitCode`; a command turns any of these into its
-code with :func:`schedules.exit_codes.exit_code_for`.
+:class:`common.exit_codes.ExitCode`; a command turns any of these into its
+code with :func:`common.exit_codes.exit_code_for`.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
-
-from schedules.exit_codes import ExitCode
-
-
-class PoetEdgeError(Exception):
-    """Root of every error POET Edge raises; ``exit_code`` is the status a command exits with."""
-
-    exit_code: ClassVar[ExitCode] = ExitCode.USAGE
+from common.errors import PoetEdgeError
+from common.exit_codes import ExitCode
 
 
 class PlannerError(PoetEdgeError):
@@ -79,11 +72,3 @@ class InfeasibleBudgetError(PlannerError):
 
 class UnknownNameError(PlannerError):
     """A built-in name (device profile, baseline, method) does not exist."""
-
-
-class CommandError(PoetEdgeError):
-    """Fail a ``poet-edge`` subcommand with ``message`` on standard error and ``exit_code``."""
-
-    def __init__(self, message: str, exit_code: ExitCode = ExitCode.USAGE) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code  # type: ignore[misc]  # per instance: the command says which

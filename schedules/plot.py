@@ -22,7 +22,7 @@ from schedules.graph import TrainingGraph
 from schedules.matrices import Instruction
 from schedules.schedule import Schedule
 from schedules.simulate import simulate
-from schedules.units import short_bytes
+from common.units import short_bytes
 
 # Cell states of the timeline, in increasing priority: a cell shows the most
 # telling thing that happened to the node during the stage.

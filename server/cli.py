@@ -17,7 +17,7 @@
     poet-edge server versions                         # the stored global model versions, newest first
 
 Registered in the ``poet_edge.commands`` entry-point group (see
-:mod:`schedules.cli`).  Importing this module is cheap: the web framework and
+:mod:`common.cli`).  Importing this module is cheap: the web framework and
 the database load inside the handlers.  The operator commands work on the
 database directly (the server may be running: SQLite's write-ahead log lets
 both in).
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from common.runconfig import PERSONALIZATIONS, SIMULATION_ONLY, RunConfig
-from schedules.exit_codes import ExitCode
+from common.exit_codes import ExitCode
 from server.config import DEFAULT_DATA_DIR, FlowerSettings, ServerSettings
 from server.errors import ServerConfigError, ServerStartError
 

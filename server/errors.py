@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from schedules.errors import PoetEdgeError
-from schedules.exit_codes import ExitCode
+from common.errors import PoetEdgeError
+from common.exit_codes import ExitCode
 
 
 class ServerError(PoetEdgeError):

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import FederationError
-from schedules.cli import positive_int
-from schedules.errors import CommandError
-from schedules.exit_codes import ExitCode
+from common.cli import positive_int
+from common.errors import CommandError
+from common.exit_codes import ExitCode
 from simulation.fleet import DEFAULT_DATA, parse_classes
 
 def add_commands(subparsers: Any) -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from common.runconfig import PERSONALIZATIONS
-from schedules.errors import CommandError
+from common.errors import CommandError
 from simulation.report import MEMORY_TOLERANCE_BYTES, SimulationReport, mean
 
 STRATEGIES = tuple(p for p in PERSONALIZATIONS if p != "none")

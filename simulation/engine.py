@@ -28,12 +28,11 @@ import shutil
 import signal
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from server.config import FlowerSettings, ServerSettings
-from schedules.programs import free_port
+from common.programs import free_port
 from server.federated.runs import start_run, wait_finished
 from server.federated.superlink import SuperLink
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.federated.virtual import FleetData, format_device_classes, virtual_node_config
-from schedules.errors import CommandError
-from schedules.exit_codes import ExitCode
+from common.errors import CommandError
+from common.exit_codes import ExitCode
 
 
 @dataclass(frozen=True)

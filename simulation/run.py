@@ -12,7 +12,7 @@ from typing import Any
 
 from agent.federated.virtual import FleetData
 from common.runconfig import PARTIAL_TUNING, RunConfig
-from schedules.errors import CommandError
+from common.errors import CommandError
 from simulation.profile import profile_once
 from simulation.fleet import DEFAULT_CLASSES, DEFAULT_DATA, DeviceClass, classes_config, fleet_node_configs
 from simulation.report import SimulationReport, build_report

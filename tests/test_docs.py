@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from schedules.cli import attach_negative_values, build_parser
+from common.cli import attach_negative_values, build_parser
 
 REPO = Path(__file__).resolve().parents[1]
 DOCUMENTS = [REPO / "README.md", REPO / "deploy" / "README.md", *sorted((REPO / "docs").glob("*.md"))]

@@ -12,19 +12,20 @@ from pathlib import Path
 import pytest
 
 import agent
+import common
 import schedules
 import server
-from schedules.cli import main
-from schedules.errors import CommandError, PoetEdgeError
-from schedules.exit_codes import EXIT_CODES, ExitCode, exit_code_for, exit_code_table
+from common.cli import main
+from common.errors import CommandError, PoetEdgeError
+from common.exit_codes import EXIT_CODES, ExitCode, exit_code_for, exit_code_table
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("schedules", "agent", "server")
+PACKAGES = ("common", "schedules", "agent", "server")
 
 
 def every_error_class() -> list[type[PoetEdgeError]]:
     """Every subclass of the root defined in the packages, after importing all their modules."""
-    for package in (schedules, agent, server):
+    for package in (common, schedules, agent, server):
         for module in pkgutil.walk_packages(package.__path__, prefix=package.__name__ + "."):
             importlib.import_module(module.name)
     found, stack = [], [PoetEdgeError]

@@ -16,8 +16,8 @@ import pytest
 
 from agent.daemon.config import load_config
 from schedules.schedule import Schedule
-from schedules.cli import main
-from schedules.exit_codes import ExitCode
+from common.cli import main
+from common.exit_codes import ExitCode
 from tests.agent.daemon_helpers import FakeDevice, read_status, start_agent, stop, wait_for, write_config, write_csv
 from tests.server.conftest import metric
 from tests.server.processes import get, running_server, wait_until_serving

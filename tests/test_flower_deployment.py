@@ -20,7 +20,7 @@ import pytest
 from agent.federated.supernode import ensure_key, flower_binary
 from agent.training import DEFAULT_TOLERANCE_BYTES
 from demo.flower_fleet import Fleet, run_id_of, wait_for
-from schedules.programs import flower_environment, free_port
+from common.programs import flower_environment, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -21,7 +21,7 @@ WITHOUT_DEVICE_LIBRARIES = """
 import sys
 for name in ("torch", "torchvision", "transformers", "flwr", "crc32c"):
     sys.modules[name] = None  # as if not installed: importing it raises ModuleNotFoundError
-from schedules.cli import main
+from common.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -7,7 +7,7 @@
     poet-edge agent export --config /etc/poet-agent/agent.toml --out model.pt [--format onnx]
 
 Registered in the ``poet_edge.commands`` entry-point group (see
-:mod:`schedules.cli`).  ``run`` and ``status`` do not import torch: ``run`` trains in a
+:mod:`common.cli`).  ``run`` and ``status`` do not import torch: ``run`` trains in a
 worker process (:mod:`agent.daemon.worker`); ``export`` builds the model.
 """
 
@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.personal_model import EXPORT_FORMATS
-from schedules.errors import CommandError
-from schedules.exit_codes import ExitCode
+from common.errors import CommandError
+from common.exit_codes import ExitCode
 
 
 def add_commands(subparsers: Any) -> None:

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from agent.energy.detect import MeterConfig
 from agent.errors import ConfigError
 from agent.monitors.quiet import parse_window
-from schedules.units import parse_bytes
+from common.units import parse_bytes
 
 
 

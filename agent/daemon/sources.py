@@ -24,7 +24,7 @@ from schedules.errors import InfeasibleBudgetError, PlannerError, ScheduleMismat
 from schedules.graph import TrainingGraph
 from schedules.schedule import Schedule
 from schedules.step_memory import TrainingSpec
-from schedules.units import format_bytes
+from common.units import format_bytes
 from schedules.signing import generate_keypair, load_private_key, load_public_key, sign
 
 log = logging.getLogger("poet-agent")
@@ -67,7 +67,7 @@ class Request:
 
 
 class ScheduleSource(Protocol):
-    """Gives a schedule for a request, or raises a :class:`~schedules.errors.PoetEdgeError` saying why not."""
+    """Gives a schedule for a request, or raises a :class:`~common.errors.PoetEdgeError` saying why not."""
 
     description: str
     cacheable: bool  # False: asked again at every start (a local file is as cheap to read as the cache)

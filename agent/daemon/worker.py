@@ -27,8 +27,8 @@ import sys
 import time
 from typing import Any, TextIO
 
-from schedules.errors import PoetEdgeError
-from schedules.exit_codes import ExitCode, exit_code_for
+from common.errors import PoetEdgeError
+from common.exit_codes import ExitCode, exit_code_for
 
 
 class Events:

@@ -11,7 +11,7 @@ exc``) and every message says what to do next.
 from __future__ import annotations
 
 from agent.errors import AgentError
-from schedules.exit_codes import ExitCode
+from common.exit_codes import ExitCode
 
 
 class EnergyMeterError(AgentError):

@@ -263,8 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     from agent.daemon.config import load_config
-    from schedules.errors import PoetEdgeError
-    from schedules.exit_codes import exit_code_for
+    from common.errors import PoetEdgeError
+    from common.exit_codes import exit_code_for
 
     config = load_config(args.config)
     runner = Runner(str(Path(args.config).resolve()), args.socket, config.workload.threads, args.supernode_log)

@@ -38,8 +38,8 @@ from agent.federated import launcher
 from agent.federated.launcher import PROGRAM_VARIABLE, SOCKET_VARIABLE
 from agent.daemon.config import AgentConfig
 from agent.errors import SuperNodeKeyError
-from schedules.process_tree import stop_tree
-from schedules.programs import find_program, flower_environment
+from common.process_tree import stop_tree
+from common.programs import find_program, flower_environment
 
 log = logging.getLogger("poet-agent")
 
@@ -92,7 +92,7 @@ def install_launcher(bin_dir: Path, python: str = sys.executable) -> Path:
 
 
 def flower_binary(name: str) -> Path:
-    """The Flower program ``name`` (:func:`schedules.programs.find_program`), or a clear error."""
+    """The Flower program ``name`` (:func:`common.programs.find_program`), or a clear error."""
     found = find_program(name)
     if found is None:
         raise SuperNodeKeyError(f"{name} not found beside {sys.executable} or on PATH: install the agent with "

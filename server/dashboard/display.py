@@ -6,7 +6,7 @@ import math
 import time
 from typing import Any
 
-from schedules.units import short_bytes
+from common.units import short_bytes
 
 DASH = "\u2014"
 

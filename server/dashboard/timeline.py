@@ -13,7 +13,7 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
-from schedules.errors import PoetEdgeError
+from common.errors import PoetEdgeError
 from schedules.graph import TrainingGraph
 from schedules.plot import plot_timeline
 from schedules.schedule import Schedule

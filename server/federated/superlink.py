@@ -35,9 +35,9 @@ import urllib.request
 from pathlib import Path
 
 from server.config import TLS_FILES, FlowerSettings, ServerSettings
-from schedules import programs
-from schedules.process_tree import signal_tree, stop_tree
-from schedules.programs import find_program
+from common import programs
+from common.process_tree import signal_tree, stop_tree
+from common.programs import find_program
 from server.errors import FlowerError
 
 log = logging.getLogger("poet-edge.superlink")
@@ -52,7 +52,7 @@ STOP_SECONDS = 15.0  # the SuperLink's graceful shutdown waits for open connecti
 
 
 def flower_binary(name: str) -> Path:
-    """The Flower program ``name`` (:func:`schedules.programs.find_program`), or a clear error."""
+    """The Flower program ``name`` (:func:`common.programs.find_program`), or a clear error."""
     found = find_program(name)
     if found is None:
         raise FlowerError(f"{name} not found beside {sys.executable} or on PATH: install the server with "

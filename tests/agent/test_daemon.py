@@ -23,7 +23,7 @@ from schedules.budgets import smallest_feasible_budget, store_all_peak
 from schedules.device import DeviceProfile
 from schedules.graph import TrainingGraph
 from schedules.plan import plan
-from schedules.programs import free_port
+from common.programs import free_port
 from schedules.schedule import Schedule
 from schedules.signing import generate_keypair, load_private_key, sign
 from tests.agent.daemon_helpers import (FakeDevice, agent_command, copy_prepared, read_status, start_agent, stop,

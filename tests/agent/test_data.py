@@ -11,7 +11,7 @@ from PIL import Image
 
 from agent.data import LocalDataset, open_dataset
 from agent.errors import AgentError, DataError
-from schedules.exit_codes import ExitCode, exit_code_for
+from common.exit_codes import ExitCode, exit_code_for
 
 
 def _image(path: Path, color: tuple[int, int, int], size: tuple[int, int] = (10, 6)) -> Path:

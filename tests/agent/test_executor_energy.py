@@ -17,8 +17,8 @@ import pytest
 from agent.energy import EstimatedMeter, NominalPowers, RaplMeter
 from agent.executor import Executor
 from agent.zoo import load_workload
-from schedules.cli import main
-from schedules.exit_codes import ExitCode
+from common.cli import main
+from common.exit_codes import ExitCode
 from agent.extract import extract
 from schedules.plan import plan
 from tests.agent.energy.fakes import make_rapl_zone

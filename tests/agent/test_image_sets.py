@@ -159,7 +159,7 @@ def test_a_simulated_device_federates_on_its_writers_images_under_its_budget(fem
 
 
 def test_simulate_refuses_a_data_set_that_cannot_make_the_fleet_before_anything_starts(femnist_like, capsys) -> None:
-    from schedules.cli import main
+    from common.cli import main
 
     assert main(["simulate", "--devices", "6", "--dataset", femnist_like, "--partition-by", "writer_id"]) == 2
     assert "5 distinct writer_id values, fewer than the fleet's 6 devices" in capsys.readouterr().err

@@ -11,8 +11,8 @@ import torch.nn as nn
 from agent.executor import Executor
 from agent.parity import bits_equal, check_parity
 from agent.zoo import Workload, cross_entropy, load_workload
-from schedules.cli import main
-from schedules.exit_codes import ExitCode
+from common.cli import main
+from common.exit_codes import ExitCode
 from agent.extract import extract
 from tests.agent.models import page_everything, recompute_everything, schedule_for
 

@@ -16,8 +16,8 @@ from agent.zoo import Workload, cross_entropy, load_workload
 from agent.pagefile import OperatingSystem
 from schedules import DeviceProfile, Schedule, TrainingGraph
 from schedules.budgets import memory_lower_bound, store_all_peak
-from schedules.cli import main
-from schedules.exit_codes import ExitCode
+from common.cli import main
+from common.exit_codes import ExitCode
 from agent.extract import extract
 from schedules.graph import Node
 from agent.profile import (
@@ -217,7 +217,7 @@ def test_the_commands_load_without_torch():
     import subprocess
     import sys
 
-    code = "import sys, schedules.cli as c; c.build_parser(); import agent.cli; sys.exit('torch' in sys.modules)"
+    code = "import sys, common.cli as c; c.build_parser(); import agent.cli; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=os.getcwd()).returncode == 0
 
 

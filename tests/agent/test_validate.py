@@ -26,8 +26,8 @@ from agent.validate import (
 from schedules.timeline import timeline_step_ms
 from agent.zoo import Workload, cross_entropy
 from schedules import DeviceProfile
-from schedules.cli import main
-from schedules.exit_codes import ExitCode
+from common.cli import main
+from common.exit_codes import ExitCode
 from agent.extract import extract
 from schedules.plan import plan
 from tests.agent.models import page_everything, schedule_for

@@ -10,8 +10,8 @@ import pytest
 
 from schedules import DeviceProfile, Schedule, TrainingGraph, plan, simulate
 from schedules.budgets import memory_lower_bound, store_all_peak
-from schedules.cli import build_parser, main
-from schedules.exit_codes import ExitCode
+from common.cli import build_parser, main
+from common.exit_codes import ExitCode
 from schedules.signing import load_public_key
 from tests.schedules.graphs import linear_graph, unet_graph
 
@@ -312,7 +312,7 @@ def test_pareto_unknown_method_is_a_usage_error(graph_file, tmp_path, capsys):
 # -- extensibility and process boundary ------------------------------------------------------
 def test_other_packages_register_subcommands_through_entry_points(tmp_path, monkeypatch, capsys):
     (tmp_path / "extra_commands.py").write_text(textwrap.dedent("""
-        from schedules.errors import CommandError
+        from common.errors import CommandError
 
         def add_commands(subparsers):
             p = subparsers.add_parser("hello", help="say hello")
@@ -339,19 +339,19 @@ def test_other_packages_register_subcommands_through_entry_points(tmp_path, monk
 
 def test_console_command_in_a_subprocess(graph_file, tmp_path):
     out = tmp_path / "s.json"
-    done = subprocess.run([sys.executable, "-m", "schedules.cli", "solve", str(graph_file), "--memory",
+    done = subprocess.run([sys.executable, "-m", "common.cli", "solve", str(graph_file), "--memory",
                            str(tight_budget(graph_file)), "-o", str(out)], capture_output=True, text=True, timeout=120)
     assert done.returncode == ExitCode.OK, done.stderr
     assert "status" in done.stdout and Schedule.load(out).memory_budget == tight_budget(graph_file)
     # Not a TTY: progress comes as plain lines on stderr, never terminal control codes.
     assert "\x1b[" not in done.stderr
-    bad = subprocess.run([sys.executable, "-m", "schedules.cli", "solve", str(tmp_path / "missing.json")],
+    bad = subprocess.run([sys.executable, "-m", "common.cli", "solve", str(tmp_path / "missing.json")],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == ExitCode.BAD_FILE and "Traceback" not in bad.stderr
 
 
 def test_cli_starts_without_heavy_imports():
-    code = ("import sys; from schedules.cli import build_parser; build_parser(); "
+    code = ("import sys; from common.cli import build_parser; build_parser(); "
             "print(sorted(m for m in ('torch', 'matplotlib', 'rich') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "[]", done.stderr

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from schedules.process_tree import descendants, stop_tree
+from common.process_tree import descendants, stop_tree
 
 psutil = pytest.importorskip("psutil")
 

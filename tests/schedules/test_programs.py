@@ -1,4 +1,4 @@
-"""Finding Flower's programs and their environment (schedules.programs)."""
+"""Finding Flower's programs and their environment (common.programs)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import socket
 import sys
 from pathlib import Path
 
-from schedules.programs import QUIET, find_program, flower_environment, free_port
+from common.programs import QUIET, find_program, flower_environment, free_port
 
 
 def test_a_program_beside_this_python_is_found_before_path_and_a_missing_one_is_none() -> None:

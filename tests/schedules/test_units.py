@@ -1,6 +1,6 @@
 import pytest
 
-from schedules.units import format_bytes, parse_bytes, short_bytes
+from common.units import format_bytes, parse_bytes, short_bytes
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -23,7 +23,7 @@ WITHOUT_DEVICE_LIBRARIES = """
 import sys
 for name in ("torch", "torchvision", "transformers", "crc32c"):
     sys.modules[name] = None
-from schedules.cli import main
+from common.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -14,8 +14,8 @@ import urllib.request
 import psutil
 from fastapi.testclient import TestClient
 
-from schedules.cli import main
-from schedules.exit_codes import ExitCode
+from common.cli import main
+from common.exit_codes import ExitCode
 from server.api import create_app
 from server.config import ServerSettings
 from tests.server.conftest import heartbeat

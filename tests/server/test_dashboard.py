@@ -10,8 +10,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
-from schedules.cli import main
-from schedules.exit_codes import ExitCode
+from common.cli import main
+from common.exit_codes import ExitCode
 from server.dashboard.charts import Rule, Series, line_chart, nice_ticks
 from server.dashboard.device_charts import energy_per_window
 from server.dashboard.operators import verify_login

@@ -17,8 +17,8 @@ import httpx
 import numpy as np
 import pytest
 
-from schedules.cli import main
-from schedules.exit_codes import ExitCode
+from common.cli import main
+from common.exit_codes import ExitCode
 from tests.server.conftest import heartbeat
 from tests.server.processes import wait_until_serving
 

@@ -33,8 +33,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import inspect, select
 
 from benchmarks.postgres import TemporaryPostgres, postgres_bin
-from schedules.cli import main
-from schedules.exit_codes import ExitCode
+from common.cli import main
+from common.exit_codes import ExitCode
 from schedules.schedule import Schedule
 from server.api import create_app
 from server.config import ServerSettings

@@ -16,7 +16,7 @@ from server.datadir import open_database
 from server.db.migrate import current_revision, upgrade
 from server.db.models import Base
 from server.errors import DatabaseError, DataDirError
-from schedules.exit_codes import ExitCode, exit_code_for
+from common.exit_codes import ExitCode, exit_code_for
 from tests.server.conftest import enrol, heartbeat, schedule_request, wait_for_solve
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from schedules.cli import main
-from schedules.errors import CommandError
+from common.cli import main
+from common.errors import CommandError
 from schedules.graph import TrainingGraph
 from simulation.fleet import DEFAULT_CLASSES, classes_config, fleet_node_configs, parse_classes
 
