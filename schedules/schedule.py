@@ -33,6 +33,7 @@ from schedules.canonical import canonical_json, finite_number, parse_json_object
 from schedules.errors import FormatError, ScheduleMismatchError, UnsupportedVersionError
 from schedules.graph import TrainingGraph
 from schedules.matrices import OPS, Instruction
+from schedules.signing import verify_document
 from schedules.step_memory import StepLayout, StepMemory, TrainingSpec
 
 SCHEDULE_FORMAT = "poet-edge/schedule"
@@ -201,8 +202,6 @@ class Schedule:
         """Parse and validate; with ``public_key`` (see :mod:`schedules.signing`) also verify the signature."""
         document = parse_json_object(text, what)
         if public_key is not None:  # before parsing: what an unverified file says is not believed
-            from schedules.signing import verify_document
-
             verify_document(document, public_key)
         return _from_dict(document)
 

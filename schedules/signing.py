@@ -5,7 +5,9 @@ publishes; devices hold the public key and refuse anything that does not
 verify.  The signature covers the canonical JSON of every schedule field but
 itself, so changing one instruction, budget or prediction breaks it.
 :func:`sign_payload` and :func:`verify_payload` do the same for any JSON
-object (a model version's row: its weights' hash and provenance).
+object (a model version's row: its weights' hash and provenance).  Loading verifies a schedule file's
+document here first (:func:`verify_document`), then :mod:`schedules.schedule` builds the schedule from it:
+this module never imports that one.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import base64
 import hashlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -22,7 +24,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from schedules.canonical import canonical_json
 from schedules.errors import FormatError, SignatureError
-from schedules.schedule import Schedule
+
+if TYPE_CHECKING:  # a schedule is built after its document verifies: schedules.schedule imports this module
+    from schedules.schedule import Schedule
 
 ALGORITHM = "ed25519"
 
