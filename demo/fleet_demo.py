@@ -119,6 +119,7 @@ class FleetDemo:
         self.server: subprocess.Popen | None = None
         self.devices: list[Device] = []
         self.outcome = Outcome()
+        self._plain: dict[str, int | None] = {}  # device -> a plain step's bytes, once its graph is profiled
         self.started = time.monotonic()
         self.window_steps = 30 if short else 80
 
@@ -333,6 +334,12 @@ class FleetDemo:
                  f"{s.get('energy_j') or 0:.1f} J, held-out accuracy {_pct(s.get('holdout_accuracy'))}")
 
     def _plain_bytes(self, device: Device) -> int | None:
+        """:meth:`_plain_step_bytes`, worked out once per device (a graph loaded and a plain step replayed)."""
+        if self._plain.get(device.spec.name) is None:
+            self._plain[device.spec.name] = self._plain_step_bytes(device)
+        return self._plain[device.spec.name]
+
+    def _plain_step_bytes(self, device: Device) -> int | None:
         """A plain PyTorch step's whole memory (every activation kept, gradients and optimizer state in RAM, the
         runtime's own) for the device's workload, as the planner counts it from the graph the device profiled."""
         from agent.daemon.config import load_config
@@ -395,16 +402,15 @@ class FleetDemo:
         """Poll until ``predicate()`` is truthy; its value.  DemoError after ``timeout`` s, or as soon as a
         process of the demo has exited, with the end of its log."""
         def settled() -> Any:
-            exited = [p for p in (self.server, *(d.process for d in self.devices)) if p and p.poll() is not None]
-            return ("exited", exited[0]) if exited else predicate()
+            for process in (self.server, *(d.process for d in self.devices)):
+                if process is not None and process.poll() is not None:
+                    culprit = next((d.log for d in self.devices if d.process is process), self.root / "server.log")
+                    tail = "".join(culprit.read_text(errors="replace").splitlines(keepends=True)[-5:])
+                    raise DemoError(f"{' '.join(process.args[3:6])} exited ({process.returncode}) while waiting "
+                                    f"for {what}; the end of {culprit}:\n{tail}")
+            return predicate()
 
         value = poll_until(settled, timeout)
-        if isinstance(value, tuple) and value[:1] == ("exited",):
-            process = value[1]
-            culprit = next((d.log for d in self.devices if d.process is process), self.root / "server.log")
-            tail = "".join(culprit.read_text(errors="replace").splitlines(keepends=True)[-5:])
-            raise DemoError(f"{' '.join(process.args[3:6])} exited ({process.returncode}) while waiting for "
-                            f"{what}; the end of {culprit}:\n{tail}")
         if not value:
             raise DemoError(f"timed out after {timeout:.0f} s waiting for {what}; see {log}")
         return value
