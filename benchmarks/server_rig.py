@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 
 from schedules.budgets import store_all_peak
-from schedules.demo import synthetic_graph
+from demo.walkthrough import synthetic_graph
 from schedules.device import DeviceProfile
 from server.config import ServerSettings
 from server.datadir import open_database

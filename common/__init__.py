@@ -2,9 +2,11 @@
 
 - :mod:`common.cli` the ``poet-edge`` command's shell: ``main``, the entry-point registry of subcommands, the
   argument types every package uses.
-- :mod:`common.errors` the root of the one error tree (``PoetEdgeError``), ``CommandError``, and
-  ``RunConfigError``.
+- :mod:`common.errors` the root of the one error tree (``PoetEdgeError``), ``CommandError``,
+  ``FormatError`` (a malformed file or document) and ``RunConfigError``.
 - :mod:`common.exit_codes` ``ExitCode``, ``EXIT_CODES`` and ``exit_code_for``: where an error becomes a status.
+- :mod:`common.canonical` canonical JSON (one byte string per value, for hashes and signatures) and
+  validated JSON loading that fails with ``FormatError``.
 - :mod:`common.units` byte sizes as people type them (``3MB``, ``1.5MiB``).
 - :mod:`common.programs` and :mod:`common.process_tree` finding installed programs, free ports and Flower's
   environment; signalling and stopping a child's whole process tree (the SuperLink and SuperNode supervisors).

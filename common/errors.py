@@ -28,5 +28,11 @@ class CommandError(PoetEdgeError):
         self.exit_code = exit_code  # type: ignore[misc]  # per instance: the command says which
 
 
+class FormatError(PoetEdgeError):
+    """A file or JSON document is malformed: a graph, device profile, schedule, or anything read as JSON."""
+
+    exit_code = ExitCode.BAD_FILE
+
+
 class RunConfigError(ValueError):
     """A run config key is unknown, of the wrong type, or out of range; the message names every problem."""

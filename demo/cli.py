@@ -27,7 +27,7 @@ def add_commands(subparsers: Any) -> None:
                    help="leave the server and dashboard up at the end, until Ctrl-C")
     p.add_argument("--short", action="store_true", help="fewer training steps (a quicker look)")
     p.set_defaults(handler=run_demo)
-    from schedules import demo as walkthrough
+    from demo import walkthrough
 
     w = subparsers.add_parser("walkthrough", help="the planner and executor step by step: solve, sign, verify, "
                                                   "plot, then train a real model here under a schedule",

@@ -20,15 +20,11 @@ Modules:
 - :mod:`~schedules.budgets`: smallest feasible memory budget, energy-vs-budget sweeps
 - :mod:`~schedules.schedule`: ``Schedule``, ``SolverInfo``, the instruction token encoding
 - :mod:`~schedules.signing`: Ed25519 keys, ``sign``, ``verify``, ``verify_document``
-- :mod:`~schedules.canonical`: canonical JSON and validated JSON loading
-- :mod:`~common.units`: byte sizes as people type them (``3MB``, ``1.5MiB``)
-- :mod:`~schedules.errors`: the root of the exception tree and the planner's branch
-- :mod:`~common.exit_codes`: ``ExitCode``, ``EXIT_CODES``, ``exit_code_for``
+- :mod:`~schedules.errors`: the planner's branch of the error tree
 - :mod:`~schedules.cli`: the planner's subcommands of ``poet-edge``: solve, plot, pareto, keys, verify, devices
 - :mod:`~schedules.plot`: stage x node timeline and Pareto pictures (matplotlib, Agg)
 - :mod:`~schedules.progress`: live solver progress: a bar on a terminal, a line at a regular interval
   elsewhere
-- :mod:`~schedules.demo`: ``poet-edge walkthrough`: the planner and executor step by step
 """
 
 from __future__ import annotations

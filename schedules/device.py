@@ -51,7 +51,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from schedules.canonical import load_validated, parse_json_object
+from common.canonical import load_validated, parse_json_object
 from schedules.errors import FormatError, PlannerError, UnknownNameError, UnsupportedVersionError
 from schedules.graph import Node, TrainingGraph
 

@@ -4,7 +4,8 @@ The whole tree, every package's branch with each class's exit code, is drawn onc
 ``docs/architecture.md`` ("Errors and exit codes"), generated from the classes and checked by
 ``tests/test_errors.py``.
 
-An infeasible budget is *not* an error: :func:`schedules.plan` returns a
+A malformed file raises :class:`common.errors.FormatError` (re-exported here), the bottom package's, since
+canonical JSON lives there.  An infeasible budget is *not* an error: :func:`schedules.plan` returns a
 ``PlanResult`` with ``feasible=False``.  Exit codes are
 :class:`common.exit_codes.ExitCode`; a command turns any of these into its
 code with :func:`common.exit_codes.exit_code_for`.
@@ -12,18 +13,15 @@ code with :func:`common.exit_codes.exit_code_for`.
 
 from __future__ import annotations
 
-from common.errors import PoetEdgeError
+from common.errors import FormatError, PoetEdgeError
 from common.exit_codes import ExitCode
+
+__all__ = ["FormatError", "InfeasibleBudgetError", "PlannerError", "ScheduleMismatchError", "ScheduleViolation",
+           "SignatureError", "SolverError", "UnknownNameError", "UnsupportedVersionError"]
 
 
 class PlannerError(PoetEdgeError):
     """Base class of every error raised by ``schedules``."""
-
-
-class FormatError(PlannerError):
-    """A graph, device profile or schedule file is malformed."""
-
-    exit_code = ExitCode.BAD_FILE
 
 
 class UnsupportedVersionError(FormatError):

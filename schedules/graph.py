@@ -27,7 +27,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable, Literal
 
-from schedules.canonical import canonical_json, finite_number, load_validated
+from common.canonical import canonical_json, finite_number, load_validated
 from schedules.errors import FormatError, UnsupportedVersionError
 
 NodeKind = Literal["forward", "loss", "backward"]

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from schedules.canonical import canonical_json, finite_number, parse_json_object, read_json_object
+from common.canonical import canonical_json, finite_number, parse_json_object
 from schedules.errors import FormatError, ScheduleMismatchError, UnsupportedVersionError
 from schedules.graph import TrainingGraph
 from schedules.matrices import OPS, Instruction
@@ -151,11 +151,11 @@ class Schedule:
         """The whole-step accounting this schedule was planned with, rebuilt on ``graph`` (its own graph)."""
         if self.step is None:
             raise ScheduleMismatchError("this schedule budgets activations only; it has no whole-step plan")
-        from schedules.errors import PlannerError
+        from schedules.errors import FormatError, PlannerError
 
         try:
             return StepMemory.build(graph, self.step.training).layout_for_parameters(self.step.state_on_flash)
-        except PlannerError as exc:
+        except (PlannerError, FormatError) as exc:
             raise ScheduleMismatchError(f"schedule's whole-step plan does not fit this graph: {exc}") from exc
 
     def payload(self) -> dict[str, Any]:

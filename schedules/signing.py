@@ -22,7 +22,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from schedules.canonical import canonical_json
+from common.canonical import canonical_json
 from schedules.errors import FormatError, SignatureError
 
 if TYPE_CHECKING:  # a schedule is built after its document verifies: schedules.schedule imports this module

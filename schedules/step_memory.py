@@ -55,7 +55,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Iterable
 
-from schedules.canonical import finite_number
+from common.canonical import finite_number
 from schedules.errors import FormatError, PlannerError
 from schedules.graph import Parameter, TrainingGraph
 

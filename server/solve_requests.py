@@ -35,7 +35,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 
-from schedules.canonical import canonical_json
+from common.canonical import canonical_json
 from schedules.device import DeviceProfile
 from schedules.errors import PlannerError
 from schedules.graph import TrainingGraph

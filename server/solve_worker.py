@@ -28,7 +28,7 @@ import signal
 import sys
 from typing import Any
 
-from schedules.canonical import canonical_json
+from common.canonical import canonical_json
 from schedules.device import DeviceProfile
 from schedules.errors import PlannerError
 from schedules.graph import TrainingGraph

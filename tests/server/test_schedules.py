@@ -9,7 +9,7 @@ import pytest
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from fastapi.testclient import TestClient
 
-from schedules.canonical import canonical_json
+from common.canonical import canonical_json
 from schedules.graph import TrainingGraph
 from schedules.schedule import Schedule
 from schedules.signing import verify_document

@@ -4,7 +4,7 @@ import pytest
 
 from schedules import Schedule, TrainingGraph, simulate
 from schedules.budgets import store_all_peak
-from schedules.demo import main, reference_graph_path, synthetic_graph
+from demo.walkthrough import main, reference_graph_path, synthetic_graph
 from schedules.signing import load_public_key
 
 

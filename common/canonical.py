@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from schedules.errors import FormatError
+from common.errors import FormatError
 
 T = TypeVar("T")
 

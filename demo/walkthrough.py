@@ -1,4 +1,4 @@
-"""The planner and executor step by step: ``poet-edge walkthrough`` (or ``python -m schedules.demo``).
+"""The planner and executor step by step: ``poet-edge walkthrough`` (or ``python -m demo.walkthrough``).
 
 1. Load the POET reference graph ``resnet18_cifar_a72`` (ResNet-18 on CIFAR-10
    priced for a Raspberry Pi 4) from ``../shared/bench/poet_graphs``, or build
@@ -73,17 +73,17 @@ def synthetic_graph(layers: int = 16) -> TrainingGraph:
         if i > 0:
             edges += [(i - 1, grad[i]), (grad[i], grad[i - 1])]  # ...its input, and flows to the layer before
     return TrainingGraph(nodes=tuple(nodes), edges=tuple(sorted(set(edges))), model=f"synthetic-chain-{layers}",
-                         source="schedules.demo")
+                         source="demo.walkthrough")
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m schedules.demo", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m demo.walkthrough", description=__doc__.split("\n\n")[0])
     add_arguments(p)
     return p.parse_args(argv)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The walkthrough's options, for ``python -m schedules.demo`` and ``poet-edge walkthrough``."""
+    """The walkthrough's options, for ``python -m demo.walkthrough`` and ``poet-edge walkthrough``."""
     p.add_argument("--out", default="out", help="output folder (default ./out)")
     p.add_argument("--graph", help="graph file (default: the reference resnet18_cifar_a72, else a synthetic chain)")
     p.add_argument("--synthetic", action="store_true", help="use the built-in synthetic chain graph")
