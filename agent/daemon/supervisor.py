@@ -32,7 +32,6 @@ queues, so it never holds up this loop.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import selectors
@@ -42,6 +41,8 @@ import sys
 import time
 from typing import Any, Callable
 
+from agent.daemon.events import (CheckpointEvent, DataEvent, ErrorEvent, EvalEvent, ReadyEvent, StateEvent,
+                                 StepEvent, StoppedEvent, WorkerEvent, decode)
 from agent.daemon.config import AgentConfig
 from agent.daemon.notify import Notifier
 from agent.daemon.sources import NoReporter, Reporter
@@ -89,23 +90,15 @@ class Worker:
         self.stop_sent_at: float | None = None
         self.killed_reason: str | None = None
 
-    def read_events(self) -> list[dict[str, Any]]:
-        """Events written since the last call (whole lines only)."""
+    def read_events(self) -> list[WorkerEvent]:
+        """Events written since the last call (whole lines only; a line that is no event is logged and left)."""
         try:
             while chunk := os.read(self.fd, 65536):
                 self._buffer += chunk
         except BlockingIOError:
             pass
         *lines, self._buffer = self._buffer.split(b"\n")
-        events = []
-        for line in lines:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(event, dict):
-                events.append(event)
-        return events
+        return [event for line in lines if line.strip() and (event := decode(line)) is not None]
 
     def request_stop(self, now: float) -> None:
         if self.stop_sent_at is None and self.process.poll() is None:
@@ -277,39 +270,38 @@ class Daemon:
         self.worker = None
         self._window_ended(code, worker)
 
-    def _on_event(self, event: dict[str, Any]) -> None:
-        kind, s = event.get("event"), self.status
-        if kind == "state":
-            self._set_state(event.get("state", "preparing"), str(event.get("reason", "")))
-        elif kind == "data":
-            s["data"], s["samples_skipped"] = event.get("description"), event.get("skipped")
-        elif kind == "ready":
-            s.update(schedule_id=event.get("schedule_id"), schedule_from=event.get("schedule_from"),
-                     memory_budget_bytes=event.get("memory_budget"), steps_done=event.get("steps_done", 0),
-                     energy_source=event.get("energy_source"), rss_baseline_bytes=event.get("baseline_rss"),
-                     planned_parts=event.get("predicted_parts"))
-            if self.worker is not None and self.worker.stop_sent_at is None:
-                resumed = f", resumed at step {event.get('steps_done')}" if event.get("resumed_from") else ""
-                self._set_state("training", f"schedule {event.get('schedule_id')} from "
-                                            f"{event.get('schedule_from')}{resumed}")
-            for skipped in event.get("skipped_checkpoints") or []:
-                log.warning("checkpoint passed over: %s", skipped)
-        elif kind == "step":
-            s.update(steps_done=event["steps_done"], loss=event.get("loss"), peak_bytes=event.get("peak_bytes"),
-                     bound_bytes=event.get("bound_bytes"), step_seconds=event.get("seconds"),
-                     memory_parts=event.get("parts"))
-            s["energy_j"] = (s.get("energy_j") or 0.0) + (event.get("energy_j") or 0.0)
-            self.backoff_seconds = self.config.training.backoff_seconds  # a step worked: errors start over
-        elif kind == "checkpoint":
-            s["last_checkpoint_seconds"] = event.get("seconds")
-        elif kind == "eval":
-            s["holdout_loss"], s["holdout_accuracy"] = event.get("loss"), event.get("accuracy")
-        elif kind == "stopped":
-            self._window_stop_reason = f"{event.get('reason')} at step {event.get('steps_done')}"
-            s["last_stop_after_step_seconds"] = event.get("seconds_after_step")
-        elif kind == "error":
-            s["last_error"] = event.get("message")
-        self._write(self.clock(), throttle=kind == "step")
+    def _on_event(self, event: WorkerEvent) -> None:
+        s = self.status
+        match event:
+            case StateEvent():
+                self._set_state(event.state, event.reason)
+            case DataEvent():
+                s["data"], s["samples_skipped"] = event.description, event.skipped
+            case ReadyEvent():
+                s.update(schedule_id=event.schedule_id, schedule_from=event.schedule_from,
+                         memory_budget_bytes=event.memory_budget, steps_done=event.steps_done,
+                         energy_source=event.energy_source, rss_baseline_bytes=event.baseline_rss,
+                         planned_parts=event.predicted_parts)
+                if self.worker is not None and self.worker.stop_sent_at is None:
+                    resumed = f", resumed at step {event.steps_done}" if event.resumed_from else ""
+                    self._set_state("training", f"schedule {event.schedule_id} from {event.schedule_from}{resumed}")
+                for skipped in event.skipped_checkpoints:
+                    log.warning("checkpoint passed over: %s", skipped)
+            case StepEvent():
+                s.update(steps_done=event.steps_done, loss=event.loss, peak_bytes=event.peak_bytes,
+                         bound_bytes=event.bound_bytes, step_seconds=event.seconds, memory_parts=event.parts)
+                s["energy_j"] = (s.get("energy_j") or 0.0) + (event.energy_j or 0.0)
+                self.backoff_seconds = self.config.training.backoff_seconds  # a step worked: errors start over
+            case CheckpointEvent():
+                s["last_checkpoint_seconds"] = event.seconds
+            case EvalEvent():
+                s["holdout_loss"], s["holdout_accuracy"] = event.loss, event.accuracy
+            case StoppedEvent():
+                self._window_stop_reason = f"{event.reason} at step {event.steps_done}"
+                s["last_stop_after_step_seconds"] = event.seconds_after_step
+            case ErrorEvent():
+                s["last_error"] = event.message
+        self._write(self.clock(), throttle=isinstance(event, StepEvent))
 
     def _window_ended(self, code: int, worker: Worker) -> None:
         now = self.clock()

@@ -4,9 +4,10 @@ The daemon (:mod:`agent.daemon.supervisor`) starts ``python -m
 agent.daemon.worker --config FILE --events-fd N`` when the device becomes
 eligible, so torch is loaded only while training and its memory goes back to
 the device when the window ends.  The worker writes one JSON object per line
-to file descriptor N (``event``: ``state``, ``data``, ``ready``, ``step``,
-``checkpoint``, ``eval``, ``stopped``, ``error``); anything printed, by us or
-a library, goes to standard error, the daemon's log.
+to file descriptor N, the typed events of :mod:`agent.daemon.events`
+(``state``, ``data``, ``ready``, ``step``, ``checkpoint``, ``eval``,
+``stopped``, ``error``); anything printed, by us or a library, goes to
+standard error, the daemon's log.
 
 Stopping: ``SIGUSR1`` or ``SIGTERM`` asks it to stop at the next step
 boundary; it checkpoints and exits 0.  A step still running
@@ -19,7 +20,6 @@ the project's exit codes after an ``error`` event.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -27,6 +27,8 @@ import sys
 import time
 from typing import Any, TextIO
 
+from agent.daemon.events import (CheckpointEvent, DataEvent, ErrorEvent, EvalEvent, ReadyEvent, StateEvent,
+                                 StepEvent, StoppedEvent, WorkerEvent, encode)
 from common.errors import PoetEdgeError
 from common.exit_codes import ExitCode, exit_code_for
 
@@ -37,8 +39,8 @@ class Events:
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
 
-    def emit(self, event: str, **fields: Any) -> None:
-        self.stream.write(json.dumps({"event": event, **fields}) + "\n")
+    def emit(self, event: WorkerEvent) -> None:
+        self.stream.write(encode(event) + "\n")
         self.stream.flush()
 
 
@@ -82,34 +84,33 @@ def run_window(config_path: str, events: Events) -> int:
 
     torch.set_num_threads(config.workload.threads)
     rss.return_freed_memory()  # as profile and validate do: the step's RSS then follows the budget
-    events.emit("state", state="preparing", reason="loading the data and the schedule")
-    prepared = prepare(config, say=lambda text: events.emit("state", state="preparing", reason=text))
+    events.emit(StateEvent("preparing", "loading the data and the schedule"))
+    prepared = prepare(config, say=lambda text: events.emit(StateEvent("preparing", text)))
     shape = tuple(prepared.workload.inputs.shape) if isinstance(prepared.workload.inputs, torch.Tensor) \
         else tuple(prepared.workload.inputs[0].shape)
     data = open_dataset(config.data.path, shape, holdout=config.data.holdout, seed=config.workload.seed)
-    events.emit("data", description=data.describe(), skipped=data.skipped)
+    events.emit(DataEvent(description=data.describe(), skipped=data.skipped))
     with _meter(config, prepared) as meter:
         trainer = Trainer(config, prepared, data, meter=meter)
         try:
             loaded = trainer.restore()
-            events.emit("ready", schedule_id=prepared.schedule.schedule_id, schedule_from=prepared.schedule_from,
-                        memory_budget=prepared.schedule.memory_budget,
-                        predicted_peak=prepared.schedule.predicted_peak_bytes,
-                        predicted_parts=prepared.schedule.step.parts(),
-                        baseline_rss=trainer.training.baseline_rss, steps_done=trainer.steps_done,
-                        resumed_from=str(loaded.path) if loaded else None,
-                        skipped_checkpoints=list(loaded.skipped) if loaded else [],
-                        energy_source=getattr(meter, "source", None))
+            events.emit(ReadyEvent(
+                schedule_id=prepared.schedule.schedule_id, schedule_from=prepared.schedule_from,
+                memory_budget=prepared.schedule.memory_budget, predicted_peak=prepared.schedule.predicted_peak_bytes,
+                predicted_parts=prepared.schedule.step.parts(), baseline_rss=trainer.training.baseline_rss,
+                steps_done=trainer.steps_done, resumed_from=str(loaded.path) if loaded else None,
+                skipped_checkpoints=list(loaded.skipped) if loaded else [],
+                energy_source=getattr(meter, "source", None)))
             reason, step_ended = _train(config, trainer, stop, events, StepCancelled)
             seconds = trainer.checkpoint()
-            events.emit("checkpoint", steps_done=trainer.steps_done, seconds=seconds)
+            events.emit(CheckpointEvent(steps_done=trainer.steps_done, seconds=seconds))
             if not stop.requested:  # a device no longer idle gets its CPU back now, not after an evaluation
                 evaluation = trainer.evaluate()
                 if evaluation is not None:
-                    events.emit("eval", loss=evaluation.loss, accuracy=evaluation.accuracy,
-                                samples=evaluation.samples)
-            events.emit("stopped", steps_done=trainer.steps_done, reason=reason,
-                        seconds_after_step=time.monotonic() - step_ended, wall_time=time.time())
+                    events.emit(EvalEvent(loss=evaluation.loss, accuracy=evaluation.accuracy,
+                                          samples=evaluation.samples))
+            events.emit(StoppedEvent(steps_done=trainer.steps_done, reason=reason,
+                                     seconds_after_step=time.monotonic() - step_ended, wall_time=time.time()))
         finally:
             trainer.close()
     return ExitCode.OK
@@ -127,11 +128,12 @@ def _train(config: Any, trainer: Any, stop: StopRequest, events: Events, cancell
         except cancelled as exc:
             return f"stop requested; {exc} after {config.training.step_cancel_seconds:g} s", time.monotonic()
         ended = time.monotonic()
-        events.emit("step", steps_done=result.steps_done, loss=result.loss, seconds=result.seconds,
-                    peak_bytes=result.memory_bytes, bound_bytes=result.budget_bytes + config.training.memory_tolerance,
-                    parts=result.parts, energy_j=result.energy_j)
+        events.emit(StepEvent(steps_done=result.steps_done, loss=result.loss, seconds=result.seconds,
+                              peak_bytes=result.memory_bytes,
+                              bound_bytes=result.budget_bytes + config.training.memory_tolerance,
+                              parts=result.parts, energy_j=result.energy_j))
         if result.steps_done % config.training.checkpoint_every == 0 and not stop.requested:
-            events.emit("checkpoint", steps_done=result.steps_done, seconds=trainer.checkpoint())
+            events.emit(CheckpointEvent(steps_done=result.steps_done, seconds=trainer.checkpoint()))
     return f"window done ({config.training.steps_per_window} steps)", ended
 
 
@@ -174,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_window(args.config, events)
     except (PoetEdgeError, OSError) as exc:
         code = exit_code_for(exc)
-        events.emit("error", message=str(exc), exit_code=int(code), kind=type(exc).__name__)
+        events.emit(ErrorEvent(message=str(exc), exit_code=int(code), error_class=type(exc).__name__))
         return code
 
 
