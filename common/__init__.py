@@ -8,6 +8,8 @@
 - :mod:`common.canonical` canonical JSON (one byte string per value, for hashes and signatures) and
   validated JSON loading that fails with ``FormatError``.
 - :mod:`common.units` byte sizes as people type them (``3MB``, ``1.5MiB``).
+- :mod:`common.backoff` ``Backoff``: when a supervisor starts a failed child again (the agent's training process,
+  the SuperNode and its warm runner, the SuperLink, the planner processes).
 - :mod:`common.programs` and :mod:`common.process_tree` finding installed programs, free ports and Flower's
   environment; signalling and stopping a child's whole process tree (the SuperLink and SuperNode supervisors).
 - :mod:`common.runconfig` the fleet's Flower run configuration, typed: the keys the ServerApp, the ClientApp,

@@ -37,7 +37,7 @@ from sqlalchemy.exc import IntegrityError
 
 from common.canonical import canonical_json
 from schedules.device import DeviceProfile
-from schedules.errors import PlannerError
+from schedules.errors import FormatError, PlannerError
 from schedules.graph import TrainingGraph
 from schedules.schedule import Schedule
 from schedules.step_memory import TrainingSpec
@@ -117,7 +117,7 @@ def _holds_nul(data: Any) -> bool:
 def _load(part: str, loader: Any, data: Any) -> Any:
     try:
         return loader(data)
-    except PlannerError as exc:
+    except (PlannerError, FormatError) as exc:
         raise RequestRejectedError(f"{part}: {exc}") from exc
     except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as exc:  # shapes a loader did not expect
         raise RequestRejectedError(f"{part}: malformed ({type(exc).__name__}: {exc})") from exc

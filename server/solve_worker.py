@@ -30,7 +30,7 @@ from typing import Any
 
 from common.canonical import canonical_json
 from schedules.device import DeviceProfile
-from schedules.errors import PlannerError
+from schedules.errors import FormatError, PlannerError
 from schedules.graph import TrainingGraph
 from schedules.plan import plan
 from schedules.step_memory import TrainingSpec
@@ -74,7 +74,7 @@ def solve(job_json: bytes) -> bytes:
         training = None if job.get("training") is None else TrainingSpec.from_dict(job["training"])
         result = plan(graph, device, memory_budget=job["memory_budget"], runtime_budget=job["runtime_budget"],
                       time_limit=job["time_limit"], training=training)
-    except PlannerError as exc:
+    except (PlannerError, FormatError) as exc:
         return _result("failed", error=str(exc))
     info: dict[str, Any] = {"status": result.status, "stop_reason": result.stop_reason,
                             "plan_seconds": result.solve_seconds}

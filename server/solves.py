@@ -45,10 +45,11 @@ import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
-from schedules.errors import PlannerError
+from common.backoff import Backoff
+from schedules.errors import FormatError, PlannerError
 from schedules.schedule import Schedule
 from server import solve_requests, solve_worker
 from server.config import ServerSettings
@@ -58,7 +59,8 @@ from server.keys import ServerKey
 log = logging.getLogger("poet-server")
 
 IDLE_POLL_SECONDS = 1.0  # how often the dispatcher looks at the queue when nothing wakes it
-SLOT_RESTART_BACKOFF = 5.0  # seconds before a worker that failed to start is started again
+SLOT_RESTART_FIRST = 5.0  # seconds before a worker that failed to start is started again, doubling ...
+SLOT_RESTART_MAX = 300.0  # ... up to this while starts keep failing
 ABANDON_GRACE = 30.0  # seconds past a solve's time limit and margin before it counts as abandoned (clock skew)
 ABANDONED_SWEEP_SECONDS = 30.0  # how often the dispatcher looks for abandoned solves
 
@@ -78,7 +80,7 @@ class _Slot:
     executor: ProcessPoolExecutor
     ready: Future  # the warm-up; its result is the worker's process id
     job: _Running | None = None
-    not_before: float = field(default=0.0)
+    start_failed: bool = False  # its failure to start is counted, and a new one waits for the backoff
 
     @property
     def free(self) -> bool:
@@ -109,6 +111,7 @@ class SolveService:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_sweep = 0.0  # time.monotonic() of the next look for abandoned solves
+        self._start_backoff = Backoff(SLOT_RESTART_FIRST, SLOT_RESTART_MAX)  # planner processes that fail to start
 
     # -- lifespan -------------------------------------------------------------------
     def start(self) -> None:
@@ -197,10 +200,12 @@ class SolveService:
                               "the planner failed unexpectedly; the server log has the details")
 
     def _restart_failed(self, slot: _Slot) -> None:
-        if not slot.not_before:
-            log.error("a planner process failed to start: %s", slot.ready.exception())
-            slot.not_before = time.monotonic() + SLOT_RESTART_BACKOFF
-        if time.monotonic() >= slot.not_before:
+        now = time.monotonic()
+        if not slot.start_failed:
+            slot.start_failed = True
+            log.error("a planner process failed to start: %s; starting another in %.0f s", slot.ready.exception(),
+                      self._start_backoff.failed(now))
+        if self._start_backoff.due(now):
             self._replace(slot)
 
     def _expire(self) -> None:
@@ -225,6 +230,7 @@ class SolveService:
             if job is None:
                 continue
             slot = free.pop(0)
+            self._start_backoff.reset()  # a planner process started and takes work
             started = time.monotonic()
             future = slot.executor.submit(solve_worker.solve, job)
             future.add_done_callback(lambda _: self._wake.set())
@@ -238,7 +244,7 @@ class SolveService:
             return
         try:
             schedule = self.key.sign(Schedule.from_json(result["schedule"]))
-        except PlannerError as exc:  # the planner's own output did not load: a bug, reported as such
+        except (PlannerError, FormatError) as exc:  # the planner's own output did not load: a bug, reported as such
             log.error("request %s: the planner's schedule does not load: %s", request_id, exc)
             self._end(request_id, solve_requests.FAILED, seconds, f"the planner returned a bad schedule: {exc}")
             return

@@ -48,7 +48,7 @@ from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from agent.daemon.config import AgentConfig
 from agent.daemon.sources import NoReporter, Reporter, Request, ScheduleSource
 from agent.errors import FleetAuthError, FleetError, FleetUnavailableError
-from schedules.errors import InfeasibleBudgetError, PlannerError, SolverError
+from schedules.errors import FormatError, InfeasibleBudgetError, PlannerError, SolverError
 from schedules.files import write_atomically
 from schedules.schedule import Schedule
 from schedules.signing import key_id, load_public_key
@@ -239,7 +239,7 @@ class ServerScheduleSource:
             self.client.close()
         try:
             request.check(schedule)
-        except PlannerError as exc:
+        except (PlannerError, FormatError) as exc:
             raise FleetError(f"the fleet server's schedule {schedule_id} does not fit this request: {exc}") from exc
         return schedule
 
@@ -276,7 +276,7 @@ class ServerScheduleSource:
                                  "about a kept copy")
             try:
                 return Schedule.load(path, public_key=self.public_key)
-            except PlannerError as exc:
+            except (PlannerError, FormatError) as exc:
                 log.warning("the kept copy of schedule %s is refused, downloading it again: %s", schedule_id, exc)
                 return self._download(schedule_id, conditional=False)
         schedule = Schedule.from_json(response.content, public_key=self.public_key,

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from schedules.device import DeviceProfile
-from schedules.errors import InfeasibleBudgetError, PlannerError, ScheduleMismatchError
+from schedules.errors import FormatError, InfeasibleBudgetError, PlannerError, ScheduleMismatchError
 from schedules.graph import TrainingGraph
 from schedules.schedule import Schedule
 from schedules.step_memory import TrainingSpec
@@ -156,7 +156,7 @@ class ScheduleCache:
         try:
             schedule = self._verified(path)
             request.check(schedule)
-        except PlannerError as exc:
+        except (PlannerError, FormatError) as exc:
             log.warning("cached schedule %s refused, getting a new one: %s", path, exc)
             path.unlink(missing_ok=True)
             return None

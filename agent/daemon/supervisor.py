@@ -49,6 +49,7 @@ from agent.daemon.sources import NoReporter, Reporter
 from agent.daemon.status import initial_status, write_status
 from agent.federated.supernode import SuperNode
 from agent.monitors import Decision, Eligibility
+from common.backoff import Backoff
 
 log = logging.getLogger("poet-agent")
 
@@ -139,7 +140,8 @@ class Daemon:
         self.supernode = SuperNode(config) if config.flower.enabled else None
         self.worker: Worker | None = None
         self.next_window_at = 0.0
-        self.backoff_seconds = config.training.backoff_seconds
+        first = config.training.backoff_seconds
+        self.backoff = Backoff(first, max(BACKOFF_MAX_SECONDS, first))  # after a failed window
         self.last_decision: Decision | None = None
         self._terminate = False
         self._last_poll = -1e18
@@ -291,7 +293,7 @@ class Daemon:
                 s.update(steps_done=event.steps_done, loss=event.loss, peak_bytes=event.peak_bytes,
                          bound_bytes=event.bound_bytes, step_seconds=event.seconds, memory_parts=event.parts)
                 s["energy_j"] = (s.get("energy_j") or 0.0) + (event.energy_j or 0.0)
-                self.backoff_seconds = self.config.training.backoff_seconds  # a step worked: errors start over
+                self.backoff.reset()  # a step worked: errors start over
             case CheckpointEvent():
                 s["last_checkpoint_seconds"] = event.seconds
             case EvalEvent():
@@ -318,9 +320,9 @@ class Daemon:
             why = worker.killed_reason or self.status.get("last_error") or _exit_text(code)
             self.status["last_error"] = why
             self._window_stop_reason = f"training failed: {why}"
-            self.next_window_at = now + self.backoff_seconds
-            self._set_state("backing off", f"{self._window_stop_reason}; next try in {self.backoff_seconds:.0f} s")
-            self.backoff_seconds = min(BACKOFF_MAX_SECONDS, 2 * self.backoff_seconds)
+            wait = self.backoff.failed(now)
+            self.next_window_at = now + wait
+            self._set_state("backing off", f"{self._window_stop_reason}; next try in {wait:.0f} s")
         self._write(now)
 
     def _shutdown(self, selector: selectors.BaseSelector) -> None:

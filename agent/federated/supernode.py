@@ -38,6 +38,7 @@ from agent.federated import launcher
 from agent.federated.launcher import PROGRAM_VARIABLE, SOCKET_VARIABLE
 from agent.daemon.config import AgentConfig
 from agent.errors import SuperNodeKeyError
+from common.backoff import Backoff
 from common.process_tree import stop_tree
 from common.programs import find_program, flower_environment
 
@@ -125,11 +126,9 @@ class SuperNode:
         self.process: subprocess.Popen | None = None
         self.runner: subprocess.Popen | None = None  # the warm ClientApp runner, while the SuperNode runs
         self._runner_environment: dict[str, str] = {}
-        self._runner_retry_at = 0.0
-        self._runner_retry_seconds = RETRY_FIRST_SECONDS
+        self._runner_backoff = Backoff(RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS)
         self.state = "stopped: not eligible"
-        self.retry_at = 0.0
-        self.retry_seconds = RETRY_FIRST_SECONDS
+        self.backoff = Backoff(RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS)
         self._log_offset = 0
         self.public_key = ensure_key(config.supernode_key_path)
         if not config.flower.auth:
@@ -162,20 +161,19 @@ class SuperNode:
             self._follow(eligible, now)
         except Exception as exc:  # the agent's daemon must outlive any trouble with Flower
             log.exception("Flower SuperNode: cannot follow the device's eligibility")
-            self.stop(f"failed: {exc}; starting again in {self.retry_seconds:.0f} s")
-            self._back_off(now)
+            self.stop(f"failed: {exc}; starting again in {self.backoff.failed(now):.0f} s")
 
     def _follow(self, eligible: bool, now: float) -> None:
         if self.process is not None and self.process.poll() is not None:
             self._exited(now)
-        if eligible and self.process is None and now >= self.retry_at:
+        if eligible and self.process is None and self.backoff.due(now):
             self._start()
         elif eligible and self.process is not None and self.config.flower.warm_clientapps:
             self._keep_runner(self._runner_environment, now)
         elif not eligible and (self.process is not None or self.runner is not None):
             self.stop("stopped: not eligible")
         elif not eligible:
-            self.retry_at, self.retry_seconds = 0.0, RETRY_FIRST_SECONDS
+            self.backoff.reset()
             if not self.state.startswith("refused"):
                 self.state = "stopped: not eligible"
 
@@ -207,15 +205,10 @@ class SuperNode:
         if REFUSED_MARK in _read_from(self.log_path, self._log_offset):
             self.state = (f"refused by the SuperLink: its key is not registered (poet-edge server supernode "
                           f"register {self.config.device.name} {self.public_key})")
-            self.retry_seconds = RETRY_MAX_SECONDS
+            self.backoff.failed(now, wait=RETRY_MAX_SECONDS)  # until the operator registers it
         else:
-            self.state = f"exited with {code}; starting again in {self.retry_seconds:.0f} s"
+            self.state = f"exited with {code}; starting again in {self.backoff.failed(now):.0f} s"
         log.warning("Flower SuperNode %s (see %s)", self.state, self.log_path)
-        self._back_off(now)
-
-    def _back_off(self, now: float) -> None:
-        self.retry_at = now + self.retry_seconds
-        self.retry_seconds = min(RETRY_MAX_SECONDS, 2 * self.retry_seconds)
 
     @property
     def log_path(self) -> Path:
@@ -233,13 +226,13 @@ class SuperNode:
         self._runner_environment = environment
         if self.runner is not None and self.runner.poll() is None:
             return
-        if self.runner is not None:
-            if now is None or now < self._runner_retry_at:
-                return
-            log.warning("warm ClientApp runner exited with %s (see %s); starting it again", self.runner.returncode,
-                        self.config.flower_dir / "clientapps.log")
-            self._runner_retry_at = now + self._runner_retry_seconds
-            self._runner_retry_seconds = min(RETRY_MAX_SECONDS, 2 * self._runner_retry_seconds)
+        if self.runner is not None:  # it ended: said once, and started again when the backoff allows
+            wait = self._runner_backoff.failed(now if now is not None else 0.0)
+            log.warning("warm ClientApp runner exited with %s (see %s); starting it again in %.0f s",
+                        self.runner.returncode, self.config.flower_dir / "clientapps.log", wait)
+            self.runner = None
+        if now is not None and not self._runner_backoff.due(now):
+            return
         with open(self.config.flower_dir / "clientapps.log", "ab") as output:
             self.runner = subprocess.Popen(
                 [sys.executable, "-m", "agent.federated.runner", "--config", str(self.config.path.resolve()),
@@ -260,7 +253,7 @@ class SuperNode:
 
     def _stop_runner(self) -> None:
         runner, self.runner = self.runner, None
-        self._runner_retry_at, self._runner_retry_seconds = 0.0, RETRY_FIRST_SECONDS
+        self._runner_backoff.reset()
         if runner is not None and runner.poll() is None and not stop_tree(runner, STOP_SECONDS):
             log.warning("warm ClientApp runner did not stop within %g s: killed", STOP_SECONDS)
 

@@ -23,7 +23,6 @@ downloads the app's dependencies).
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import ssl
 import subprocess
@@ -36,6 +35,7 @@ from pathlib import Path
 
 from server.config import TLS_FILES, FlowerSettings, ServerSettings
 from common import programs
+from common.backoff import Backoff
 from common.process_tree import signal_tree, stop_tree
 from common.programs import find_program
 from server.errors import FlowerError
@@ -173,24 +173,22 @@ class SuperLink:
                  self.log_path)
 
     def _watch(self) -> None:
-        backoff = BACKOFF_FIRST_SECONDS
+        backoff = Backoff(BACKOFF_FIRST_SECONDS, BACKOFF_MAX_SECONDS, stable_after=STABLE_SECONDS)
         while not self._stopping.is_set():
             process = self.process
-            started = time.monotonic()
+            backoff.started(time.monotonic())
             code = process.wait()
             if self._stopping.is_set():
                 return
-            backoff = BACKOFF_FIRST_SECONDS if time.monotonic() - started > STABLE_SECONDS else backoff
-            log.warning("Flower SuperLink exited with %s; restarting in %.0f s (see %s)", code, backoff,
-                        self.log_path)
+            wait = backoff.failed(time.monotonic())
+            log.warning("Flower SuperLink exited with %s; restarting in %.0f s (see %s)", code, wait, self.log_path)
             signal_tree(process.pid, signal.SIGKILL)  # what it left behind holds the port
-            if self._stopping.wait(backoff):
+            if self._stopping.wait(wait):
                 return
             try:
                 self._spawn()
             except FlowerError as exc:
                 log.error("%s", exc)
-            backoff = min(BACKOFF_MAX_SECONDS, 2 * backoff)
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Wait until the SuperLink answers ``GET /health``; raises :class:`FlowerError` after ``timeout`` s."""
