@@ -65,9 +65,7 @@ def register(settings: ServerSettings, name: str, public_key: Path) -> int:
     """Register ``public_key`` for device ``name`` with the running SuperLink; returns the node id."""
     name = check_device_name(name)
     text = check_public_key(public_key)
-    home = settings.flower_dir / "home"
-    if not (home / "config.toml").is_file():
-        raise FlowerError(f"no SuperLink connection in {home}: start the server with --flower first")
+    home = _connected_home(settings)
     command = [str(flower_binary("flwr")), "supernode", "register", str(public_key.resolve()), CONNECTION,
                "--name", name, "--format", "json"]
     answer = _run_json(command, home)
@@ -81,12 +79,20 @@ def register(settings: ServerSettings, name: str, public_key: Path) -> int:
 
 def list_nodes(settings: ServerSettings) -> list[dict[str, Any]]:
     """The SuperLink's nodes (``flwr supernode list``), each with ``device``: its registered name or ``None``."""
-    home = settings.flower_dir / "home"
+    home = _connected_home(settings)
     answer = _run_json([str(flower_binary("flwr")), "supernode", "list", CONNECTION, "--format", "json"], home)
     if not answer.get("success"):
         raise FlowerError(f"the SuperLink did not list its nodes: {answer.get('error-message', answer)}")
     by_id = {entry["node_id"]: name for name, entry in read_names(settings).items()}
     return [{**node, "device": by_id.get(int(node["node-id"]))} for node in answer.get("nodes", [])]
+
+
+def _connected_home(settings: ServerSettings) -> Path:
+    """Flower's home folder holding the connection to this server's SuperLink, which ``--flower`` writes."""
+    home = settings.flower_dir / "home"
+    if not (home / "config.toml").is_file():
+        raise FlowerError(f"no SuperLink connection in {home}: start the server with --flower first")
+    return home
 
 
 def _run_json(command: list[str], home: Path) -> dict[str, Any]:
