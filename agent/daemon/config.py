@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 from agent.energy.detect import MeterConfig
 from agent.errors import ConfigError
 from agent.monitors.quiet import parse_window
+from agent.zoo_names import model_problems
 from common.units import parse_bytes
 
 
@@ -292,11 +293,17 @@ def _check(c: AgentConfig) -> list[str]:
         "training.step_cancel_seconds": c.training.step_cancel_seconds,
         "training.backoff_seconds": c.training.backoff_seconds,
         "schedule.solve_time_limit": c.schedule.solve_time_limit,
-        "eligibility.idle_seconds": c.eligibility.idle_seconds + 1,  # 0 allowed: eligible at once
         "eligibility.poll_seconds": c.eligibility.poll_seconds,
         "eligibility.training_poll_seconds": c.eligibility.training_poll_seconds,
     }
     found += [f"{key} must be positive" for key, value in positive.items() if value <= 0]
+    if c.eligibility.idle_seconds < 0:
+        found.append("eligibility.idle_seconds must be >= 0 (0: eligible as soon as the other conditions hold)")
+    supplies = c.device.sysfs_root / "sys" / "class" / "power_supply"
+    if not supplies.is_dir():  # else a mistyped root reads as "no battery" and trains on a discharging one
+        found.append(f"device.sysfs_root = {str(c.device.sysfs_root)!r}: it has no sys/class/power_supply, so the "
+                     "agent could not tell whether the device is charging; leave it out to read this machine's "
+                     "(\"/\")")
     if not c.device.name:
         found.append("device.name is required (how the fleet knows this device)")
     if not c.workload.model:
@@ -304,6 +311,8 @@ def _check(c: AgentConfig) -> list[str]:
                      "or package.module:factory")
     if c.workload.input and not re.fullmatch(r"\d+(x\d+)*", c.workload.input.lower()):
         found.append(f"workload.input = {c.workload.input!r}: expected a batch shape such as 8x3x32x32")
+    elif c.workload.model:
+        found += model_problems(c.workload.model, c.workload.input)
     if c.workload.max_nodes is not None and c.workload.max_nodes < 2:
         found.append("workload.max_nodes must be at least 2")
     if c.data.path is None:

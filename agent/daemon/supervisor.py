@@ -89,6 +89,7 @@ class Worker:
         self.fd = read_fd
         self._buffer = b""
         self.stop_sent_at: float | None = None
+        self.stop_reason = ""  # why the daemon asked it to stop (eligibility lost, the agent stopping)
         self.killed_reason: str | None = None
 
     def read_events(self) -> list[WorkerEvent]:
@@ -101,10 +102,10 @@ class Worker:
         *lines, self._buffer = self._buffer.split(b"\n")
         return [event for line in lines if line.strip() and (event := decode(line)) is not None]
 
-    def request_stop(self, now: float) -> None:
+    def request_stop(self, now: float, why: str) -> None:
         if self.stop_sent_at is None and self.process.poll() is None:
             self.process.send_signal(signal.SIGUSR1)
-            self.stop_sent_at = now
+            self.stop_sent_at, self.stop_reason = now, why
 
     def kill(self, reason: str) -> None:
         self.killed_reason = reason
@@ -150,6 +151,7 @@ class Daemon:
         self._last_report = -1e18
         self._reporter_problem: str | None = None
         self._window_stop_reason = ""
+        self._checkpointed_steps = 0  # steps the newest checkpoint holds, as the worker reported
 
     # -- the loop --------------------------------------------------------------------
     def run(self) -> int:
@@ -249,7 +251,7 @@ class Daemon:
         if not decision.eligible and worker.stop_sent_at is None:
             log.info("eligibility lost (%s): stopping after the step in progress", decision.reason)
             self.status["reason"] = f"stopping after the step in progress: {decision.reason}"
-            worker.request_stop(now)
+            worker.request_stop(now, decision.reason)
         bound, baseline = self.status.get("bound_bytes"), self.status.get("rss_baseline_bytes")
         rss = worker.rss_bytes()
         if bound and baseline and rss and rss > HARD_BOUND_FACTOR * (baseline + bound):
@@ -280,6 +282,7 @@ class Daemon:
             case DataEvent():
                 s["data"], s["samples_skipped"] = event.description, event.skipped
             case ReadyEvent():
+                self._checkpointed_steps = event.steps_done
                 s.update(schedule_id=event.schedule_id, schedule_from=event.schedule_from,
                          memory_budget_bytes=event.memory_budget, steps_done=event.steps_done,
                          energy_source=event.energy_source, rss_baseline_bytes=event.baseline_rss,
@@ -293,13 +296,17 @@ class Daemon:
                 s.update(steps_done=event.steps_done, loss=event.loss, peak_bytes=event.peak_bytes,
                          bound_bytes=event.bound_bytes, step_seconds=event.seconds, memory_parts=event.parts)
                 s["energy_j"] = (s.get("energy_j") or 0.0) + (event.energy_j or 0.0)
-                self.backoff.reset()  # a step worked: errors start over
             case CheckpointEvent():
                 s["last_checkpoint_seconds"] = event.seconds
+                self._checkpointed_steps = event.steps_done
+                self.backoff.reset()  # work was kept: errors start over (a step alone keeps nothing)
             case EvalEvent():
                 s["holdout_loss"], s["holdout_accuracy"] = event.loss, event.accuracy
             case StoppedEvent():
-                self._window_stop_reason = f"{event.reason} at step {event.steps_done}"
+                asked = self.worker.stop_reason if self.worker is not None else ""
+                # the worker knows only that a stop came; the daemon knows why it asked
+                reason = f"stopped: {asked}" if asked and event.reason.startswith("stop requested") else event.reason
+                self._window_stop_reason = f"{reason} at step {event.steps_done}"
                 s["last_stop_after_step_seconds"] = event.seconds_after_step
             case ErrorEvent():
                 s["last_error"] = event.message
@@ -319,6 +326,10 @@ class Daemon:
         else:
             why = worker.killed_reason or self.status.get("last_error") or _exit_text(code)
             self.status["last_error"] = why
+            lost = (self.status.get("steps_done") or 0) - self._checkpointed_steps
+            if lost > 0:  # the status shows what the checkpoint holds: those steps are trained again
+                why += f" ({lost} step{'s' * (lost != 1)} after the last checkpoint are trained again)"
+                self.status["steps_done"] = self._checkpointed_steps
             self._window_stop_reason = f"training failed: {why}"
             wait = self.backoff.failed(now)
             self.next_window_at = now + wait
@@ -333,7 +344,7 @@ class Daemon:
         worker = self.worker
         if worker is not None:
             log.info("stop requested: the training process checkpoints after the step in progress")
-            worker.request_stop(self.clock())
+            worker.request_stop(self.clock(), "the agent is stopping")
             try:
                 worker.process.wait(STOP_TIMEOUT_SECONDS)
             except subprocess.TimeoutExpired:

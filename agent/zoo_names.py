@@ -1,0 +1,32 @@
+"""The zoo's model names and the input each takes, without torch: the agent's configuration check knows
+them at start, before any model is built (:mod:`agent.zoo` builds them)."""
+
+from __future__ import annotations
+
+import re
+
+# name -> (input rank, an example input): what ``workload.input`` must look like for each zoo model
+ZOO_INPUTS: dict[str, tuple[int, str]] = {
+    "resnet18": (4, "32x3x64x64"),
+    "mobilenet_v2": (4, "32x3x64x64"),
+    "vgg11_bn": (4, "8x3x64x64"),
+    "bert": (2, "8x128"),
+    "unet": (4, "8x3x64x64"),
+}
+FACTORY_SPEC = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+
+
+def model_problems(model: str, input: str | None) -> list[str]:
+    """What is wrong with ``workload.model`` and ``workload.input`` as written (empty when nothing)."""
+    if ":" in model:
+        if not FACTORY_SPEC.fullmatch(model.strip()):
+            return [f"workload.model = {model!r}: a model of your own is package.module:factory"]
+        return []
+    entry = ZOO_INPUTS.get(model.strip().lower())
+    if entry is None:
+        return [f"workload.model = {model!r} is not a zoo model ({', '.join(ZOO_INPUTS)}); a model of your own "
+                "is package.module:factory"]
+    rank, example = entry
+    if input and len(input.lower().split("x")) != rank:
+        return [f"workload.input = {input!r}: {model} takes a {rank}-dimensional input, batch first, e.g. {example}"]
+    return []
