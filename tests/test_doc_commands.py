@@ -264,6 +264,7 @@ def test_the_documents_commands_run(name: str, sandbox: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(4 * 3600)  # the federation page's commands are the fleet simulations its figures come from
 @pytest.mark.parametrize("name", [n for n in _document_ids() if n in SLOW])
 def test_the_slow_documents_commands_run(name: str, sandbox: Path) -> None:
     ran = run_document(REPO / name, sandbox)

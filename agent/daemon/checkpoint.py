@@ -8,7 +8,11 @@ fsynced, renamed over its final name and the directory fsynced, so a name
 either holds a whole checkpoint or does not exist.
 :meth:`CheckpointStore.load_latest` takes the newest file whose hash matches
 and falls back to the one before when the newest is damaged (a disk that lied
-about a flush, a bit flipped on an SD card); its tensors are read when the
+about a flush, a bit flipped on an SD card).  A damaged file passed over is
+renamed aside (``step-N.ckpt.damaged``, kept for inspection), so the files
+kept are the newest that read back, never a damaged one in place of a good
+one; when none reads back, nothing is renamed and loading refuses, since
+starting over from the initial weights would lose every step.  Its tensors are read when the
 caller asks (:class:`~agent.daemon.checkpoint_file.StoredTensor`).  The
 skeleton is loaded with ``weights_only=True``: a checkpoint holds tensors and
 plain values only.
@@ -27,13 +31,15 @@ from agent.daemon.checkpoint_file import MAGIC, DamagedError
 from agent.errors import CheckpointError
 
 KEEP = 2
+DAMAGED_SUFFIX = ".damaged"
 _NAME = re.compile(r"^step-(\d{9})\.ckpt$")
 
 
 
 @dataclass(frozen=True)
 class Loaded:
-    """A checkpoint read back: its step count, content, and the damaged newer files passed over."""
+    """A checkpoint read back: its step count, content, and the damaged newer files passed over (renamed aside
+    with :data:`DAMAGED_SUFFIX`)."""
 
     steps_done: int
     state: dict[str, Any]
@@ -84,12 +90,16 @@ class CheckpointStore:
         Raises :class:`CheckpointError` when checkpoints exist but every one is damaged.
         """
         skipped: list[str] = []
+        damaged: list[Path] = []
         for path in reversed(self.paths()):
             try:
                 state = _read(path)
             except CheckpointError as exc:
                 skipped.append(str(exc))
+                damaged.append(path)
                 continue
+            for bad in damaged:  # out of the names retention counts, so it never deletes a good one for them
+                bad.replace(bad.with_name(bad.name + DAMAGED_SUFFIX))
             return Loaded(int(_NAME.match(path.name).group(1)), state, path, tuple(skipped))
         if skipped:
             raise CheckpointError("no checkpoint can be read: " + "; ".join(skipped)

@@ -176,6 +176,8 @@ def format_status(s: dict[str, Any]) -> str:
                                      f"{p['personalization']}, {p['steps']} steps, {made}): held-out accuracy "
                                      f"{100 * p['accuracy_before']:.1f}% -> {100 * p['accuracy_after']:.1f}%, "
                                      f"in {p['path']}"))
+    for damaged in s.get("checkpoints_passed_over") or []:
+        rows.append(("passed over", f"{damaged} (renamed aside to .damaged; resumed from the one before)"))
     rows.append(("last error", s.get("last_error") or "none"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -49,6 +49,8 @@ FIELDS: dict[str, str] = {
     "data": "the local data set in words, skipped samples included",
     "samples_skipped": "unreadable or malformed samples skipped",
     "last_error": "the last error's message, or null",
+    "checkpoints_passed_over": "damaged checkpoints the last window passed over to resume from an older one "
+                               "(each renamed aside to NAME.damaged), or null",
     "step_seconds": "how long the last step took",
     "last_checkpoint_seconds": "how long the last checkpoint took",
     "supernode": "the Flower SuperNode: running, stopped (and why) or refused by the SuperLink (null without "

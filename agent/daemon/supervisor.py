@@ -287,8 +287,11 @@ class Daemon:
                          memory_budget_bytes=event.memory_budget, steps_done=event.steps_done,
                          energy_source=event.energy_source, rss_baseline_bytes=event.baseline_rss,
                          planned_parts=event.predicted_parts)
+                s["checkpoints_passed_over"] = list(event.skipped_checkpoints) or None
                 if self.worker is not None and self.worker.stop_sent_at is None:
                     resumed = f", resumed at step {event.steps_done}" if event.resumed_from else ""
+                    if event.skipped_checkpoints:
+                        resumed += f" (passed over {len(event.skipped_checkpoints)} damaged checkpoint(s))"
                     self._set_state("training", f"schedule {event.schedule_id} from {event.schedule_from}{resumed}")
                 for skipped in event.skipped_checkpoints:
                     log.warning("checkpoint passed over: %s", skipped)

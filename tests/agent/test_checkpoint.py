@@ -43,6 +43,19 @@ def test_a_damaged_newest_falls_back_to_the_one_before(tmp_path: Path) -> None:
     assert "checksum" in loaded.skipped[0]
 
 
+def test_after_falling_back_the_good_checkpoint_is_kept_and_the_damaged_one_set_aside(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    store.save(1, state(1))
+    newest = store.save(2, state(2))
+    newest.write_bytes(newest.read_bytes()[:-10])  # a write the disk did not finish
+    assert store.load_latest().steps_done == 1
+    store.save(3, state(3))  # training went on from step 1
+    assert [p.name for p in store.paths()] == ["step-000000001.ckpt", "step-000000003.ckpt"]
+    assert (tmp_path / "step-000000002.ckpt.damaged").is_file()  # kept for a look, out of retention's way
+    store.paths()[-1].write_bytes(b"garbage")
+    assert store.load_latest().steps_done == 1  # the good one survived to be fallen back on again
+
+
 def test_every_checkpoint_damaged_is_an_error_that_says_what_to_do(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path)
     store.save(1, state(1)).write_bytes(b"garbage")

@@ -206,6 +206,30 @@ def test_sigterm_checkpoints_every_committed_step_and_exits(rig) -> None:
     assert steps == status["steps_done"] >= 4
 
 
+def test_a_damaged_newest_checkpoint_is_passed_over_in_the_open_and_the_good_one_kept(rig) -> None:
+    device, config, tmp = rig
+    path = config(training_steps_per_window=6, training_checkpoint_every=3)
+    agent = start_agent(path)
+    wait_for(lambda: "window done" in read_status(tmp).get("reason", ""), 60, "a whole window", agent)
+    assert stop(agent) == 0
+    (directory,) = (tmp / "state" / "checkpoints").iterdir()
+    newest = directory / "step-000000006.ckpt"
+    newest.write_bytes(newest.read_bytes()[:-10])  # the disk lost the end of the last write
+    agent = start_agent(path)
+    try:
+        status = wait_for(lambda: (s := read_status(tmp)).get("checkpoints_passed_over") and s, 60,
+                          "the damaged checkpoint passed over", agent)
+        assert "step-000000006.ckpt" in status["checkpoints_passed_over"][0]
+        wait_for(lambda: "window done" in read_status(tmp).get("reason", ""), 60, "the window after", agent)
+        shown = subprocess.run(agent_command("agent", "status", "--config", str(path)), capture_output=True,
+                               text=True, env={**os.environ, "PYTHONPATH": str(REPO)}).stdout
+        assert "passed over" in shown and "step-000000006.ckpt" in shown
+    finally:
+        assert stop(agent) == 0
+    kept = sorted(p.name for p in directory.iterdir())
+    assert kept == ["step-000000006.ckpt", "step-000000006.ckpt.damaged", "step-000000009.ckpt"]
+
+
 def test_notify_socket_gets_ready_status_watchdog_and_stopping(rig) -> None:
     device, config, tmp = rig
     address = str(tmp / "notify.sock")
@@ -250,7 +274,7 @@ def test_a_tampered_or_foreign_schedule_is_refused_with_the_reason_in_status(rig
                         load_private_key(private))
     other_budget.save(tmp / "other-budget.json")
     for name, expected in (("tampered.json", "signature does not verify"), ("foreign.json", "planned for graph"),
-                           ("other-budget.json", f"not this device's training.memory_budget of")):
+                           ("other-budget.json", "not this device's training.memory_budget of")):
         agent = start_agent(config(schedule_file=str(tmp / name), schedule_public_key=str(public)))
         try:
             status = wait_for(lambda: (s := read_status(tmp)).get("state") == "backing off" and s, 60,
