@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import PersonalModelError
-from schedules.files import write_atomically
+from common.files import write_atomically
 
 FOLDER = "personal"
 WEIGHTS = "model.pt"

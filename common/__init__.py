@@ -7,6 +7,7 @@
 - :mod:`common.exit_codes` ``ExitCode``, ``EXIT_CODES`` and ``exit_code_for``: where an error becomes a status.
 - :mod:`common.canonical` canonical JSON (one byte string per value, for hashes and signatures) and
   validated JSON loading that fails with ``FormatError``.
+- :mod:`common.files` ``write_atomically``: a file replaced whole or not at all (state on disk).
 - :mod:`common.units` byte sizes as people type them (``3MB``, ``1.5MiB``).
 - :mod:`common.backoff` ``Backoff``: when a supervisor starts a failed child again (the agent's training process,
   the SuperNode and its warm runner, the SuperLink, the planner processes).

@@ -28,7 +28,7 @@ from sqlalchemy import desc, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from schedules.errors import SignatureError
-from schedules.files import write_atomically
+from common.files import write_atomically
 from schedules.signing import sign_payload, verify_payload
 from server.db.engine import Database
 from server.db.models import ModelVersion

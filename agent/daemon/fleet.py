@@ -49,7 +49,7 @@ from agent.daemon.config import AgentConfig
 from agent.daemon.sources import NoReporter, Reporter, Request, ScheduleSource
 from agent.errors import FleetAuthError, FleetError, FleetUnavailableError
 from schedules.errors import FormatError, InfeasibleBudgetError, PlannerError, SolverError
-from schedules.files import write_atomically
+from common.files import write_atomically
 from schedules.schedule import Schedule
 from schedules.signing import key_id, load_public_key
 

@@ -14,6 +14,8 @@ reports nowhere (the status file is always written).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,8 @@ from schedules.errors import FormatError, InfeasibleBudgetError, PlannerError, S
 from schedules.graph import TrainingGraph
 from schedules.schedule import Schedule
 from schedules.step_memory import TrainingSpec
+from common.canonical import canonical_json
+from common.files import write_atomically
 from common.units import format_bytes
 from schedules.signing import generate_keypair, load_private_key, load_public_key, sign
 
@@ -173,9 +177,35 @@ class ScheduleCache:
         temporary.replace(path)
         return schedule
 
-    def _verified(self, path: Path) -> Schedule:
-        import json
+    def verdict_path(self, request: Request) -> Path:
+        """Where the verdict that no schedule fits ``request`` is kept."""
+        return self.path(request).with_suffix(".infeasible.json")
 
+    def store_infeasible(self, request: Request, message: str) -> None:
+        """Keep the verdict that no schedule fits ``request``, tied to its graph and device profile."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        write_atomically(self.verdict_path(request),
+                         canonical_json({"inputs": _request_inputs(request), "message": message}))
+
+    def raise_known_infeasible(self, request: Request) -> None:
+        """Raise the kept :class:`InfeasibleBudgetError` when an earlier solve found ``request`` infeasible for
+        this very graph and device profile (a verdict for other inputs, or unreadable, is removed)."""
+        path = self.verdict_path(request)
+        if not path.is_file():
+            return
+        try:
+            verdict = json.loads(path.read_bytes())
+            same = verdict.get("inputs") == _request_inputs(request)
+            message = str(verdict["message"])
+        except (OSError, ValueError, KeyError, AttributeError):
+            same = False
+        if not same:
+            path.unlink(missing_ok=True)
+            return
+        raise InfeasibleBudgetError(f"{message} [found by an earlier solve of this graph and budget; change the "
+                                    f"budget, or remove {path} to solve again]")
+
+    def _verified(self, path: Path) -> Schedule:
         signature = json.loads(path.read_bytes()).get("signature") or {}
         keys = [k for k in (self.trusted_key, self._agent_public()) if k is not None]
         from schedules.signing import key_id
@@ -195,13 +225,27 @@ class ScheduleCache:
         return load_public_key(self._agent_key()[1])
 
 
+def _request_inputs(request: Request) -> str:
+    """What a verdict depends on besides the file name's budgets: the graph and the device profile."""
+    device = hashlib.sha256(canonical_json(request.device.to_dict())).hexdigest()
+    return f"{request.graph.fingerprint}/{device}"
+
+
 def get_schedule(source: ScheduleSource, cache: ScheduleCache, request: Request) -> tuple[Schedule, str]:
     """The cached schedule when it still verifies, else a new one from ``source`` (verified and cached);
-    returns it and where it came from."""
-    cached = cache.load(request) if source.cacheable else None
-    if cached is not None:
-        return cached, f"cache ({cache.path(request).name})"
-    schedule = source.fetch(request)
+    returns it and where it came from.  A budget found infeasible is not solved again for the same graph,
+    device profile and budgets: the verdict is kept beside the cache and raised again at once."""
+    if source.cacheable:
+        cache.raise_known_infeasible(request)
+        cached = cache.load(request)
+        if cached is not None:
+            return cached, f"cache ({cache.path(request).name})"
+    try:
+        schedule = source.fetch(request)
+    except InfeasibleBudgetError as exc:
+        if source.cacheable:
+            cache.store_infeasible(request, str(exc))
+        raise
     request.check(schedule)
     return cache.store(request, schedule), source.description
 

@@ -230,6 +230,29 @@ def test_a_damaged_newest_checkpoint_is_passed_over_in_the_open_and_the_good_one
     assert kept == ["step-000000006.ckpt", "step-000000006.ckpt.damaged", "step-000000009.ckpt"]
 
 
+def test_a_budget_found_infeasible_is_not_solved_again_until_something_changes(rig, monkeypatch) -> None:
+    import sys
+
+    from schedules.errors import InfeasibleBudgetError
+
+    device, config, tmp = rig
+    solves = []
+    planner = sys.modules["schedules.plan"]  # the module: the package exports its `plan` under the same name
+    real_plan = planner.plan
+    monkeypatch.setattr(planner, "plan", lambda *a, **k: solves.append(k.get("memory_budget")) or
+                        real_plan(*a, **k))  # a spy: every solve still runs for real
+    tiny = load_config(config(training_memory_budget="2kB"))
+    with pytest.raises(InfeasibleBudgetError, match="smallest budget that fits is") as first:
+        prepare(tiny)
+    assert solves and "earlier solve" not in str(first.value)
+    solves.clear()
+    with pytest.raises(InfeasibleBudgetError, match="found by an earlier solve") as again:
+        prepare(tiny)  # as the daemon does after each backoff
+    assert not solves and str(first.value) in str(again.value)
+    prepare(load_config(config(training_memory_budget="15MB")))  # another budget is solved as ever
+    assert solves
+
+
 def test_notify_socket_gets_ready_status_watchdog_and_stopping(rig) -> None:
     device, config, tmp = rig
     address = str(tmp / "notify.sock")
