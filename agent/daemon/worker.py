@@ -34,14 +34,31 @@ from common.exit_codes import ExitCode, exit_code_for
 
 
 class Events:
-    """JSON lines to the daemon, flushed at once (the daemon reads them as they come)."""
+    """JSON lines to the daemon, flushed at once (the daemon reads them as they come).
+
+    When the daemon is gone (killed, crashed: the pipe is broken) the worker is an orphan: :attr:`orphaned`
+    turns true, the window stops at the next step boundary with a checkpoint, and nothing more is written.
+    """
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
+        self.orphaned = False
 
     def emit(self, event: WorkerEvent) -> None:
-        self.stream.write(encode(event) + "\n")
-        self.stream.flush()
+        if self.orphaned:
+            return
+        try:
+            self.stream.write(encode(event) + "\n")
+            self.stream.flush()
+        except BrokenPipeError:
+            self.orphaned = True
+            logging.getLogger("poet-agent").warning("the agent daemon is gone: stopping after this step, "
+                                                    "with a checkpoint")
+            broken, self.stream = self.stream, open(os.devnull, "w")
+            try:  # what is still buffered must not fail again, as a traceback, when the stream is collected
+                broken.close()
+            except OSError:
+                pass
 
 
 class StopRequest:
@@ -123,6 +140,8 @@ def _train(config: Any, trainer: Any, stop: StopRequest, events: Events, cancell
     for _ in range(config.training.steps_per_window):
         if stop.requested:
             return "stop requested", ended
+        if events.orphaned:
+            return "the agent daemon is gone", ended
         try:
             result = trainer.step(cancel=stop.cancel_now)
         except cancelled as exc:

@@ -253,6 +253,29 @@ def test_a_budget_found_infeasible_is_not_solved_again_until_something_changes(r
     assert solves
 
 
+def test_a_worker_whose_daemon_died_checkpoints_and_exits_quietly(rig) -> None:
+    import psutil
+
+    device, config, tmp = rig
+    agent = start_agent(config(training_steps_per_window=100000, training_checkpoint_every=1000))
+    try:
+        wait_for(lambda: read_status(tmp).get("steps_done", 0) >= 3, 60, "training steps", agent)
+        (worker,) = psutil.Process(agent.pid).children()
+        os.kill(agent.pid, signal.SIGKILL)  # the daemon dies; its training process lives on, orphaned
+        worker.wait(30)  # not our child: its exit code is the daemon's to read, and the daemon is gone
+        output = agent.stdout.read()  # the worker wrote to the daemon's standard error: ends when it exits
+    finally:
+        try:
+            os.killpg(agent.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        agent.wait()
+    assert "the agent daemon is gone" in output
+    assert "Traceback" not in output and "BrokenPipe" not in output
+    steps, _ = checkpoint_state(tmp / "state")
+    assert steps >= read_status(tmp)["steps_done"] >= 3  # every step it reported, and any after, is kept
+
+
 def test_notify_socket_gets_ready_status_watchdog_and_stopping(rig) -> None:
     device, config, tmp = rig
     address = str(tmp / "notify.sock")
