@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.personal_model import EXPORT_FORMATS
+from common.cli import positive_int
 from common.errors import CommandError
 from common.exit_codes import ExitCode
 
@@ -44,6 +45,9 @@ def add_commands(subparsers: Any) -> None:
     status.add_argument("--config", required=True, metavar="FILE", help="the agent's config")
     status.add_argument("--json", action="store_true", help="print the status as JSON (keys state, reason, "
                                                             "steps_done are stable)")
+    status.add_argument("--history", nargs="?", type=positive_int, const=20, default=None, metavar="N",
+                        help="the last N training windows instead (default 20): when, how long, steps, loss, "
+                             "energy and why each ended")
     status.set_defaults(handler=show_status)
     export = commands.add_parser("export", help="write the personalized model for inference (TorchScript or ONNX)",
                                  description="The model this device personalized in its last federated run "
@@ -104,6 +108,16 @@ def show_status(args: argparse.Namespace) -> int:
     from agent.personal_model import read_provenance
 
     config = load_config(args.config)
+    if getattr(args, "history", None):
+        from agent.daemon import history
+
+        windows = history.read(config.history_path, last=args.history)
+        if args.json:
+            json.dump(history.as_dicts(windows), sys.stdout, indent=1)
+            print()
+        else:
+            print(history.format_history(windows))
+        return ExitCode.OK
     status = read_status(config.status_path)
     if status is None:
         status = {"state": "stopped", "reason": f"the agent has not run yet (no {config.status_path})",

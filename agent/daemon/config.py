@@ -74,6 +74,7 @@ class TrainingSection:
     clip_norm: float = 0.0  # clip gradients to this global norm; 0: no clipping
     step_cancel_seconds: float = 30.0
     window_gap_seconds: float = 0.0
+    max_window_seconds: float = 0.0  # a window stops (with a checkpoint) after this long; 0: no cap
     backoff_seconds: float = 30.0
     nice: int = 10
     memory_tolerance: int = 8_000_000  # bytes a step's measured part may exceed its plan
@@ -93,7 +94,8 @@ class EligibilitySection:
     """``[eligibility]``: when the device may train."""
 
     require_charging: bool = True
-    min_battery_percent: float = 0.0
+    min_battery_percent: float = 15.0  # battery not low, as JobScheduler's default condition
+    min_free_storage: int = 200_000_000  # bytes free on the state and swap directories' disks
     max_foreground_cpu_percent: float = 20.0
     idle_seconds: float = 60.0
     cpu_hysteresis_percent: float = 5.0
@@ -160,6 +162,11 @@ class AgentConfig:
         return self.device.swap_dir or self.device.state_dir / "swap"
 
     @property
+    def history_path(self) -> Path:
+        """The record of past training windows (:mod:`agent.daemon.history`)."""
+        return self.device.state_dir / "history.jsonl"
+
+    @property
     def status_path(self) -> Path:
         """The daemon's status file, read by ``poet-edge agent status``."""
         return self.device.state_dir / "status.json"
@@ -192,7 +199,7 @@ _SECTIONS: dict[str, type] = {
 }
 _PATHS = {"state_dir", "swap_dir", "sysfs_root", "path", "file", "public_key", "ca_file", "root_certificates",
           "auth_key"}
-_SIZES = {"memory_budget", "memory_tolerance"}
+_SIZES = {"memory_budget", "memory_tolerance", "min_free_storage"}
 _RENAMED = {("training", "memory_slack"): "training.memory_slack was replaced by training.memory_tolerance: bytes a "
             "step's measured memory may exceed its plan, the same for any model (e.g. \"8MB\")"}
 
@@ -342,6 +349,10 @@ def _check(c: AgentConfig) -> list[str]:
         found.append("training.memory_tolerance must be >= 0 bytes")
     if c.training.window_gap_seconds < 0:
         found.append("training.window_gap_seconds must be >= 0")
+    if c.training.max_window_seconds < 0:
+        found.append("training.max_window_seconds must be >= 0 (0: no cap)")
+    if c.eligibility.min_free_storage < 0:
+        found.append("eligibility.min_free_storage must be >= 0 bytes (0: no check)")
     for key, p in (("schedule.file", c.schedule.file), ("schedule.public_key", c.schedule.public_key)):
         if p is not None and not p.is_file():
             found.append(f"{key} = {str(p)!r}: no such file")

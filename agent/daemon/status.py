@@ -49,6 +49,8 @@ FIELDS: dict[str, str] = {
     "data": "the local data set in words, skipped samples included",
     "samples_skipped": "unreadable or malformed samples skipped",
     "last_error": "the last error's message, or null",
+    "storage_free_bytes": "free bytes on the fullest disk of the state and swap directories (null without the "
+                          "storage check)",
     "checkpoints_passed_over": "damaged checkpoints the last window passed over to resume from an older one "
                                "(each renamed aside to NAME.damaged), or null",
     "step_seconds": "how long the last step took",

@@ -43,6 +43,7 @@ from typing import Any, Callable
 
 from agent.daemon.events import (CheckpointEvent, DataEvent, ErrorEvent, EvalEvent, ReadyEvent, StateEvent,
                                  StepEvent, StoppedEvent, WorkerEvent, decode)
+from agent.daemon import history
 from agent.daemon.config import AgentConfig
 from agent.daemon.notify import Notifier
 from agent.daemon.sources import NoReporter, Reporter
@@ -60,7 +61,7 @@ HARD_BOUND_FACTOR = 1.25  # the worker checks each step's peak itself; this catc
 
 def eligibility_from_config(config: AgentConfig) -> Eligibility:
     """The monitors the config asks for, reading the configured sysfs root."""
-    from agent.monitors import IdleMonitor, PowerMonitor, QuietHours, ThermalMonitor
+    from agent.monitors import IdleMonitor, PowerMonitor, QuietHours, StorageMonitor, ThermalMonitor
 
     e = config.eligibility
     monitors: list[Any] = [
@@ -71,6 +72,8 @@ def eligibility_from_config(config: AgentConfig) -> Eligibility:
         ThermalMonitor(limit_c=e.max_temperature_c, hysteresis_c=e.temperature_hysteresis_c,
                        sysfs_root=config.device.sysfs_root),
     ]
+    if e.min_free_storage:
+        monitors.append(StorageMonitor([config.device.state_dir, config.swap_dir], e.min_free_storage))
     if e.quiet_hours:
         monitors.append(QuietHours(e.quiet_hours))
     return Eligibility(monitors)
@@ -79,7 +82,13 @@ def eligibility_from_config(config: AgentConfig) -> Eligibility:
 class Worker:
     """One training process and the pipe its events come through."""
 
-    def __init__(self, config: AgentConfig, command: list[str] | None = None) -> None:
+    def __init__(self, config: AgentConfig, command: list[str] | None, started_at: float,
+                 energy_at_start: float) -> None:
+        self.started_at = started_at  # the daemon's clock
+        self.started_wall = time.time()
+        self.energy_at_start = energy_at_start  # the status's energy_j when the window began
+        self.steps_from = 0  # what the checkpoint held at the start (from the ready event)
+        self.capped = False  # stopped for training.max_window_seconds
         read_fd, write_fd = os.pipe()
         os.set_blocking(read_fd, False)
         args = command or [sys.executable, "-m", "agent.daemon.worker"]
@@ -243,7 +252,7 @@ class Daemon:
                 self._set_state("waiting", f"eligible ({decision.reason}); federated: trains when a Flower round "
                                            f"asks (SuperNode {self.supernode.state})")
             return
-        self.worker = Worker(self.config, self.worker_command)
+        self.worker = Worker(self.config, self.worker_command, now, self.status.get("energy_j") or 0.0)
         self._set_state("preparing", f"eligible ({decision.reason}); starting the training process")
 
     def _during_window(self, now: float, decision: Decision) -> None:
@@ -252,6 +261,13 @@ class Daemon:
             log.info("eligibility lost (%s): stopping after the step in progress", decision.reason)
             self.status["reason"] = f"stopping after the step in progress: {decision.reason}"
             worker.request_stop(now, decision.reason)
+        cap = self.config.training.max_window_seconds
+        if cap and worker.stop_sent_at is None and now - worker.started_at >= cap:
+            why = f"the window reached its cap of {cap:g} s (training.max_window_seconds)"
+            log.info("%s: stopping after the step in progress", why)
+            self.status["reason"] = f"stopping after the step in progress: {why}"
+            worker.capped = True
+            worker.request_stop(now, why)
         bound, baseline = self.status.get("bound_bytes"), self.status.get("rss_baseline_bytes")
         rss = worker.rss_bytes()
         if bound and baseline and rss and rss > HARD_BOUND_FACTOR * (baseline + bound):
@@ -283,6 +299,8 @@ class Daemon:
                 s["data"], s["samples_skipped"] = event.description, event.skipped
             case ReadyEvent():
                 self._checkpointed_steps = event.steps_done
+                if self.worker is not None:
+                    self.worker.steps_from = event.steps_done
                 s.update(schedule_id=event.schedule_id, schedule_from=event.schedule_from,
                          memory_budget_bytes=event.memory_budget, steps_done=event.steps_done,
                          energy_source=event.energy_source, rss_baseline_bytes=event.baseline_rss,
@@ -321,7 +339,7 @@ class Daemon:
             reason = self._window_stop_reason or "training process ended"
             if worker.stop_sent_at is not None:
                 log.info("training stopped %.2f s after the stop request", now - worker.stop_sent_at)
-                self.next_window_at = now
+                self.next_window_at = now + (self.config.training.window_gap_seconds if worker.capped else 0.0)
             else:
                 self.next_window_at = now + self.config.training.window_gap_seconds
             self._window_stop_reason = reason
@@ -337,7 +355,20 @@ class Daemon:
             wait = self.backoff.failed(now)
             self.next_window_at = now + wait
             self._set_state("backing off", f"{self._window_stop_reason}; next try in {wait:.0f} s")
+        self._record(worker, now, "stopped" if code == 0 else "failed")
         self._write(now)
+
+    def _record(self, worker: Worker, now: float, outcome: str) -> None:
+        """Add the window that ended to the device's history; a disk that refuses it costs only the record."""
+        s = self.status
+        window = history.Window(
+            started_at=worker.started_wall, seconds=now - worker.started_at, outcome=outcome,
+            reason=self._window_stop_reason, steps_from=worker.steps_from, steps_to=self._checkpointed_steps,
+            loss=s.get("loss"), energy_j=(s.get("energy_j") or 0.0) - worker.energy_at_start)
+        try:
+            history.append(self.config.history_path, window)
+        except OSError as exc:
+            log.warning("cannot record the window in %s: %s", self.config.history_path, exc)
 
     def _shutdown(self, selector: selectors.BaseSelector) -> None:
         self.notifier.stopping("stopping: " + ("checkpointing the training window" if self.worker else "idle"))

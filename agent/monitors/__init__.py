@@ -1,4 +1,4 @@
-"""Eligibility monitors: may the device train now (idle, charging, cool, inside quiet hours)?
+"""Eligibility monitors: may the device train now (idle, charging, cool, room on disk, inside quiet hours)?
 
 Typical use (the agent daemon's waiting loop)::
 
@@ -15,7 +15,7 @@ waiting daemon stays small.
 
 Modules: :mod:`~agent.monitors.base` (the interface, the combined decision),
 :mod:`~agent.monitors.power`, :mod:`~agent.monitors.idle`,
-:mod:`~agent.monitors.thermal`, :mod:`~agent.monitors.quiet`.
+:mod:`~agent.monitors.thermal`, :mod:`~agent.monitors.storage`, :mod:`~agent.monitors.quiet`.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from agent.monitors.base import Decision, Eligibility, Monitor, Verdict
 from agent.monitors.idle import ForegroundCpu, IdleMonitor
 from agent.monitors.power import PowerMonitor, PowerSupply, read_power_supplies
 from agent.monitors.quiet import QuietHours, parse_window
+from agent.monitors.storage import StorageMonitor
 from agent.monitors.thermal import Temperature, ThermalMonitor, read_thermal_zones
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "PowerMonitor",
     "PowerSupply",
     "QuietHours",
+    "StorageMonitor",
     "Temperature",
     "ThermalMonitor",
     "Verdict",

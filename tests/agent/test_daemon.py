@@ -276,6 +276,40 @@ def test_a_worker_whose_daemon_died_checkpoints_and_exits_quietly(rig) -> None:
     assert steps >= read_status(tmp)["steps_done"] >= 3  # every step it reported, and any after, is kept
 
 
+def test_a_window_stops_at_its_wall_clock_cap_and_every_window_is_in_the_history(rig) -> None:
+    device, config, tmp = rig
+    path = config(training_steps_per_window=100000, training_checkpoint_every=1000, training_max_window_seconds=12,
+                  training_window_gap_seconds=3600)
+    agent = start_agent(path)
+    try:
+        status = wait_for(lambda: (s := read_status(tmp)).get("state") == "waiting" and "cap of 12 s" in s["reason"]
+                          and "next window in" in s["reason"] and s, 60, "the window's cap, then its gap", agent)
+        assert status["steps_done"] > 0
+    finally:
+        assert stop(agent) == 0
+    steps, _ = checkpoint_state(tmp / "state")
+    shown = subprocess.run(agent_command("agent", "status", "--config", str(path), "--history", "--json"),
+                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    (window,) = json.loads(shown.stdout)
+    assert window["outcome"] == "stopped" and "cap of 12 s" in window["reason"]
+    assert (window["steps_from"], window["steps_to"]) == (0, steps) and 12 <= window["seconds"] < 40
+    assert window["energy_j"] > 0 and window["loss"] is not None
+    table = subprocess.run(agent_command("agent", "status", "--config", str(path), "--history"),
+                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}).stdout
+    assert f"0->{steps}" in table and "stopped: the window reached its cap" in table
+
+
+def test_a_disk_with_too_little_room_keeps_the_device_waiting(rig) -> None:
+    device, config, tmp = rig
+    agent = start_agent(config(eligibility_min_free_storage="1000TB"))
+    try:
+        status = wait_for(lambda: (s := read_status(tmp)).get("state") == "waiting" and "storage low" in s["reason"]
+                          and s, 30, "storage low", agent)
+        assert status["steps_done"] == 0
+    finally:
+        assert stop(agent) == 0
+
+
 def test_notify_socket_gets_ready_status_watchdog_and_stopping(rig) -> None:
     device, config, tmp = rig
     address = str(tmp / "notify.sock")

@@ -533,8 +533,8 @@ def test_every_monitor_is_a_monitor(tmp_path: Path) -> None:
 def test_public_surface_is_pinned() -> None:
     assert set(agent.monitors.__all__) == {
         "Decision", "Eligibility", "ForegroundCpu", "IdleMonitor", "Monitor", "PowerMonitor", "PowerSupply",
-        "QuietHours", "Temperature", "ThermalMonitor", "Verdict", "parse_window", "read_power_supplies",
-        "read_thermal_zones",
+        "QuietHours", "StorageMonitor", "Temperature", "ThermalMonitor", "Verdict", "parse_window",
+        "read_power_supplies", "read_thermal_zones",
     }
     assert all(hasattr(agent.monitors, name) for name in agent.monitors.__all__)
 
@@ -545,3 +545,28 @@ def test_importing_the_monitors_does_not_import_torch() -> None:
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_storage_low_on_any_watched_disk_holds_training_back(tmp_path: Path) -> None:
+    from agent.monitors import StorageMonitor
+
+    state, swap = tmp_path / "state", tmp_path / "sd" / "swap"  # swap not made yet: its parent is measured
+    state.mkdir()
+    (tmp_path / "sd").mkdir()
+    free = {state: 900_000_000, tmp_path / "sd": 150_000_000}  # a fake statvfs: the disks' free bytes
+    monitor = StorageMonitor([state, swap], 200_000_000, free_bytes=lambda path: free[path])
+    verdict = monitor.check(0.0)
+    assert not verdict.eligible and "storage low: 150 MB free on" in verdict.reason and str(swap) in verdict.reason
+    assert verdict.readings["storage_free_bytes"] == 150_000_000
+    free[tmp_path / "sd"] = 250_000_000
+    assert monitor.check(1.0).eligible
+
+
+def test_storage_is_measured_on_the_real_disk(tmp_path: Path) -> None:
+    import shutil
+
+    from agent.monitors import StorageMonitor
+
+    free = shutil.disk_usage(tmp_path).free
+    assert StorageMonitor([tmp_path], free // 2).check(0.0).eligible
+    assert not StorageMonitor([tmp_path], free * 2).check(0.0).eligible
