@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from sqlalchemy import bindparam, delete, insert, or_, select, update
+from sqlalchemy import bindparam, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from server.db.engine import Database
@@ -142,10 +142,11 @@ def record_heartbeats(db: Database, device_id: int, beats: Sequence[dict[str, An
                       keep: int) -> None:
     """Store heartbeats (each with ``sent_at``), update the device's latest figures, keep its newest ``keep``.
 
-    A queued heartbeat that arrives late (``sent_at`` older than the newest one
-    received) goes into the history but does not replace the device's latest
-    state.  Core statements in one transaction, not ORM objects: this runs for
-    every heartbeat of the fleet, and the unit of work costs more than the SQL.
+    Time is the server's: the newest heartbeat of the request received last is the device's state now, and
+    ``sent_at`` orders beats only within one request (the agent's own queue, one clock).  A device clock that
+    runs ahead or behind (no real-time clock, no network time yet) is recorded as the device's skew and shown,
+    never trusted: a heartbeat dated next year cannot freeze the state.  Core statements in one transaction,
+    not ORM objects: this runs for every heartbeat of the fleet, and the unit of work costs more than the SQL.
     """
     if not beats:
         return
@@ -154,8 +155,8 @@ def record_heartbeats(db: Database, device_id: int, beats: Sequence[dict[str, An
         connection = session.connection()
         connection.execute(_HEARTBEAT, [{"device_id": device_id, "received_at": received_at,
                                                 "sent_at": beat["sent_at"], "payload": beat} for beat in beats])
-        connection.execute(_DEVICE, {"device": device_id, "last_seen": received_at})
-        connection.execute(_DEVICE_UNLESS_NEWER, {"device": device_id, "sent": newest["sent_at"], **_latest(newest)})
+        connection.execute(_DEVICE, {"device": device_id, "last_seen": received_at,
+                                     "clock_skew_seconds": newest["sent_at"] - received_at, **_latest(newest)})
         _prune(connection, device_id, keep)
 
 
@@ -178,8 +179,6 @@ _BY_TOKEN_HASH = (select(Device.id, Device.name, Device.token_hash, Device.revok
                   .where(Device.token_hash == bindparam("hash")))
 _HEARTBEAT = insert(Heartbeat)
 _DEVICE = update(Device).where(Device.id == bindparam("device"))
-_DEVICE_UNLESS_NEWER = update(Device).where(Device.id == bindparam("device"),
-                                            or_(Device.last_sent_at.is_(None), Device.last_sent_at <= bindparam("sent")))
 _NTH_NEWEST_HEARTBEAT = (select(Heartbeat.id).where(Heartbeat.device_id == bindparam("device"))
                          .order_by(Heartbeat.id.desc()).offset(bindparam("skip")).limit(1))
 _HEARTBEATS_BEFORE = delete(Heartbeat).where(Heartbeat.device_id == bindparam("device"),

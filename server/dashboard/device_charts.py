@@ -13,7 +13,13 @@ from server.db.models import Heartbeat
 
 def device_charts(history: Sequence[Heartbeat]) -> dict[str, Markup]:
     """The charts by name (``memory``, ``loss``, ``accuracy``, ``energy``), oldest heartbeat first in each."""
-    beats = sorted(((h.sent_at, h.payload) for h in history), key=lambda pair: pair[0])
+    # on the server's clock (a device clock may be off by a year): a request's newest heartbeat at the moment
+    # it arrived, the ones queued with it that much earlier as the device's own clock says
+    newest: dict[float, float] = {}
+    for h in history:
+        newest[h.received_at] = max(newest.get(h.received_at, h.sent_at), h.sent_at)
+    beats = sorted(((h.received_at - (newest[h.received_at] - h.sent_at), h.payload) for h in history),
+                   key=lambda pair: pair[0])
     return {"memory": memory_chart(beats), "loss": loss_chart(beats), "accuracy": accuracy_chart(beats),
             "energy": energy_chart(beats)}
 

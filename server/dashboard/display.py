@@ -57,6 +57,23 @@ def clock(timestamp: Any) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
 
 
+SKEW_SHOWN_SECONDS = 60.0  # a device clock this far off the server's is worth an operator's look
+
+
+def skew(seconds: Any) -> str:
+    """A device clock against the server's: ``in step``, or ``3 h ahead`` / ``12 min behind``."""
+    if not present(seconds):
+        return DASH
+    if abs(seconds) < SKEW_SHOWN_SECONDS:
+        return "in step with the server's"
+    amount = abs(seconds)
+    for unit, scale in (("d", 86400), ("h", 3600), ("min", 60)):
+        if amount >= scale:
+            break
+    return f"{amount / scale:.0f} {unit} {'ahead of' if seconds > 0 else 'behind'} the server's (times it sends " \
+           "are shown as sent, ordered as received)"
+
+
 def age(timestamp: Any, now: float) -> str:
     """How long ago: ``12 s ago``, ``5 min ago``, ``3 h ago``, ``2 d ago``; ``never`` when absent."""
     if not present(timestamp):

@@ -87,8 +87,8 @@ def device_view(db: Database, name: str, now: float, online_seconds: float) -> D
         personalized = session.scalars(select(FederatedRound).where(FederatedRound.device_name == name,
                                                                     FederatedRound.phase == "personalize")
                                        .order_by(FederatedRound.id.desc()).limit(1)).first()
-    fields = [(key, _field_text(value)) for key, value in sorted((device.last_heartbeat or {}).items())
-              if key != "eligibility"]
+    fields = [(key, display.clock(value) if key in CLOCK_FIELDS else _field_text(value))
+              for key, value in sorted((device.last_heartbeat or {}).items()) if key != "eligibility"]
     return DeviceView(device, fleet_row(device, now, online_seconds), fields, history, schedule,
                       used.downloaded_at if used is not None else None,
                       _personalization(personalized) if personalized is not None else None)
@@ -101,6 +101,9 @@ def _personalization(row: FederatedRound) -> dict[str, str]:
             "run": row.run_id, "round": str(row.round), "when": display.clock(row.recorded_at),
             "error": str(m["error"]) if "error" in m else "",
             "accuracy": f"{display.percent(m.get('global-accuracy'))} → {display.percent(m.get('personal-accuracy'))}"}
+
+
+CLOCK_FIELDS = {"sent_at", "since"}  # Unix times a heartbeat carries (device clock)
 
 
 def _field_text(value: Any) -> str:

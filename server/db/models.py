@@ -60,7 +60,9 @@ class Device(Base):
     last_seen: Mapped[float | None] = mapped_column(Float, index=True)
     """When the server last received a heartbeat from it (server clock)."""
     last_sent_at: Mapped[float | None] = mapped_column(Float)
-    """``sent_at`` of the newest heartbeat received (device clock): a queued, older one never replaces it."""
+    """``sent_at`` of the newest heartbeat in the last request received (device clock: shown, never ordered by)."""
+    clock_skew_seconds: Mapped[float | None] = mapped_column(Float)
+    """The device's clock minus the server's at its last heartbeat (positive: the device runs ahead)."""
     last_heartbeat: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     state: Mapped[str | None] = mapped_column(String(16), index=True)
     steps_done: Mapped[int | None] = mapped_column(BigInteger)

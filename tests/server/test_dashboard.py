@@ -266,6 +266,22 @@ def test_the_device_page_draws_memory_against_the_budget_loss_accuracy_and_energ
     assert client.get("/devices/pi-404").status_code == 404
 
 
+def test_a_device_clock_a_year_ahead_is_shown_and_its_sent_times_read_as_times(dashboard: Dashboard) -> None:
+    client = dashboard.client
+    device = enrol(client, "pi-1")
+    year = 365 * 86400
+    sent = time.time() + year
+    beats = [heartbeat(sent_at=sent - 20 + 10 * i, steps_done=i, loss=1.0 / (i + 1)) for i in range(3)]
+    assert client.post("/api/v1/heartbeats", json=beats, headers=device.headers).status_code == 204
+    html = client.get("/devices/pi-1").text
+    clock = re.search(r'<dd id="device-clock">(.*?)</dd>', html, re.S).group(1)
+    assert clock.startswith("365 d ahead of the server")
+    assert time.strftime("%Y-%m-%d %H:%M", time.localtime(sent)) in html  # sent_at as a time, not 1.79e9
+    assert f"{sent:.0f}" not in html
+    loss = re.search(r'<svg[^>]*id="chart-loss".*?</svg>', html, re.S).group(0)
+    assert len(re.search(r'data-series="loss" points="([^"]+)"', loss).group(1).split()) == 3
+
+
 def test_a_device_without_heartbeats_says_there_is_no_data(dashboard: Dashboard) -> None:
     enrol(dashboard.client, "pi-1")
     html = dashboard.client.get("/devices/pi-1").text

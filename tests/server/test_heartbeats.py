@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
@@ -34,16 +36,25 @@ def test_one_heartbeat_is_stored_and_becomes_the_devices_state(client, device) -
     assert row.last_seen is not None and abs(row.last_seen - time.time()) < 60
 
 
-def test_a_queue_flushed_at_once_is_stored_whole_and_an_old_heartbeat_never_replaces_a_newer(client, device) -> None:
+def test_a_queue_flushed_at_once_is_stored_whole_and_its_newest_becomes_the_state(client, device) -> None:
     now = time.time()
     queue = [heartbeat(sent_at=now - 300 + i, steps_done=i) for i in range(50)]
-    assert client.post("/api/v1/heartbeats", json=queue, headers=device.headers).status_code == 204
-    assert [p["steps_done"] for p in stored(client)] == list(range(50))
-    assert device_row(client).steps_done == 49
-    late = heartbeat(sent_at=now - 1000, steps_done=3, state="waiting")  # from a queue flushed late
-    assert client.post("/api/v1/heartbeats", json=late, headers=device.headers).status_code == 204
+    assert client.post("/api/v1/heartbeats", json=queue[::-1], headers=device.headers).status_code == 204
+    assert sorted(p["steps_done"] for p in stored(client)) == list(range(50))
+    assert device_row(client).steps_done == 49  # the newest by the device's clock within one request
+
+
+def test_a_device_clock_far_ahead_never_freezes_its_state_and_its_skew_is_kept(client, device) -> None:
+    """A device without a real-time clock may date a heartbeat next year, then correct its clock: the state
+    follows what the server receives, in the order it receives it."""
+    year = 365 * 86400
+    ahead = heartbeat(sent_at=time.time() + year, steps_done=10, state="training")
+    assert client.post("/api/v1/heartbeats", json=ahead, headers=device.headers).status_code == 204
+    assert device_row(client).clock_skew_seconds == pytest.approx(year, abs=60)
+    corrected = heartbeat(sent_at=time.time(), steps_done=11, state="waiting")  # network time came
+    assert client.post("/api/v1/heartbeats", json=corrected, headers=device.headers).status_code == 204
     row = device_row(client)
-    assert (row.steps_done, row.state) == (49, "training") and len(stored(client)) == 51
+    assert (row.steps_done, row.state) == (11, "waiting") and abs(row.clock_skew_seconds) < 60
 
 
 def test_the_history_per_device_is_bounded_and_keeps_the_newest(tmp_path) -> None:
