@@ -39,10 +39,14 @@ def percent(fraction: Any) -> str:
 
 
 def joules(value: Any) -> str:
-    """``12.3 J``, ``4.56 kJ``."""
+    """``0.482 J``, ``123 J``, ``4.74 kJ``, ``474 kJ``, ``1.25 MJ``: three figures, never an exponent."""
     if not present(value):
         return DASH
-    return f"{value / 1000:.3g} kJ" if abs(value) >= 10_000 else f"{value:.3g} J"
+    for unit, scale in (("MJ", 1e6), ("kJ", 1e3)):
+        if abs(value) >= scale:
+            scaled = value / scale
+            return f"{scaled:,.0f} {unit}" if abs(scaled) >= 1000 else f"{scaled:.3g} {unit}"
+    return f"{value:.3g} J"
 
 
 def seconds(value: Any) -> str:

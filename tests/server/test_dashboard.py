@@ -419,3 +419,21 @@ def test_oversized_login_fields_are_refused_not_hashed(client, field) -> None:
     token = csrf_token_in(client.get("/login").text)
     data = {"username": OPERATOR, "password": PASSWORD, "csrf_token": token, field: "x" * 5000}
     assert client.post("/login", data=data, follow_redirects=False).status_code in (401, 422)
+
+
+@pytest.mark.parametrize("value, shown", [(0.482, "0.482 J"), (123.4, "123 J"), (4740, "4.74 kJ"), (9999, "10 kJ"),
+                                          (474_000, "474 kJ"), (1_250_000, "1.25 MJ"), (4.2e9, "4,200 MJ"),
+                                          (None, "\u2014")])
+def test_energy_reads_in_three_figures_without_an_exponent(value, shown) -> None:
+    from server.dashboard import display
+
+    assert display.joules(value) == shown
+
+
+def test_a_device_that_plans_for_itself_says_which_schedule_it_runs(dashboard: Dashboard) -> None:
+    client = dashboard.client
+    device = enrol(client, "pi-1")
+    beat = heartbeat(schedule_id="abc123", schedule_from="local solve (60 s limit)")
+    assert client.post("/api/v1/heartbeats", json=beat, headers=device.headers).status_code == 204
+    note = re.search(r'id="no-schedule">(.*?)</p>', client.get("/devices/pi-1").text, re.S).group(1)
+    assert "abc123" in note and "local solve" in note and "has not downloaded" not in note
