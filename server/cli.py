@@ -59,6 +59,9 @@ def add_commands(subparsers: Any) -> None:
     _storage_options(run)
     run.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     run.add_argument("--port", type=_port, default=8080, help="port (default: %(default)s; 0 picks a free one)")
+    run.add_argument("--trusted-proxy", dest="trusted_proxies", action="append", default=[], metavar="ADDRESS",
+                     help="a reverse proxy (IP or network) whose X-Forwarded-For names the client; repeat for "
+                          "several. Without one the header is ignored (see deploy/README.md)")
     run.add_argument("--solve-workers", type=_positive_int, default=1, metavar="N",
                      help="planner processes solving at once (default: %(default)s)")
     run.add_argument("--solve-time-limit", type=_positive_float, default=60.0, metavar="S",
@@ -198,6 +201,8 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
     for name in ("host", "port", "solve_workers", "solve_time_limit"):
         if hasattr(args, name):
             options[name] = getattr(args, name)
+    if getattr(args, "trusted_proxies", None):
+        options["trusted_proxies"] = tuple(args.trusted_proxies)
     if getattr(args, "flower", False):
         options["flower"] = FlowerSettings(host=args.flower_host, port=args.flower_port, tls_dir=args.flower_tls_dir,
                                            supernode_auth=args.flower_auth)
@@ -219,7 +224,10 @@ def run_server(args: argparse.Namespace) -> int:
     key = app.state.server.key
     print(f"poet-edge server: listening on http://{_url_host(host)}:{port}; server key {key.key_id} "
           f"({key.path.with_suffix('.pub')}); data in {settings.data_dir}", flush=True)
-    config = uvicorn.Config(app, log_config=None, access_log=False, proxy_headers=True, server_header=False,
+    # X-Forwarded-For only from the proxies named: a client must not choose the address it is limited under
+    trusted = ",".join(settings.trusted_proxies)
+    config = uvicorn.Config(app, log_config=None, access_log=False, proxy_headers=bool(trusted),
+                            forwarded_allow_ips=trusted or None, server_header=False,
                             timeout_graceful_shutdown=10)  # requests are counted in /metrics, not logged
     # uvicorn stops gracefully on SIGTERM/SIGINT, then raises the signal again for the handler that was there
     # before it started: a no-op one here, so a requested stop exits 0 (what systemd and the shell expect).

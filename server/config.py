@@ -8,6 +8,7 @@ and the key.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -93,6 +94,10 @@ class ServerSettings:
     enrol_per_minute, auth_failures_per_minute:
         Enrolment attempts, and failed device authentications, allowed per client address per minute
         (429 with ``Retry-After`` beyond).
+    trusted_proxies:
+        Addresses or networks (``127.0.0.1``, ``10.0.0.0/8``) of reverse proxies whose ``X-Forwarded-For``
+        names the client.  Empty (the default): the header is ignored and the address a request comes from
+        is the client's, so no client can pick the address its attempts are counted under.
     """
 
     data_dir: Path = DEFAULT_DATA_DIR
@@ -109,6 +114,7 @@ class ServerSettings:
     online_seconds: float = 60.0
     enrol_per_minute: int = 10
     auth_failures_per_minute: int = 30
+    trusted_proxies: tuple[str, ...] = ()
     flower: FlowerSettings | None = None
 
     def __post_init__(self) -> None:
@@ -155,6 +161,11 @@ def _problems(s: ServerSettings) -> list[str]:
     margin = s.solve_timeout_margin
     if not isinstance(margin, (int, float)) or not math.isfinite(margin) or margin < 0:
         problems.append(f"solve_timeout_margin must be a finite number of seconds >= 0, got {margin!r}")
+    for proxy in s.trusted_proxies:
+        try:
+            ipaddress.ip_network(proxy)
+        except ValueError:
+            problems.append(f"trusted proxy {proxy!r} is not an IP address or network (10.0.0.5, 10.0.0.0/8, host bits zero)")
     if s.database is not None and "://" not in s.database:
         problems.append(f"database {s.database!r} is not a database URL (sqlite:///PATH or "
                         "postgresql+psycopg://USER@HOST/NAME)")

@@ -3,8 +3,9 @@
 Kept in memory, per server process: with several processes behind one
 database each counts for itself (the limit is then per process).  Behind a
 reverse proxy, uvicorn takes the client's address from ``X-Forwarded-For``
-when the proxy is on this machine (its ``--forwarded-allow-ips`` default);
-otherwise every client shares the proxy's address and its limit.
+only when the proxy is named with ``poet-edge server run --trusted-proxy``;
+otherwise the header is ignored and every client behind the proxy shares its
+address and limit.
 """
 
 from __future__ import annotations

@@ -19,23 +19,26 @@ def current_device(request: Request,
                    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> DeviceIdentity:
     """The device a request comes from.
 
+    Failures are counted per address, but a valid token is never refused for them: devices behind one NAT
+    share an address, and one of them (or a guesser there) failing must not lock out the rest.  A token is
+    256 random bits, so the limit brakes guessing, never a device that holds its token.
+
     Raises
     ------
     RateLimitedError
-        This address failed authentication too often within the last minute (checked first, so a guesser
-        learns nothing more, right or wrong).
+        This address failed authentication too often within the last minute and this token fails too.
     AuthenticationError
         No token, or an unknown or revoked one (counted as a failure of this address).
     """
     state = server_state(request)
     address = client_address(request)
-    wait = state.auth_failures.retry_after(address)
-    if wait is not None:
-        raise RateLimitedError(f"too many failed authentications from this address; retry in {wait:.0f} s", wait)
     try:
         return authenticate(state.db, credentials.credentials if credentials is not None else "")
     except AuthenticationError:
-        state.auth_failures.hit(address)
+        wait = state.auth_failures.hit(address)
+        if wait is not None:
+            raise RateLimitedError(f"too many failed authentications from this address; retry in {wait:.0f} s",
+                                   wait) from None
         raise
 
 

@@ -46,9 +46,12 @@ def login(request: Request, username: FormText = "", password: FormText = "", cs
           next: FormText = "/") -> Response:
     """Check the password; on success start a session and go to ``next``."""
     csrf.check_form(request, request.cookies.get(LOGIN_CSRF_COOKIE), csrf_token)
-    failures = dashboard_state(request).login_failures
-    address = client_address(request)
-    wait = failures.retry_after(address)
+    dashboard = dashboard_state(request)
+    # counted per address and account: a guesser at one account behind a NAT does not lock out another
+    # operator at the same address; per account alone, at a higher limit, guessing from many addresses
+    counts = ((dashboard.login_failures, f"{client_address(request)}|{username}"),
+              (dashboard.account_failures, username))
+    wait = max((w for limiter, key in counts if (w := limiter.retry_after(key)) is not None), default=None)
     if wait is not None:
         return _form(request, next, error=f"Too many failed sign-ins from this address; try again in "
                                           f"{math.ceil(wait)} s.", status=429,
@@ -56,7 +59,8 @@ def login(request: Request, username: FormText = "", password: FormText = "", cs
     state = server_state(request)
     operator = verify_login(state.db, username, password)
     if operator is None:
-        failures.hit(address)
+        for limiter, key in counts:
+            limiter.hit(key)
         return _form(request, next, error="Wrong username or password.", status=401)
     response = RedirectResponse(local_path(next), status_code=303)
     set_session_cookie(response, request, start_session(state.db, operator.id, time.time()))

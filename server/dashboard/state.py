@@ -14,7 +14,8 @@ from server.ratelimit import RateLimiter
 HERE = Path(__file__).resolve().parent
 TEMPLATES = HERE / "templates"
 STATIC = HERE / "static"
-LOGIN_FAILURES_PER_MINUTE = 10
+LOGIN_FAILURES_PER_MINUTE = 10  # per address and account
+ACCOUNT_FAILURES_PER_MINUTE = 30  # per account, from every address
 
 
 def template_environment() -> Environment:
@@ -30,6 +31,7 @@ class DashboardState:
 
     templates: Environment = field(default_factory=template_environment)
     login_failures: RateLimiter = field(default_factory=lambda: RateLimiter(LOGIN_FAILURES_PER_MINUTE))
+    account_failures: RateLimiter = field(default_factory=lambda: RateLimiter(ACCOUNT_FAILURES_PER_MINUTE))
     timelines: TimelineCache = field(default_factory=TimelineCache)
 
 

@@ -8,8 +8,13 @@ import re
 import signal
 import socket
 import threading
+import subprocess
+import sys
 import time
+import urllib.error
 import urllib.request
+from pathlib import Path
+from typing import Callable
 
 import psutil
 from fastapi.testclient import TestClient
@@ -19,7 +24,7 @@ from common.exit_codes import ExitCode
 from server.api import create_app
 from server.config import ServerSettings
 from tests.server.conftest import heartbeat
-from tests.server.processes import get, wait_until_serving
+from tests.server.processes import REPO, WITHOUT_DEVICE_LIBRARIES, get, running_server, wait_until_serving
 
 
 def test_enrol_token_prints_a_token_a_device_can_use_once(tmp_path, capsys) -> None:
@@ -144,3 +149,41 @@ def test_a_server_killed_outright_takes_its_planner_processes_with_it(server_pro
     process.wait(timeout=30)
     _, alive = psutil.wait_procs(workers, timeout=15)
     assert alive == [], f"orphaned: {[p.cmdline() for p in alive]}"
+
+
+def _bad_token_codes(url: str, forwarded_for: Callable[[int], str], attempts: int) -> list[int]:
+    codes = []
+    for i in range(attempts):
+        request = urllib.request.Request(url + "/api/v1/heartbeats", data=b"[]", method="POST",
+                                         headers={"Authorization": "Bearer wrong", "Content-Type": "application/json",
+                                                  "X-Forwarded-For": forwarded_for(i)})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                codes.append(answer.status)
+        except urllib.error.HTTPError as error:
+            codes.append(error.code)
+    return codes
+
+
+def test_a_client_cannot_pick_the_address_its_failures_count_under(tmp_path: Path) -> None:
+    """Without --trusted-proxy, X-Forwarded-For is ignored: a guesser sending a new address with every try is
+    limited all the same (30 failures a minute)."""
+    with running_server(tmp_path) as server:
+        wait_until_serving(server.url)
+        codes = _bad_token_codes(server.url, lambda i: f"198.51.100.{i}", 31)
+    assert codes == [401] * 30 + [429]
+
+
+def test_behind_a_trusted_proxy_each_forwarded_client_is_counted_apart(tmp_path: Path) -> None:
+    with running_server(tmp_path, "--trusted-proxy", "127.0.0.1") as server:
+        wait_until_serving(server.url)
+        one = _bad_token_codes(server.url, lambda i: "198.51.100.7", 31)
+        other = _bad_token_codes(server.url, lambda i: "198.51.100.8", 1)
+    assert one == [401] * 30 + [429] and other == [401]
+
+
+def test_a_trusted_proxy_that_is_no_address_is_refused_at_start(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", WITHOUT_DEVICE_LIBRARIES, "server", "run", "--data-dir",
+                           str(tmp_path / "s"), "--port", "0", "--trusted-proxy", "proxy.example"],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 2 and "trusted proxy 'proxy.example' is not an IP address" in done.stderr

@@ -85,6 +85,25 @@ def test_failed_logins_are_rate_limited_per_address(client) -> None:
     assert "Too many failed sign-ins" in limited.text
 
 
+def test_a_guesser_at_one_account_does_not_lock_out_another_operator_at_the_same_address(client) -> None:
+    add_operator(client.app)
+    add_operator(client.app, "bob", "bob's own long passphrase")
+    client.app.state.dashboard.login_failures = RateLimiter(3)
+    assert [log_in(client, password="wrong password").status_code for _ in range(4)] == [401] * 3 + [429]
+    assert log_in(client, "bob", "bob's own long passphrase").status_code == 303
+
+
+def test_an_account_guessed_at_from_many_addresses_is_limited_too(client) -> None:
+    add_operator(client.app)
+    client.app.state.dashboard.account_failures = RateLimiter(5)
+    codes = []
+    for i in range(6):
+        # a fresh address each time, as a botnet has; a TestClient's address is set per client
+        other = TestClient(client.app, client=(f"203.0.113.{i}", 50000))
+        codes.append(log_in(other, password="wrong password").status_code)
+    assert codes == [401] * 5 + [429]
+
+
 def test_the_login_form_needs_its_own_csrf_token(client) -> None:
     add_operator(client.app)
     client.get("/login")
@@ -196,7 +215,7 @@ def test_the_fleet_table_and_its_json_show_devices_after_heartbeats(dashboard: D
     rows = rows_of(client.get("/").text)
     assert set(rows) == {"pi-1", "pi-2"}
     assert all(text in rows["pi-1"] for text in ("online", "training", "charging, 87 %", "61.2 \u00b0C",
-                                                  "412 MB / 512 MB", "120", "0.482", "87.5 %", "4.32e+03 J"))
+                                                  "412 MB / 512 MB", "120", "0.482", "87.5 %", "4.32 kJ"))
     assert "disk full" in rows["pi-2"] and "\u2014" in rows["pi-2"]  # absent figures are an em dash
     devices = {row["name"]: row for row in client.get("/dashboard/fleet.json").json()["devices"]}
     assert devices["pi-1"]["cells"]["memory"] == "412 MB / 512 MB" and devices["pi-1"]["status"] == "online"
