@@ -95,7 +95,7 @@ def enrol_devices(data_dir: Path, database: str | None, names: list[str]) -> lis
         tokens = []
         for name in names:
             now = time.time()
-            tokens.append(enrol(db, create_enrolment_token(db, 3600.0, now), name, now).device_token)
+            tokens.append(enrol(db, create_enrolment_token(db, 3600.0, now)[0], name, now).device_token)
         return tokens
     finally:
         db.dispose()

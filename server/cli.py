@@ -75,6 +75,20 @@ def add_commands(subparsers: Any) -> None:
     token.add_argument("--expires", type=duration, default=duration("24h"), metavar="DURATION",
                        help="how long the token is valid: 90s, 30m, 24h, 7d (default: 24h)")
     token.set_defaults(handler=make_enrolment_token)
+    tokens = commands.add_parser("tokens", help="enrolment tokens: list, revoke",
+                                 description="Enrolment tokens made with enrol-token (their hashes: a token is "
+                                             "shown only when made).")
+    tokens_sub = tokens.add_subparsers(dest="tokens_command", metavar="COMMAND", required=True)
+    token_list = tokens_sub.add_parser("list", help="list the newest enrolment tokens and their status",
+                                       description="List enrolment tokens: id, made, expires, status, used by.")
+    _storage_options(token_list)
+    token_list.set_defaults(handler=list_tokens)
+    token_revoke = tokens_sub.add_parser("revoke", help="revoke an unused enrolment token",
+                                         description="Revoke an unused enrolment token by its id (tokens list): "
+                                                     "no device can enrol with it from now on.")
+    _storage_options(token_revoke)
+    token_revoke.add_argument("id", type=_positive_int, help="the token's id, as tokens list shows it")
+    token_revoke.set_defaults(handler=revoke_token)
     revoke = commands.add_parser("revoke", help="revoke a device: its token is refused from now on",
                                  description="Revoke an enrolled device; it can enrol again only with a new "
                                              "enrolment token.")
@@ -171,7 +185,7 @@ def _initial_version(text: str) -> str:
 
 
 def _add_operator_commands(commands: Any) -> None:
-    p = commands.add_parser("operator", help="dashboard accounts: add, passwd, list",
+    p = commands.add_parser("operator", help="dashboard accounts: add, passwd, remove, list",
                             description="Operators sign in to the dashboard (the server's web pages) with a "
                                         "password, stored as an argon2 hash.")
     sub = p.add_subparsers(dest="operator_command", metavar="COMMAND", required=True)
@@ -183,7 +197,16 @@ def _add_operator_commands(commands: Any) -> None:
         command.add_argument("name", help="the operator's name (1-64 characters of A-Z a-z 0-9 . _ @ -)")
         command.add_argument("--password-stdin", action="store_true",
                              help="read the password as one line from standard input, even on a terminal")
+        if name == "add":
+            command.add_argument("--role", choices=("admin", "viewer"), default="admin",
+                                 help="admin changes things (tokens, revocations); a viewer only reads "
+                                      "(default: %(default)s)")
         command.set_defaults(handler=handler)
+    remove = sub.add_parser("remove", help="remove an operator (its sessions end at once)",
+                            description="Remove a dashboard operator; its browser sessions end at once.")
+    _storage_options(remove)
+    remove.add_argument("name", help="the operator's name")
+    remove.set_defaults(handler=remove_operator)
     listing = sub.add_parser("list", help="list the operators", description="List the dashboard's operators.")
     _storage_options(listing)
     listing.set_defaults(handler=list_operators)
@@ -264,23 +287,60 @@ def start_superlink(settings: ServerSettings) -> Any:
 
 def make_enrolment_token(args: argparse.Namespace) -> int:
     """Print a new enrolment token on standard output, its expiry on standard error."""
+    from server import audit
     from server.datadir import open_database
     from server.devices import create_enrolment_token
 
     now = time.time()
-    token = create_enrolment_token(open_database(settings_from(args)), args.expires, now)
+    db = open_database(settings_from(args))
+    token, token_id = create_enrolment_token(db, args.expires, now)
     expires = datetime.datetime.fromtimestamp(now + args.expires).strftime("%Y-%m-%d %H:%M:%S")
+    audit.record(db, "token.create", actor=audit.cli_actor(), target=f"token {token_id}",
+                 detail=f"valid until {expires}")
     print(token)
-    print(f"single-use enrolment token, valid until {expires}", file=sys.stderr)
+    print(f"single-use enrolment token {token_id}, valid until {expires}", file=sys.stderr)
     return ExitCode.OK
+
+
+def list_tokens(args: argparse.Namespace) -> int:
+    """Print the newest enrolment tokens: id, made, expires, status, used by."""
+    from server.datadir import open_database
+    from server.devices import list_enrolment_tokens, token_status
+
+    now = time.time()
+    for t in list_enrolment_tokens(open_database(settings_from(args))):
+        print(f"{t.id}	{_when(t.created_at)}	{_when(t.expires_at)}	{token_status(t, now)}	{t.used_by or '-'}")
+    return ExitCode.OK
+
+
+def revoke_token(args: argparse.Namespace) -> int:
+    """Revoke an unused enrolment token by id."""
+    from server import audit
+    from server.datadir import open_database
+    from server.devices import revoke_enrolment_token
+
+    db = open_database(settings_from(args))
+    if revoke_enrolment_token(db, args.id, time.time()):
+        audit.record(db, "token.revoke", actor=audit.cli_actor(), target=f"token {args.id}")
+        print(f"revoked enrolment token {args.id}: no device can enrol with it")
+    else:
+        print(f"enrolment token {args.id} was revoked already")
+    return ExitCode.OK
+
+
+def _when(timestamp: float) -> str:
+    return datetime.datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def revoke_device(args: argparse.Namespace) -> int:
     """Revoke the named device."""
+    from server import audit
     from server.datadir import open_database
     from server.devices import revoke
 
-    if revoke(open_database(settings_from(args)), args.name, time.time()):
+    db = open_database(settings_from(args))
+    if revoke(db, args.name, time.time()):
+        audit.record(db, "device.revoke", actor=audit.cli_actor(), target=args.name)
         print(f"revoked {args.name}: its device token is refused from now on")
     else:
         print(f"{args.name} was revoked already")
@@ -289,24 +349,43 @@ def revoke_device(args: argparse.Namespace) -> int:
 
 def add_operator(args: argparse.Namespace) -> int:
     """Create a dashboard operator with a password read as :func:`read_password` reads it."""
+    from server import audit
     from server.dashboard.operators import add_operator as add, check_operator_name
     from server.datadir import open_database
 
     check_operator_name(args.name)
     password = read_password(args.password_stdin)
-    add(open_database(settings_from(args)), args.name, password, time.time())
-    print(f"added operator {args.name}: sign in to the dashboard at http://HOST:PORT/login")
+    db = open_database(settings_from(args))
+    add(db, args.name, password, time.time(), role=args.role)
+    audit.record(db, "operator.add", actor=audit.cli_actor(), target=args.name, detail=f"role {args.role}")
+    print(f"added operator {args.name} ({args.role}): sign in to the dashboard at http://HOST:PORT/login")
     return ExitCode.OK
 
 
 def change_password(args: argparse.Namespace) -> int:
     """Set an operator's password; its sessions end."""
+    from server import audit
     from server.dashboard.operators import check_operator_name, set_password
     from server.datadir import open_database
 
     check_operator_name(args.name)
-    set_password(open_database(settings_from(args)), args.name, read_password(args.password_stdin))
+    db = open_database(settings_from(args))
+    set_password(db, args.name, read_password(args.password_stdin))
+    audit.record(db, "operator.passwd", actor=audit.cli_actor(), target=args.name)
     print(f"changed the password of {args.name}; its dashboard sessions have ended")
+    return ExitCode.OK
+
+
+def remove_operator(args: argparse.Namespace) -> int:
+    """Remove an operator; its sessions end."""
+    from server import audit
+    from server.dashboard.operators import remove_operator as remove
+    from server.datadir import open_database
+
+    db = open_database(settings_from(args))
+    remove(db, args.name)
+    audit.record(db, "operator.remove", actor=audit.cli_actor(), target=args.name)
+    print(f"removed operator {args.name}; its dashboard sessions have ended")
     return ExitCode.OK
 
 
@@ -317,7 +396,7 @@ def list_operators(args: argparse.Namespace) -> int:
 
     for operator in operators(open_database(settings_from(args))):
         added = datetime.datetime.fromtimestamp(operator.created_at).strftime("%Y-%m-%d %H:%M:%S")
-        print(f"{operator.username}\tadded {added}")
+        print(f"{operator.username}\t{operator.role}\tadded {added}")
     return ExitCode.OK
 
 

@@ -19,7 +19,8 @@ from sqlalchemy.exc import IntegrityError
 
 from server.db.engine import Database
 from server.db.models import DEVICE_NAME_LENGTH, Device, EnrolmentToken, Heartbeat
-from server.errors import AuthenticationError, DeviceNameTakenError, EnrolmentRefusedError, UnknownDeviceError
+from server.errors import (AuthenticationError, DeviceNameTakenError, EnrolmentRefusedError, UnknownDeviceError,
+                           UnknownTokenError)
 from server.tokens import MAX_TOKEN_LENGTH, hashes_match, new_token, token_hash
 
 # Not starting with a dot: "." and ".." would be path steps in the dashboard's /devices/NAME links.
@@ -51,12 +52,48 @@ def check_device_name(name: str) -> str:
     return name
 
 
-def create_enrolment_token(db: Database, lifetime_seconds: float, now: float) -> str:
-    """A new single-use enrolment token valid for ``lifetime_seconds``; only its hash is stored."""
+def create_enrolment_token(db: Database, lifetime_seconds: float, now: float) -> tuple[str, int]:
+    """A new single-use enrolment token valid for ``lifetime_seconds``, and its id (what listings and revocation
+    name it by); only its hash is stored."""
     token = new_token()
+    row = EnrolmentToken(token_hash=token_hash(token), created_at=now, expires_at=now + lifetime_seconds)
     with db.write() as session:
-        session.add(EnrolmentToken(token_hash=token_hash(token), created_at=now, expires_at=now + lifetime_seconds))
-    return token
+        session.add(row)
+        session.flush()
+        token_id = row.id
+    return token, token_id
+
+
+def token_status(token: EnrolmentToken, now: float) -> str:
+    """``valid``, ``used``, ``revoked`` or ``expired``."""
+    if token.used_at is not None:
+        return "used"
+    if token.revoked_at is not None:
+        return "revoked"
+    return "expired" if token.expires_at <= now else "valid"
+
+
+def list_enrolment_tokens(db: Database, limit: int = 200) -> list[EnrolmentToken]:
+    """The newest ``limit`` enrolment tokens (their hashes, never the tokens), newest first."""
+    with db.read() as session:
+        return list(session.scalars(select(EnrolmentToken).order_by(EnrolmentToken.id.desc()).limit(limit)))
+
+
+def revoke_enrolment_token(db: Database, token_id: int, now: float) -> bool:
+    """Revoke an unused enrolment token: no device can enrol with it from now on.  ``False`` when it was
+    revoked already; :class:`UnknownTokenError` when no such token exists or it was used (revoke the device
+    that used it instead)."""
+    with db.write() as session:
+        row = session.get(EnrolmentToken, token_id)
+        if row is None:
+            raise UnknownTokenError(f"no enrolment token has id {token_id} (poet-edge server tokens list)")
+        if row.used_at is not None:
+            raise UnknownTokenError(f"enrolment token {token_id} was used by {row.used_by!r} already: revoke the "
+                                    f"device instead (poet-edge server revoke {row.used_by})")
+        if row.revoked_at is not None:
+            return False
+        row.revoked_at = now
+        return True
 
 
 def enrol(db: Database, enrolment_token: str, device_name: str, now: float) -> Enrolment:
@@ -96,7 +133,7 @@ def _usable_token(session: Any, enrolment_token: str, now: float) -> EnrolmentTo
         raise EnrolmentRefusedError(ENROLMENT_REFUSED)
     row = session.scalar(select(EnrolmentToken).where(EnrolmentToken.token_hash == token_hash(enrolment_token)))
     if (row is None or not hashes_match(row.token_hash, enrolment_token) or row.used_at is not None
-            or row.expires_at <= now):
+            or row.revoked_at is not None or row.expires_at <= now):
         raise EnrolmentRefusedError(ENROLMENT_REFUSED)
     return row
 

@@ -62,6 +62,12 @@ class UnknownDeviceError(ServerError):
     http_status = 404
 
 
+class UnknownTokenError(ServerError):
+    """No unused enrolment token has the id given."""
+
+    http_status = 404
+
+
 class DeviceNameTakenError(ServerError):
     """Another enrolled device already has the name a device asked for."""
 

@@ -29,6 +29,7 @@ class RateLimiter:
         self.window = window
         self._clock = clock
         self._hits: dict[str, deque[float]] = {}
+        self._refused: dict[str, float] = {}  # when each key's current run of refusals began
         self._lock = threading.Lock()
 
     def retry_after(self, key: str) -> float | None:
@@ -55,6 +56,19 @@ class RateLimiter:
             if len(self._hits) > MAX_ADDRESSES:
                 self._forget_idle(now)
             return None
+
+    def first_refusal(self, key: str) -> bool:
+        """Whether a refusal of ``key`` now starts a new run of refusals (none in the last window): what the
+        audit log records, once per run rather than once per refused attempt."""
+        with self._lock:
+            now = self._clock()
+            began = self._refused.get(key)
+            if began is not None and began > now - self.window:
+                return False
+            if len(self._refused) > MAX_ADDRESSES:
+                self._refused = {k: t for k, t in self._refused.items() if t > now - self.window}
+            self._refused[key] = now
+            return True
 
     def _forget_idle(self, now: float) -> None:
         for key in [k for k, hits in self._hits.items() if not hits or hits[-1] <= now - self.window]:

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from server import audit
 from server.api.state import client_address, server_state
 from server.devices import DeviceIdentity, authenticate
 from server.errors import AuthenticationError, RateLimitedError
@@ -37,6 +38,9 @@ def current_device(request: Request,
     except AuthenticationError:
         wait = state.auth_failures.hit(address)
         if wait is not None:
+            if state.auth_failures.first_refusal(address):
+                audit.record(state.db, "rate-limited", actor="anonymous", target="device authentication",
+                             address=address)
             raise RateLimitedError(f"too many failed authentications from this address; retry in {wait:.0f} s",
                                    wait) from None
         raise

@@ -74,5 +74,20 @@ def api_operator(request: Request) -> SignedIn:
     return operator
 
 
+def admin_operator(request: Request) -> SignedIn:
+    """Dependency of the pages that change things: a signed-in admin; a viewer gets 403 (and an audit entry)."""
+    operator = page_operator(request)
+    if not operator.is_admin:
+        from server import audit
+        from server.api.state import client_address
+
+        audit.record(server_state(request).db, "forbidden", actor=f"operator:{operator.username}",
+                     target=f"{request.method} {request.url.path}", detail="viewers only read",
+                     address=client_address(request))
+        raise HTTPException(403, "viewers only read: ask an admin")
+    return operator
+
+
 PageOperator = Annotated[SignedIn, Depends(page_operator)]
+AdminOperator = Annotated[SignedIn, Depends(admin_operator)]
 ApiOperator = Annotated[SignedIn, Depends(api_operator)]

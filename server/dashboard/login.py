@@ -10,6 +10,7 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse, Response
 
+from server import audit
 from server.api.state import client_address, server_state
 from server.dashboard import csrf
 from server.dashboard.auth import (LOGIN_CSRF_COOKIE, PageOperator, clear_session_cookie, local_path, set_cookie,
@@ -53,6 +54,9 @@ def login(request: Request, username: FormText = "", password: FormText = "", cs
               (dashboard.account_failures, username))
     wait = max((w for limiter, key in counts if (w := limiter.retry_after(key)) is not None), default=None)
     if wait is not None:
+        if dashboard.login_failures.first_refusal(counts[0][1]):
+            audit.record(server_state(request).db, "rate-limited", actor="anonymous", target=f"sign-in {username}",
+                         address=client_address(request))
         return _form(request, next, error=f"Too many failed sign-ins from this address; try again in "
                                           f"{math.ceil(wait)} s.", status=429,
                      headers={"Retry-After": str(max(1, math.ceil(wait)))})
@@ -61,7 +65,10 @@ def login(request: Request, username: FormText = "", password: FormText = "", cs
     if operator is None:
         for limiter, key in counts:
             limiter.hit(key)
+        audit.record(state.db, "login-failed", actor="anonymous", target=username, address=client_address(request))
         return _form(request, next, error="Wrong username or password.", status=401)
+    audit.record(state.db, "login", actor=f"operator:{operator.username}", target=operator.username,
+                 address=client_address(request))
     response = RedirectResponse(local_path(next), status_code=303)
     set_session_cookie(response, request, start_session(state.db, operator.id, time.time()))
     set_cookie(response, request, LOGIN_CSRF_COOKIE, "", 0)  # the login form's token is spent

@@ -36,6 +36,10 @@ class OperatorInfo:
     id: int
     username: str
     created_at: float
+    role: str = "admin"
+
+
+ROLES = ("admin", "viewer")  # admin: everything; viewer: reads every page, changes nothing
 
 
 def check_operator_name(name: str) -> str:
@@ -55,8 +59,8 @@ def check_password(password: str) -> str:
     return password
 
 
-def add_operator(db: Database, username: str, password: str, now: float) -> OperatorInfo:
-    """Create an operator account.
+def add_operator(db: Database, username: str, password: str, now: float, role: str = "admin") -> OperatorInfo:
+    """Create an operator account with ``role`` (:data:`ROLES`).
 
     Raises
     ------
@@ -66,16 +70,18 @@ def add_operator(db: Database, username: str, password: str, now: float) -> Oper
         The password or the name is not acceptable.
     """
     check_operator_name(username)
+    if role not in ROLES:
+        raise UnknownOperatorError(f"role {role!r} is not one of {', '.join(ROLES)}")
     password_hash = _hasher.hash(check_password(password))
     try:
         with db.write() as session:
             if session.scalar(select(Operator.id).where(Operator.username == username)) is not None:
                 raise OperatorExistsError(f"an operator named {username!r} exists already; change its password with "
                                           "`poet-edge server operator passwd`")
-            row = Operator(username=username, password_hash=password_hash, created_at=now)
+            row = Operator(username=username, password_hash=password_hash, created_at=now, role=role)
             session.add(row)
             session.flush()
-            return OperatorInfo(row.id, row.username, row.created_at)
+            return OperatorInfo(row.id, row.username, row.created_at, row.role)
     except IntegrityError as exc:  # created by a concurrent command
         raise OperatorExistsError(f"an operator named {username!r} exists already") from exc
 
@@ -98,10 +104,26 @@ def set_password(db: Database, username: str, password: str) -> None:
         session.execute(delete(OperatorSession).where(OperatorSession.operator_id == row.id))
 
 
+def remove_operator(db: Database, username: str) -> None:
+    """Delete an operator; its sessions end at once.
+
+    Raises
+    ------
+    UnknownOperatorError
+        No operator has that name.
+    """
+    with db.write() as session:
+        row = session.scalar(select(Operator).where(Operator.username == check_operator_name(username)))
+        if row is None:
+            raise UnknownOperatorError(f"no operator is named {username!r} (poet-edge server operator list)")
+        session.execute(delete(OperatorSession).where(OperatorSession.operator_id == row.id))
+        session.delete(row)
+
+
 def list_operators(db: Database) -> list[OperatorInfo]:
     """Every operator, by name."""
     with db.read() as session:
-        rows = session.execute(select(Operator.id, Operator.username, Operator.created_at)
+        rows = session.execute(select(Operator.id, Operator.username, Operator.created_at, Operator.role)
                                .order_by(Operator.username)).all()
     return [OperatorInfo(*row) for row in rows]
 
@@ -120,7 +142,7 @@ def verify_login(db: Database, username: str, password: str) -> OperatorInfo | N
         return None
     if _hasher.check_needs_rehash(row.password_hash):  # parameters grew since it was hashed
         _rehash(db, row.id, password)
-    return OperatorInfo(row.id, row.username, row.created_at)
+    return OperatorInfo(row.id, row.username, row.created_at, row.role)
 
 
 def _rehash(db: Database, operator_id: int, password: str) -> None:

@@ -9,14 +9,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
-from server import devices
-from server.api.state import ServerState, server_state
+from server import audit, devices
+from server.api.state import ServerState, client_address, server_state
 from server.dashboard import csrf, views
-from server.dashboard.auth import ApiOperator, PageOperator, local_path
+from server.dashboard.auth import AdminOperator, ApiOperator, PageOperator, local_path
 from server.dashboard.device_charts import device_charts
 from server.dashboard.render import render
 from server.dashboard.state import dashboard_state
-from server.errors import UnknownDeviceError
+from server.errors import UnknownDeviceError, UnknownTokenError
 
 router = APIRouter(include_in_schema=False)
 REFRESH_MS = 2000
@@ -63,12 +63,15 @@ def device_page(request: Request, name: str, operator: PageOperator) -> Response
 
 
 @router.post("/devices/{name}/revoke")
-def revoke_device(request: Request, name: str, operator: PageOperator, csrf_token: FormText = "",
+def revoke_device(request: Request, name: str, operator: AdminOperator, csrf_token: FormText = "",
                   next: FormText = "") -> Response:
     """Revoke the device: its token is refused from now on."""
     csrf.check_form(request, operator.csrf_token, csrf_token)
+    db = server_state(request).db
     try:
-        devices.revoke(server_state(request).db, name, time.time())
+        if devices.revoke(db, name, time.time()):
+            audit.record(db, "device.revoke", actor=f"operator:{operator.username}", target=name,
+                         address=client_address(request))
     except UnknownDeviceError as exc:
         return render(request, "message.html", operator, status=404, title="No such device", message=str(exc))
     return RedirectResponse(local_path(next, f"/devices/{name}"), status_code=303)
@@ -107,14 +110,37 @@ def tokens_page(request: Request, operator: PageOperator) -> Response:
 
 
 @router.post("/tokens")
-def create_token(request: Request, operator: PageOperator, csrf_token: FormText = "",
+def create_token(request: Request, operator: AdminOperator, csrf_token: FormText = "",
                  lifetime: FormText = "24h") -> Response:
     """Make an enrolment token and show it, this once."""
     csrf.check_form(request, operator.csrf_token, csrf_token)
     seconds = TOKEN_LIFETIMES.get(lifetime, TOKEN_LIFETIMES["24h"])
     now = time.time()
-    token = devices.create_enrolment_token(server_state(request).db, seconds, now)
+    db = server_state(request).db
+    token, token_id = devices.create_enrolment_token(db, seconds, now)
+    audit.record(db, "token.create", actor=f"operator:{operator.username}", target=f"token {token_id}",
+                 detail=f"valid for {lifetime}", address=client_address(request))
     return _tokens(request, operator, new_token=token, new_token_expires=now + seconds, status=201)
+
+
+@router.post("/tokens/{token_id}/revoke")
+def revoke_token(request: Request, token_id: int, operator: AdminOperator, csrf_token: FormText = "") -> Response:
+    """Revoke an unused enrolment token: no device can enrol with it."""
+    csrf.check_form(request, operator.csrf_token, csrf_token)
+    db = server_state(request).db
+    try:
+        if devices.revoke_enrolment_token(db, token_id, time.time()):
+            audit.record(db, "token.revoke", actor=f"operator:{operator.username}", target=f"token {token_id}",
+                         address=client_address(request))
+    except UnknownTokenError as exc:
+        return render(request, "message.html", operator, status=404, title="No such token", message=str(exc))
+    return RedirectResponse("/tokens", status_code=303)
+
+
+@router.get("/audit")
+def audit_page(request: Request, operator: PageOperator) -> Response:
+    """The newest entries of the audit log."""
+    return render(request, "audit.html", operator, page="audit", entries=audit.recent(server_state(request).db))
 
 
 def _tokens(request: Request, operator: Any, status: int = 200, **shown: Any) -> Response:

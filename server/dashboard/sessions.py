@@ -32,6 +32,12 @@ class SignedIn:
     operator_id: int
     username: str
     csrf_token: str
+    role: str = "admin"
+
+    @property
+    def is_admin(self) -> bool:
+        """Whether this operator may change things (a viewer only reads)."""
+        return self.role == "admin"
 
 
 def start_session(db: Database, operator_id: int, now: float) -> str:
@@ -50,17 +56,17 @@ def find_session(db: Database, cookie: str | None, now: float) -> SignedIn | Non
     if not cookie or len(cookie) > MAX_TOKEN_LENGTH:
         return None
     with db.read() as session:
-        row = session.execute(select(OperatorSession, Operator.username).join(Operator)
+        row = session.execute(select(OperatorSession, Operator.username, Operator.role).join(Operator)
                               .where(OperatorSession.token_hash == token_hash(cookie))).first()
     if row is None or not hashes_match(row[0].token_hash, cookie):
         return None
-    found, username = row
+    found, username, role = row
     if found.expires_at <= now or found.last_used + SESSION_IDLE <= now:
         return None
     if now - found.last_used >= TOUCH_EVERY:
         with db.write() as session:
             session.execute(update(OperatorSession).where(OperatorSession.id == found.id).values(last_used=now))
-    return SignedIn(found.id, found.operator_id, username, found.csrf_token)
+    return SignedIn(found.id, found.operator_id, username, found.csrf_token, role)
 
 
 def end_session(db: Database, session_id: int) -> None:

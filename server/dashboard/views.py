@@ -12,10 +12,10 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from server import devices
 from server.dashboard import display
 from server.db.engine import Database
-from server.db.models import (Device, DeviceSchedule, EnrolmentToken, FederatedRound, Heartbeat, SolveRequest,
-                              StoredSchedule)
+from server.db.models import Device, DeviceSchedule, FederatedRound, Heartbeat, SolveRequest, StoredSchedule
 from server.model_versions import list_versions
 from server.federated.rounds import RoundRow, round_rows, run_ids
 
@@ -162,6 +162,7 @@ def graph_for(db: Database, schedule_id: str) -> tuple[bytes, bytes] | None:
 class TokenRow:
     """An enrolment token as listed: never the token itself."""
 
+    id: int
     created_at: float
     expires_at: float
     status: str
@@ -170,12 +171,9 @@ class TokenRow:
 
 
 def token_rows(db: Database, now: float, limit: int = 200) -> list[TokenRow]:
-    """The newest enrolment tokens, with whether each is valid, used or expired."""
-    with db.read() as session:
-        tokens = session.scalars(select(EnrolmentToken).order_by(EnrolmentToken.id.desc()).limit(limit)).all()
-    return [TokenRow(t.created_at, t.expires_at,
-                     "used" if t.used_at is not None else "expired" if t.expires_at <= now else "valid",
-                     t.used_by, t.used_at) for t in tokens]
+    """The newest enrolment tokens, with whether each is valid, used, revoked or expired."""
+    return [TokenRow(t.id, t.created_at, t.expires_at, devices.token_status(t, now), t.used_by, t.used_at)
+            for t in devices.list_enrolment_tokens(db, limit)]
 
 
 # The rounds table's columns: (metric key, heading, display function).

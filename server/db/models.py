@@ -81,6 +81,7 @@ class EnrolmentToken(Base):
     expires_at: Mapped[float] = mapped_column(Float)
     used_at: Mapped[float | None] = mapped_column(Float)
     used_by: Mapped[str | None] = mapped_column(String(DEVICE_NAME_LENGTH))
+    revoked_at: Mapped[float | None] = mapped_column(Float)
 
 
 class Heartbeat(Base):
@@ -164,6 +165,8 @@ class Operator(Base):
     username: Mapped[str] = mapped_column(String(OPERATOR_NAME_LENGTH), unique=True)
     password_hash: Mapped[str] = mapped_column(String(255))
     created_at: Mapped[float] = mapped_column(Float)
+    role: Mapped[str] = mapped_column(String(8), default="admin", server_default="admin")
+    """``admin`` (everything) or ``viewer`` (reads every page, changes nothing)."""
 
 
 class OperatorSession(Base):
@@ -223,3 +226,18 @@ class ModelVersion(Base):
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
     signature: Mapped[dict[str, str]] = mapped_column(JSON)
     created_at: Mapped[float] = mapped_column(Float)
+
+
+class AuditEntry(Base):
+    """One security-relevant event: who did what to what, when and from where (:mod:`server.audit`)."""
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[float] = mapped_column(Float, index=True)
+    actor: Mapped[str] = mapped_column(String(100))
+    """``operator:alice``, ``device:pi-17``, ``cli:root`` (a server command, with the system user), ``anonymous``."""
+    action: Mapped[str] = mapped_column(String(40))
+    target: Mapped[str] = mapped_column(String(200))
+    detail: Mapped[str] = mapped_column(String(500))
+    address: Mapped[str | None] = mapped_column(String(64))

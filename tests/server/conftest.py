@@ -64,7 +64,7 @@ def solving_client(app: FastAPI) -> Iterator[TestClient]:
 
 def enrolment_token(app: FastAPI, lifetime: float = 3600.0) -> str:
     """A fresh enrolment token, made as ``poet-edge server enrol-token`` makes one."""
-    return create_enrolment_token(app.state.server.db, lifetime, time.time())
+    return create_enrolment_token(app.state.server.db, lifetime, time.time())[0]
 
 
 def enrol(client: TestClient, name: str = "pi-1") -> Enrolled:

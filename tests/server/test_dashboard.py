@@ -173,7 +173,7 @@ def test_operator_commands_add_change_and_list(tmp_path, monkeypatch, capsys, ap
     assert log_in(client, "ops", "a new password").status_code == 303
     capsys.readouterr()
     assert main(["server", "operator", "list", "--data-dir", data]) == ExitCode.OK
-    assert capsys.readouterr().out.startswith("ops\tadded ")
+    assert capsys.readouterr().out.startswith("ops\tadmin\tadded ")
 
 
 # -- headers and static files ----------------------------------------------------------------

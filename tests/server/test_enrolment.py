@@ -45,7 +45,7 @@ def test_wrong_replayed_and_expired_tokens_get_the_same_401(client) -> None:
     db = client.app.state.server.db
     used = enrolment_token(client.app)
     assert post_enrol(client, used, "first").status_code == 201
-    expired = create_enrolment_token(db, 60, time.time() - 120)  # made two minutes ago, valid for one
+    expired, _ = create_enrolment_token(db, 60, time.time() - 120)  # made two minutes ago, valid for one
     answers = [post_enrol(client, token, "second") for token in ("not-a-token", used, expired)]
     assert [a.status_code for a in answers] == [401, 401, 401]
     assert {a.json()["detail"] for a in answers} == {ENROLMENT_REFUSED}  # no oracle: one message for all three

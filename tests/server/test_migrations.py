@@ -49,7 +49,7 @@ def database_at_0001(settings) -> tuple[Database, str]:
 def test_upgrading_from_0001_keeps_every_row_and_adds_the_operator_tables(settings) -> None:
     _, device_token = database_at_0001(settings)
     db = open_database(settings)  # what a new server does at start
-    assert current_revision(db) == "0006"
+    assert current_revision(db) == "0007"
     assert {"operators", "operator_sessions", "rounds", "model_versions"} <= set(inspect(db.engine).get_table_names())
     with db.engine.connect() as connection:
         assert connection.execute(text("SELECT name, steps_done, energy_j FROM devices")).all() == [("pi-1", 42, 9.5)]
