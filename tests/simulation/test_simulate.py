@@ -57,6 +57,7 @@ def test_strategies_are_held_against_local_only_global_and_centralized_on_the_sa
     assert not left  # the SuperLink, SuperExec and Ray are gone
 
 
+@pytest.mark.slow  # two whole simulations (about 3 minutes): the default run keeps under 20 minutes on 2 cores
 def test_sampled_rounds_with_absent_devices_give_the_same_figures_for_the_same_seed(tmp_path, capsys,
                                                                                     monkeypatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
