@@ -102,6 +102,7 @@ class EligibilitySection:
     max_temperature_c: float = 70.0
     temperature_hysteresis_c: float = 5.0
     quiet_hours: str = ""
+    start_jitter_seconds: float = 0.0  # up to this long after becoming eligible, a share fixed by the device name
     poll_seconds: float = 5.0
     training_poll_seconds: float = 0.5
 
@@ -304,6 +305,8 @@ def _check(c: AgentConfig) -> list[str]:
         "eligibility.training_poll_seconds": c.eligibility.training_poll_seconds,
     }
     found += [f"{key} must be positive" for key, value in positive.items() if value <= 0]
+    if c.eligibility.start_jitter_seconds < 0:
+        found.append("eligibility.start_jitter_seconds must be >= 0 (0: start as soon as eligible)")
     if c.eligibility.idle_seconds < 0:
         found.append("eligibility.idle_seconds must be >= 0 (0: eligible as soon as the other conditions hold)")
     supplies = c.device.sysfs_root / "sys" / "class" / "power_supply"

@@ -32,6 +32,7 @@ queues, so it never holds up this loop.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import selectors
@@ -77,6 +78,13 @@ def eligibility_from_config(config: AgentConfig) -> Eligibility:
     if e.quiet_hours:
         monitors.append(QuietHours(e.quiet_hours))
     return Eligibility(monitors)
+
+
+def start_jitter(device_name: str, most: float) -> float:
+    """This device's wait after becoming eligible: a share of ``most`` fixed by its name, so a fleet's devices
+    spread over the interval and each device waits the same every time (its behaviour can be reasoned about)."""
+    share = int.from_bytes(hashlib.sha256(device_name.encode()).digest()[:8], "big") / 2 ** 64
+    return most * share
 
 
 class Worker:
@@ -161,6 +169,8 @@ class Daemon:
         self._reporter_problem: str | None = None
         self._window_stop_reason = ""
         self._checkpointed_steps = 0  # steps the newest checkpoint holds, as the worker reported
+        self._eligible_since: float | None = None  # when the device last became eligible (jitter counts from it)
+        self._start_jitter = start_jitter(config.device.name, config.eligibility.start_jitter_seconds)
 
     # -- the loop --------------------------------------------------------------------
     def run(self) -> int:
@@ -243,7 +253,15 @@ class Daemon:
                 self._set_state("waiting", f"{self._window_stop_reason}; next window in {left:.0f} s")
             return
         if not decision.eligible:
+            self._eligible_since = None
             self._set_state("waiting", decision.reason)
+            return
+        if self._eligible_since is None:
+            self._eligible_since = now
+        wait = self._eligible_since + self._start_jitter - now
+        if wait > 0:
+            self._set_state("waiting", f"eligible ({decision.reason}); starting in {wait:.0f} s (start jitter: a "
+                                       "fleet plugged in at once does not start at once)")
             return
         if self.supernode is not None:
             if self.supernode.clientapps():

@@ -310,6 +310,31 @@ def test_a_disk_with_too_little_room_keeps_the_device_waiting(rig) -> None:
         assert stop(agent) == 0
 
 
+def test_start_jitter_spreads_a_fleet_and_is_the_same_for_one_device() -> None:
+    from agent.daemon.supervisor import start_jitter
+
+    waits = [start_jitter(f"pi-{i}", 600.0) for i in range(1000)]
+    assert min(waits) < 30 and max(waits) > 570 and all(0 <= w < 600 for w in waits)
+    assert start_jitter("pi-7", 600.0) == waits[7] and start_jitter("pi-7", 0.0) == 0.0
+
+
+def test_an_eligible_device_waits_its_start_jitter_before_training(rig) -> None:
+    from agent.daemon.supervisor import start_jitter
+
+    device, config, tmp = rig
+    most = 4.0 / start_jitter("test-device", 1.0)  # this device's share of it is 4 s
+    agent = start_agent(config(eligibility_start_jitter_seconds=most))
+    try:
+        waiting = wait_for(lambda: (s := read_status(tmp)).get("state") == "waiting" and "start jitter" in s["reason"]
+                           and s, 30, "the start jitter", agent)
+        seen = time.monotonic()
+        assert re.search(r"starting in [1-4] s", waiting["reason"])
+        wait_for(lambda: read_status(tmp).get("state") in ("preparing", "training"), 30, "the window", agent)
+        assert time.monotonic() - seen <= 4.0 + 2.0  # no later than the jitter and a poll or two
+    finally:
+        assert stop(agent) == 0
+
+
 def test_notify_socket_gets_ready_status_watchdog_and_stopping(rig) -> None:
     device, config, tmp = rig
     address = str(tmp / "notify.sock")
