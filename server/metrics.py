@@ -16,10 +16,13 @@ counted by the process that saw them.  ``_created`` series are off
     poet_server_solve_seconds{status}           histogram: how long solves took, by how they ended
     poet_server_heartbeats_received_total       heartbeats stored by this process
     poet_server_http_request_duration_seconds{method,route,status}   histogram: API latency by route
+    poet_server_build_info{version,python}      1, labelled with this server's release and Python
+    process_*, python_info                      this process: CPU, resident memory, open files, start time
 """
 
 from __future__ import annotations
 
+import platform
 import time
 from typing import Iterable
 
@@ -28,6 +31,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
+from common.version import software_version
 from server import solve_requests
 from server.db.engine import Database
 from server.db.models import Device
@@ -50,6 +54,10 @@ class ServerMetrics:
         self.latency = prom.Histogram("poet_server_http_request_duration_seconds", "API latency by route",
                                       ["method", "route", "status"], buckets=LATENCY_BUCKETS, registry=self.registry)
         self.registry.register(FleetCollector(db, online_seconds))
+        prom.ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes
+        prom.PlatformCollector(registry=self.registry)  # python_info
+        build = prom.Info("poet_server_build", "this server's release", registry=self.registry)
+        build.info({"version": software_version(), "python": platform.python_version()})
 
     def observe_solve(self, status: str, seconds: float) -> None:
         """Count one finished solve."""

@@ -28,7 +28,6 @@ This module never imports torch: the daemon runs the reporter in its own
 from __future__ import annotations
 
 import fcntl
-import functools
 import json
 import logging
 import math
@@ -38,7 +37,6 @@ import ssl
 import threading
 import time
 from contextlib import contextmanager
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -50,6 +48,7 @@ from agent.daemon.sources import NoReporter, Reporter, Request, ScheduleSource
 from agent.errors import FleetAuthError, FleetError, FleetUnavailableError
 from schedules.errors import FormatError, InfeasibleBudgetError, PlannerError, SolverError
 from common.files import write_atomically
+from common.version import software_version
 from schedules.schedule import Schedule
 from schedules.signing import key_id, load_public_key
 
@@ -524,15 +523,6 @@ def reporter_from_config(config: AgentConfig) -> Reporter:
         return NoReporter()
     return HeartbeatReporter(FleetClient.from_config(config),
                              HeartbeatQueue(config.fleet_dir / "heartbeats.jsonl", s.queue_limit), s.heartbeat_seconds)
-
-
-@functools.cache
-def software_version() -> str:
-    """The installed poet-edge release ("unknown" when running from a tree that is not installed)."""
-    try:
-        return metadata.version("poet-edge")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 # -- helpers ---------------------------------------------------------------------------------------------------

@@ -125,3 +125,13 @@ def test_metrics_count_devices_online_and_by_state(client) -> None:
     assert metric(text, "poet_server_http_request_duration_seconds_count", method="POST",
                   route="/api/v1/heartbeats", status="204") == 2
     assert "_created" not in text
+
+
+def test_metrics_describe_this_process_and_its_release(client) -> None:
+    from common.version import software_version
+
+    text = client.get("/metrics").text
+    assert metric(text, "process_resident_memory_bytes") > 10_000_000  # a real process, read from /proc
+    assert metric(text, "process_cpu_seconds_total") > 0 and metric(text, "process_open_fds") > 0
+    build = next(line for line in text.splitlines() if line.startswith("poet_server_build_info{"))
+    assert f'version="{software_version()}"' in build and build.endswith(" 1.0")
