@@ -13,6 +13,8 @@ counted by the process that saw them.  ``_created`` series are off
     poet_server_fleet_steps                     training steps the devices report, summed
     poet_server_fleet_energy_joules             energy the devices report, summed
     poet_server_solve_requests{status}          schedule requests by status
+    poet_server_devices_with_error              online devices whose last heartbeat reports an error
+    poet_server_devices_over_budget             online devices whose last step went over its memory bound
     poet_server_solve_seconds{status}           histogram: how long solves took, by how they ended
     poet_server_heartbeats_received_total       heartbeats stored by this process
     poet_server_http_request_duration_seconds{method,route,status}   histogram: API latency by route
@@ -87,7 +89,7 @@ class FleetCollector(Collector):
         """The families with the fleet's current figures."""
         families = self._families()
         devices, online, steps, energy = families[:4]
-        by_state, solves = families[4], families[5]
+        by_state, solves, with_error, over_budget = families[4:8]
         online_since = time.time() - self.online_seconds
         with self.db.read() as session:
             active = Device.revoked_at.is_(None)
@@ -98,6 +100,12 @@ class FleetCollector(Collector):
                                           .group_by(Device.state)).all())
             totals = session.execute(select(func.coalesce(func.sum(Device.steps_done), 0),
                                             func.coalesce(func.sum(Device.energy_j), 0.0)).where(active)).one()
+            beat = Device.last_heartbeat
+            seen = (active, Device.last_seen >= online_since)
+            with_error.add_metric([], session.scalar(select(func.count()).where(
+                *seen, func.coalesce(beat["last_error"].as_string(), "") != "")) or 0)
+            over_budget.add_metric([], session.scalar(select(func.count()).where(
+                *seen, beat["peak_bytes"].as_float() > beat["bound_bytes"].as_float())) or 0)
         for state in STATES:
             by_state.add_metric([state], states.get(state, 0))
         steps.add_metric([], totals[0])
@@ -115,4 +123,7 @@ class FleetCollector(Collector):
             GaugeMetricFamily("poet_server_fleet_energy_joules", "energy the devices report, summed"),
             GaugeMetricFamily("poet_server_devices_by_state", "online devices by their last state", labels=["state"]),
             GaugeMetricFamily("poet_server_solve_requests", "schedule requests by status", labels=["status"]),
+            GaugeMetricFamily("poet_server_devices_with_error", "online devices whose last heartbeat reports an error"),
+            GaugeMetricFamily("poet_server_devices_over_budget",
+                              "online devices whose last step's memory went over its bound"),
         ]

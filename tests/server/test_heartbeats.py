@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +15,8 @@ from server.api import create_app
 from server.config import ServerSettings
 from server.db.models import Device, Heartbeat
 from tests.server.conftest import enrol, heartbeat, metric
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def stored(client: TestClient) -> list[dict]:
@@ -135,3 +139,27 @@ def test_metrics_describe_this_process_and_its_release(client) -> None:
     assert metric(text, "process_cpu_seconds_total") > 0 and metric(text, "process_open_fds") > 0
     build = next(line for line in text.splitlines() if line.startswith("poet_server_build_info{"))
     assert f'version="{software_version()}"' in build and build.endswith(" 1.0")
+
+
+def test_the_alert_rules_in_deploy_name_only_series_the_server_exports_and_fire_on_what_they_say(client) -> None:
+    """Every series an alert rule reads is one this server's /metrics has (or Prometheus's own ``up``), and the
+    error and over-budget gauges follow the devices' heartbeats."""
+    import yaml
+
+    rules = yaml.safe_load((REPO / "deploy" / "poet-server.rules.yml").read_text())["groups"][0]["rules"]
+    assert {r["alert"] for r in rules} >= {"PoetDevicesOffline", "PoetDevicesWithErrors", "PoetDevicesOverBudget",
+                                           "PoetSolveBacklog"}
+    text = client.get("/metrics").text
+    declared = set(re.findall(r"^# TYPE (\w+) ", text, re.M))  # a histogram is declared before it has samples
+    for rule in rules:
+        for name in re.findall(r"\b(poet_server_\w+)", rule["expr"]):
+            family = re.sub(r"_(bucket|count|sum)$", "", name)
+            assert family in declared, f"{rule['alert']} reads {name}, which /metrics does not have"
+    ok, failing, over = enrol(client, "pi-1"), enrol(client, "pi-2"), enrol(client, "pi-3")
+    for device, changes in ((ok, {}), (failing, {"last_error": "cannot write checkpoint"}),
+                            (over, {"peak_bytes": 9_000_000, "bound_bytes": 8_000_000})):
+        beat = heartbeat(**{"peak_bytes": 1_000_000, "bound_bytes": 8_000_000, **changes})
+        assert client.post("/api/v1/heartbeats", json=beat, headers=device.headers).status_code == 204
+    text = client.get("/metrics").text
+    assert metric(text, "poet_server_devices_with_error") == 1
+    assert metric(text, "poet_server_devices_over_budget") == 1
