@@ -86,6 +86,9 @@ class ServerSettings:
         Largest training graph planned (the MILP grows with the square of the nodes; 422 beyond).
     max_queued_solves:
         Schedule requests allowed to wait at once (503 beyond).
+    max_queued_solves_per_device:
+        Schedule requests one device may have waiting at once (429 beyond), so that one device asking for
+        budget after budget cannot hold back every other device's schedule.
     heartbeat_history:
         Heartbeats kept per device; older ones are deleted as new ones arrive.
     online_seconds:
@@ -110,6 +113,7 @@ class ServerSettings:
     max_body_bytes: int = 8 * MEBIBYTE
     max_graph_nodes: int = 1000
     max_queued_solves: int = 1000
+    max_queued_solves_per_device: int = 3
     heartbeat_history: int = 1000
     online_seconds: float = 60.0
     enrol_per_minute: int = 10
@@ -149,7 +153,8 @@ def _problems(s: ServerSettings) -> list[str]:
         problems.append(f"port {s.port} is not in 0..65535")
     if not s.host:
         problems.append("host is empty")
-    for name in ("solve_workers", "max_body_bytes", "max_graph_nodes", "max_queued_solves", "heartbeat_history",
+    for name in ("solve_workers", "max_body_bytes", "max_graph_nodes", "max_queued_solves", "max_queued_solves_per_device",
+                 "heartbeat_history",
                  "enrol_per_minute", "auth_failures_per_minute"):
         value = getattr(s, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

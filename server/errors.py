@@ -119,6 +119,13 @@ class SolveQueueFullError(ServerError):
     http_status = 503
 
 
+class SolveQuotaError(ServerError):
+    """This device has as many schedule requests waiting as it may; the others' requests are not held back."""
+
+    exit_code = ExitCode.REJECTED
+    http_status = 429
+
+
 class FlowerError(ServerError):
     """The Flower SuperLink cannot be started (binary or TLS files missing, never healthy) or cannot be asked."""
 

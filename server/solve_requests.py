@@ -43,7 +43,7 @@ from schedules.schedule import Schedule
 from schedules.step_memory import TrainingSpec
 from server.db.engine import Database
 from server.db.models import SolveRequest
-from server.errors import RequestRejectedError, SolveQueueFullError
+from server.errors import RequestRejectedError, SolveQueueFullError, SolveQuotaError
 from server.registry import store_schedule
 
 QUEUED, SOLVING, DONE, FAILED, TIMED_OUT = "queued", "solving", "done", "failed", "timed_out"
@@ -124,13 +124,16 @@ def _load(part: str, loader: Any, data: Any) -> Any:
 
 
 def enqueue(db: Database, item: SolveInput, *, time_limit: float, max_queued: int, now: float,
-            requested_by: int | None = None) -> tuple[SolveRequest, bool]:
+            requested_by: int | None = None, max_per_device: int | None = None) -> tuple[SolveRequest, bool]:
     """The request for ``item``: the existing identical one, or a new queued one; and whether it is new to the queue.
 
     Raises
     ------
     SolveQueueFullError
         ``max_queued`` requests are waiting already.
+    SolveQuotaError
+        The device ``requested_by`` has ``max_per_device`` new requests waiting already (asking for one that
+        exists, its own or another device's, is always answered).
     """
     key = item.dedupe_key
     try:
@@ -138,6 +141,12 @@ def enqueue(db: Database, item: SolveInput, *, time_limit: float, max_queued: in
             existing = session.scalar(select(SolveRequest).where(SolveRequest.dedupe_key == key))
             if existing is not None:
                 return existing, _retry_if_limit_grew(existing, time_limit)
+            if requested_by is not None and max_per_device is not None:
+                own = session.scalar(select(func.count()).select_from(SolveRequest).where(
+                    SolveRequest.status.in_((QUEUED, SOLVING)), SolveRequest.requested_by == requested_by))
+                if own >= max_per_device:
+                    raise SolveQuotaError(f"this device has {own} schedule requests waiting or solving already; ask "
+                                          "again when one is answered")
             waiting = session.scalar(select(func.count()).select_from(SolveRequest)
                                      .where(SolveRequest.status == QUEUED))
             if waiting >= max_queued:

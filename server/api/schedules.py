@@ -22,14 +22,16 @@ SCHEDULE_ID = re.compile(r"[0-9a-f]{16}")
 
 
 @router.post("/api/v1/schedule-requests", status_code=202, response_model=ScheduleRequestStatus,
-             responses=errors(401, 429), summary="ask for a schedule; identical requests share one solve")
+             responses=errors(401, 429, 503),
+             summary="ask for a schedule; identical requests share one solve; a device may have 3 waiting")
 def request_schedule(body: ScheduleRequestBody, device: Device, request: Request) -> ScheduleRequestStatus:
     state = server_state(request)
     item = solve_requests.parse_solve_input(body.graph, body.device, body.memory_budget, body.runtime_budget,
                                             state.settings.max_graph_nodes, body.training)
     row, queued = solve_requests.enqueue(state.db, item, time_limit=state.settings.solve_time_limit,
                                          max_queued=state.settings.max_queued_solves, now=time.time(),
-                                         requested_by=device.id)
+                                         requested_by=device.id,
+                                         max_per_device=state.settings.max_queued_solves_per_device)
     if queued:
         state.solves.wake()
     # the whole status: a request identical to one already failed says why at once

@@ -159,6 +159,21 @@ def test_a_full_queue_answers_503(tmp_path) -> None:
     assert full.status_code == 503 and "waiting" in full.json()["detail"]
 
 
+def test_one_device_asking_budget_after_budget_cannot_hold_back_the_others(tmp_path) -> None:
+    client = TestClient(create_app(ServerSettings(data_dir=tmp_path / "s", max_queued_solves_per_device=3)))
+    greedy, patient = enrol(client, "pi-1"), enrol(client, "pi-2")
+    codes = [client.post("/api/v1/schedule-requests", json=schedule_request(memory_budget=10**9 + i),
+                         headers=greedy.headers).status_code for i in range(4)]  # budgets a byte apart
+    assert codes == [202, 202, 202, 429]
+    refused = client.post("/api/v1/schedule-requests", json=schedule_request(memory_budget=10**9 + 9),
+                          headers=greedy.headers)
+    assert "3 schedule requests waiting" in refused.json()["detail"]
+    assert client.post("/api/v1/schedule-requests", json=schedule_request(memory_budget=10**9),
+                       headers=greedy.headers).status_code == 202  # one it asked for already is answered
+    assert client.post("/api/v1/schedule-requests", json=schedule_request(memory_budget=5 * 10**8),
+                       headers=patient.headers).status_code == 202
+
+
 def test_dedupe_key_is_the_graph_structure_profile_and_budgets() -> None:
     body = schedule_request(linear_graph(6), memory_budget=5000)
     base = parse_solve_input(**body, max_nodes=100)
