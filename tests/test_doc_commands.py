@@ -81,6 +81,8 @@ SHORTENED = {
 # lines that serve until stopped: started, asked whether they answer, stopped with SIGTERM
 SERVES = ("poet-edge server run",)
 
+LINE_TIMEOUT = 1800  # seconds one line may run
+
 # documents whose lines take minutes (solves to a time limit, whole fleet simulations)
 SLOW = {"docs/planning.md", "docs/federation.md"}
 
@@ -165,8 +167,21 @@ def _device_with_a_personalized_model(directory: Path) -> None:
 
 
 def _run_line(line: str, cwd: Path, environment: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-c", line], cwd=cwd, env=environment, capture_output=True, text=True,
-                          input="correct horse battery staple\n", timeout=1500)
+    """Run ``line`` in its own process group: past the time limit the whole group is asked to stop (SIGTERM:
+    a simulation then stops its SuperLink and Ray), then killed, not the shell alone."""
+    process = subprocess.Popen(["bash", "-c", line], cwd=cwd, env=environment, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate("correct horse battery staple\n", timeout=LINE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+        pytest.fail(f"`{line}` ran past {LINE_TIMEOUT} s")
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
 def _serve(line: str, cwd: Path, environment: dict[str, str], port: int) -> None:
