@@ -133,6 +133,8 @@ class SolveService:
         interrupted = [slot.job.request_id for slot in self._slots if slot.job is not None]
         for slot in self._slots:
             slot.kill()
+        for slot in self._slots:  # a pool's manager thread still running at interpreter exit races its own pipe
+            slot.executor.shutdown(wait=True)
         self._slots = []
         if interrupted:
             solve_requests.requeue(self.db, interrupted)
