@@ -3,7 +3,11 @@
 Each simulated device is a coroutine: starting at its own phase within the
 heartbeat period (phases spread uniformly), it posts a heartbeat every
 ``period`` seconds and, on every ``fetch_every``-th heartbeat, asks for its
-schedule with ``If-None-Match`` (a 304 is the expected answer).  Devices
+schedule with ``If-None-Match`` (a 304 is the expected answer).  Operators
+(:func:`run_operators`) watch the fleet table as the dashboard's page does:
+every ``operator_period`` seconds a page of 50 rows, sorted and filtered,
+first whole and then as the page's live refresh asks for it (with a cursor:
+only the rows changed since).  Devices
 share one pool of keep-alive connections per server (:class:`ConnectionPool`),
 not a connection each: ten thousand sockets would measure the kernel's and
 uvicorn's connection handling rather than the API.
@@ -36,6 +40,20 @@ class SimulatedDevice:
     server: int
 
 
+@dataclass(frozen=True)
+class SimulatedOperator:
+    """A signed-in operator: its session cookie and the server whose dashboard it watches."""
+
+    cookie: str
+    server: int
+
+
+# What operators look at: pages of 50 rows, sorted and filtered in the database.
+FLEET_VIEWS = ("status=online&sort=steps", "state=training&sort=energy", "status=offline&sort=last_seen",
+               "q=sim-00&sort=name&order=desc", "state=waiting&sort=last_seen", "sort=steps&order=asc")
+REFRESHES_PER_VIEW = 4  # live refreshes of a view (with a cursor) before the operator changes it
+
+
 @dataclass
 class LoadPlan:
     """What every device does, and the measured window (``loop.time()`` seconds)."""
@@ -52,7 +70,8 @@ class LoadPlan:
 class Samples:
     """What the window saw: per-request latencies (s) by kind, errors by cause, how late devices woke (s)."""
 
-    latencies: dict[str, list[float]] = field(default_factory=lambda: {"heartbeat": [], "schedule": []})
+    latencies: dict[str, list[float]] = field(default_factory=lambda: {"heartbeat": [], "schedule": [],
+                                                                       "fleet page": []})
     errors: dict[str, int] = field(default_factory=dict)
     wake_lag: list[float] = field(default_factory=list)
 
@@ -164,12 +183,11 @@ def heartbeat_body(steps_done: int) -> bytes:
                        "eligibility": [{"name": "power", "eligible": True, "reason": "on mains"}]}).encode()
 
 
-async def run_devices(devices: list[SimulatedDevice], pools: list[ConnectionPool], plan: LoadPlan) -> Samples:
-    """Run every device until the window ends; the samples of requests that began inside the window."""
-    samples = Samples()
+async def run_devices(devices: list[SimulatedDevice], pools: list[ConnectionPool], plan: LoadPlan,
+                      samples: Samples) -> None:
+    """Run every device until the window ends, adding the requests that began inside the window to ``samples``."""
     await asyncio.gather(*(_device(i, device, pools[device.server], plan, samples, len(devices))
                            for i, device in enumerate(devices)))
-    return samples
 
 
 async def _device(index: int, device: SimulatedDevice, pool: ConnectionPool, plan: LoadPlan, samples: Samples,
@@ -193,6 +211,31 @@ async def _device(index: int, device: SimulatedDevice, pool: ConnectionPool, pla
             await _timed(pool, "schedule", fetch_head, b"", 304, measured, samples)
         beat += 1
         due += plan.period
+
+
+async def run_operators(operators: list[SimulatedOperator], pools: list[ConnectionPool], plan: LoadPlan,
+                        period: float, samples: Samples) -> None:
+    """Run every operator until the window ends, adding to ``samples`` (kind ``fleet page``)."""
+    await asyncio.gather(*(_operator(i, operator, pools[operator.server], plan, period, samples, len(operators))
+                           for i, operator in enumerate(operators)))
+
+
+async def _operator(index: int, operator: SimulatedOperator, pool: ConnectionPool, plan: LoadPlan, period: float,
+                    samples: Samples, count: int) -> None:
+    loop = asyncio.get_running_loop()
+    headers = f"Host: {pool.host}:{pool.port}\r\nCookie: poet_session={operator.cookie}\r\nAccept: application/json\r\n"
+    due = plan.start + period * index / count
+    shown = 0
+    while due < plan.measure_to:
+        await asyncio.sleep(due - loop.time())
+        view = FLEET_VIEWS[(shown // (REFRESHES_PER_VIEW + 1) + index) % len(FLEET_VIEWS)]
+        page = 1 + (shown // (REFRESHES_PER_VIEW + 1) * 7 + index) % 20
+        refresh = shown % (REFRESHES_PER_VIEW + 1)
+        since = f"&since={time.time() - period - 5:.3f}" if refresh else ""  # the previous answer's cursor
+        head = f"GET /dashboard/fleet.json?{view}&page={page}{since} HTTP/1.1\r\n{headers}\r\n".encode()
+        await _timed(pool, "fleet page", head, b"", 200, plan.measure_from <= due, samples)
+        shown += 1
+        due += period
 
 
 async def _timed(pool: ConnectionPool, kind: str, head: bytes, body: bytes, expected: int, measured: bool,

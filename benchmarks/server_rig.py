@@ -4,7 +4,8 @@ Setup works on the database in this process, before the servers start, so
 none of it is measured: devices are enrolled with the functions the enrolment
 route calls (the route's per-address rate limit would make 1,000 enrolments
 from loopback take hours), and the schedule every device fetches is requested
-once through the API and solved by the server's planner.
+once through the API and solved by the server's planner; the operators who
+watch the fleet table are added and signed in the same way.
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ from demo.walkthrough import synthetic_graph
 from schedules.device import DeviceProfile
 from server.config import ServerSettings
 from server.datadir import open_database
+from server.dashboard.operators import add_operator
+from server.dashboard.sessions import start_session
 from server.devices import create_enrolment_token, enrol
+from server.tokens import new_token
 
 from benchmarks.load_client import SimulatedDevice
 
@@ -97,6 +101,21 @@ def enrol_devices(data_dir: Path, database: str | None, names: list[str]) -> lis
             now = time.time()
             tokens.append(enrol(db, create_enrolment_token(db, 3600.0, now)[0], name, now).device_token)
         return tokens
+    finally:
+        db.dispose()
+
+
+def operator_sessions(data_dir: Path, database: str | None, count: int) -> list[str]:
+    """Add ``count`` dashboard operators and sign each in (in this process, against the database); the session
+    cookies, as a browser holds them after the login form."""
+    db = open_database(ServerSettings(data_dir=data_dir, database=database))
+    try:
+        cookies = []
+        for _ in range(count):
+            now = time.time()
+            operator = add_operator(db, f"bench-{new_token()[:12].lower()}", new_token(), now, role="viewer")
+            cookies.append(start_session(db, operator.id, now))
+        return cookies
     finally:
         db.dispose()
 

@@ -36,9 +36,9 @@ from sqlalchemy import func, select
 from common.version import software_version
 from server import solve_requests
 from server.db.engine import Database
-from server.db.models import Device
+from server.db.models import DEVICE_STATES, Device
 
-STATES = ("waiting", "preparing", "training", "backing off", "stopped")
+STATES = DEVICE_STATES
 SOLVE_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Strict, StrictBool, StrictInt, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Strict, StrictBool, StrictInt, Tag, WithJsonSchema
 
+from server.api.documents import DEVICE_SCHEMA, GRAPH_SCHEMA
+from server.db.models import DEVICE_STATES
 from server.devices import DEVICE_NAME_PATTERN
 
-STATES = ("waiting", "preparing", "training", "backing off", "stopped")
+STATES = DEVICE_STATES
 MAX_HEARTBEATS = 500  # heartbeats in one request (an agent's queue flushed at once)
 
 Number = Annotated[float, Strict(), Field(allow_inf_nan=False)]
@@ -141,8 +143,10 @@ HeartbeatBody = Annotated[
 class ScheduleRequestBody(_Body):
     """A schedule asked for: the device's training graph and profile, and the budgets."""
 
-    graph: dict[str, Any] = Field(description="a training graph (poet-edge/training-graph) or a POET reference graph")
-    device: dict[str, Any] = Field(description="a device profile (poet-edge/device-profile)")
+    graph: Annotated[dict[str, Any], WithJsonSchema(GRAPH_SCHEMA)] = Field(
+        description="a training graph (poet-edge/training-graph) or a POET reference graph")
+    device: Annotated[dict[str, Any], WithJsonSchema(DEVICE_SCHEMA)] = Field(
+        description="a device profile (poet-edge/device-profile)")
     memory_budget: Annotated[StrictInt, Field(gt=0, le=2**53)] = Field(
         description="bytes: the step's whole memory beyond the loaded model with `training`, activations alone "
                     "without it")

@@ -9,6 +9,7 @@ from fastapi import Request
 from server.config import ServerSettings
 from server.datadir import open_database
 from server.db.engine import Database
+from server.fleet_history import FleetSampler
 from server.keys import ServerKey, load_or_create
 from server.metrics import ServerMetrics
 from server.ratelimit import RateLimiter
@@ -26,6 +27,7 @@ class ServerState:
     metrics: ServerMetrics
     enrol_attempts: RateLimiter
     auth_failures: RateLimiter
+    sampler: FleetSampler
 
     @classmethod
     def open(cls, settings: ServerSettings) -> "ServerState":
@@ -35,14 +37,17 @@ class ServerState:
         metrics = ServerMetrics(db, settings.online_seconds)
         return cls(settings=settings, db=db, key=key, solves=SolveService(settings, db, key, metrics.observe_solve),
                    metrics=metrics, enrol_attempts=RateLimiter(settings.enrol_per_minute),
-                   auth_failures=RateLimiter(settings.auth_failures_per_minute))
+                   auth_failures=RateLimiter(settings.auth_failures_per_minute),
+                   sampler=FleetSampler(db, settings.online_seconds))
 
     def start(self) -> None:
-        """Start solving (queued requests first)."""
+        """Start solving (queued requests first) and sampling the fleet for its charts."""
         self.solves.start()
+        self.sampler.start()
 
     def stop(self) -> None:
-        """Stop solving and close the database connections."""
+        """Stop solving and sampling, and close the database connections."""
+        self.sampler.stop()
         self.solves.stop()
         self.db.dispose()
 

@@ -21,6 +21,7 @@ from markupsafe import Markup
 WIDTH, HEIGHT = 640, 240
 LEFT, RIGHT, TOP, BOTTOM = 72, 16, 34, 36
 MAX_DOTS = 60  # series with more points are drawn as a bare line
+TITLE_CHAR, LEGEND_CHAR, LEGEND_ROW = 8, 7, 16  # pixels per character of the title and of the legend; a row
 
 
 @dataclass(frozen=True)
@@ -53,12 +54,13 @@ def line_chart(title: str, series: Sequence[Series], *, rules: Sequence[Rule] = 
     y_lo, y_hi = _span([y for _, y in points] + [r.y for r in rules], from_zero=True)
     y_ticks = nice_ticks(y_lo, y_hi)
     y_lo, y_hi = min(y_lo, y_ticks[0]), max(y_hi, y_ticks[-1])
-    scale = _Scale(x_lo, x_hi, y_lo, y_hi)
+    legend, legend_rows = _legend(series, rules, title)
+    scale = _Scale(x_lo, x_hi, y_lo, y_hi, TOP + LEGEND_ROW * (legend_rows - 1))
     parts += _axes(scale, y_ticks, y_format)
     parts += [_rule(scale, rule, y_format) for rule in rules]
     for s in series:
         parts += _series(scale, s)
-    parts.append(_legend(series, rules))
+    parts.append(legend)
     parts.append("</svg>")
     return Markup("".join(parts))
 
@@ -81,12 +83,13 @@ class _Scale:
     x_hi: float
     y_lo: float
     y_hi: float
+    top: float  # the plot's top edge: lower when the legend takes rows under the title
 
     def x(self, value: float) -> float:
         return LEFT + (value - self.x_lo) / (self.x_hi - self.x_lo) * (WIDTH - LEFT - RIGHT)
 
     def y(self, value: float) -> float:
-        return HEIGHT - BOTTOM - (value - self.y_lo) / (self.y_hi - self.y_lo) * (HEIGHT - TOP - BOTTOM)
+        return HEIGHT - BOTTOM - (value - self.y_lo) / (self.y_hi - self.y_lo) * (HEIGHT - self.top - BOTTOM)
 
 
 def _span(values: list[float], from_zero: bool = False) -> tuple[float, float]:
@@ -107,7 +110,7 @@ def _open(title: str, chart_id: str) -> str:
 
 def _axes(scale: _Scale, y_ticks: list[float], y_format: Callable[[float], str]) -> list[str]:
     bottom, right = HEIGHT - BOTTOM, WIDTH - RIGHT
-    out = [f'<line class="axis" x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{bottom}"/>',
+    out = [f'<line class="axis" x1="{LEFT}" y1="{scale.top}" x2="{LEFT}" y2="{bottom}"/>',
            f'<line class="axis" x1="{LEFT}" y1="{bottom}" x2="{right}" y2="{bottom}"/>']
     for tick in y_ticks:
         y = scale.y(tick)
@@ -149,13 +152,19 @@ def _series(scale: _Scale, series: Series) -> list[str]:
     return out
 
 
-def _legend(series: Sequence[Series], rules: Sequence[Rule]) -> str:
+def _legend(series: Sequence[Series], rules: Sequence[Rule], title: str) -> tuple[str, int]:
+    """The legend, right-aligned beside the title, in as many rows as it needs to stay clear of it; and how
+    many rows that is."""
     items = [(s.name, f"series {s.css}") for s in series] + [(r.name, f"rule {r.css}") for r in rules]
-    out, x = ['<g class="legend">'], WIDTH - RIGHT
+    title_end = LEFT + TITLE_CHAR * len(title) + 16
+    out, x, row = ['<g class="legend">'], WIDTH - RIGHT, 0
     for name, css in reversed(items):
-        width = 7 * len(name) + 26
+        width = LEGEND_CHAR * len(name) + 26
+        if x - width < (title_end if row == 0 else LEFT) and x < WIDTH - RIGHT:
+            x, row = WIDTH - RIGHT, row + 1
         x -= width
-        out.append(f'<line class="{escape(css)}" x1="{x}" y1="14" x2="{x + 16}" y2="14"/>'
-                   f'<text class="legend-label" x="{x + 20}" y="18">{escape(name)}</text>')
+        y = 18 + LEGEND_ROW * row
+        out.append(f'<line class="{escape(css)}" x1="{x}" y1="{y - 4}" x2="{x + 16}" y2="{y - 4}"/>'
+                   f'<text class="legend-label" x="{x + 20}" y="{y}">{escape(name)}</text>')
     out.append("</g>")
-    return "".join(out)
+    return "".join(out), row + 1

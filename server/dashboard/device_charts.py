@@ -9,6 +9,7 @@ from markupsafe import Markup
 from server.dashboard import display
 from server.dashboard.charts import Rule, Series, line_chart
 from server.db.models import Heartbeat
+from server.fleet_history import increase
 
 
 def device_charts(history: Sequence[Heartbeat]) -> dict[str, Markup]:
@@ -63,7 +64,4 @@ def energy_per_window(totals: Sequence[tuple[float, float]]) -> list[tuple[float
     The total counts from the daemon's start, so a total lower than the one
     before means the daemon restarted: that window spent the new total.
     """
-    out = []
-    for (_, before), (at, total) in zip(totals, totals[1:]):
-        out.append((at, total - before if total >= before else total))
-    return out
+    return [(at, increase(before, total)) for (_, before), (at, total) in zip(totals, totals[1:])]

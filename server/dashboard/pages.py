@@ -10,45 +10,59 @@ from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
 from server import audit, devices
-from server.api.state import ServerState, client_address, server_state
+from server.api.state import client_address, server_state
 from server.dashboard import csrf, views
 from server.dashboard.auth import AdminOperator, ApiOperator, PageOperator, local_path
 from server.dashboard.device_charts import device_charts
+from server.dashboard.fleet_charts import fleet_charts
+from server.dashboard.fleet_query import SORTED_BY_COLUMN, STATUSES, FleetPage, FleetQuery, fleet_page
 from server.dashboard.render import render
 from server.dashboard.state import dashboard_state
+from server.fleet_history import samples_since
 from server.errors import UnknownDeviceError, UnknownTokenError
 
 router = APIRouter(include_in_schema=False)
 REFRESH_MS = 2000
 SCHEDULE_ID = re.compile(r"[0-9a-f]{16}")
+CHART_HOURS = {"6": "6 hours", "24": "24 hours", "168": "7 days"}
 TOKEN_LIFETIMES = {"1h": 3600.0, "24h": 86400.0, "7d": 7 * 86400.0}
 FormText = Annotated[str, Form(max_length=1024)]
-StateFilter = Annotated[str, Query(max_length=32)]
 TIMELINE_POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"  # matplotlib's SVG, as an image
 
 
-def _state_filter(state: str) -> str:
-    return state if state in views.FILTERS else ""
-
-
-def _fleet(state: ServerState, only: str) -> list[dict[str, Any]]:
-    return views.fleet_rows(state.db, time.time(), state.settings.online_seconds, only or None)
+def _fleet(request: Request, since: float | None = None) -> FleetPage:
+    server = server_state(request)
+    query = FleetQuery.from_params(request.query_params)
+    return fleet_page(server.db, query, time.time(), server.settings.online_seconds, since)
 
 
 @router.get("/")
-def fleet_page(request: Request, operator: PageOperator, state: StateFilter = "") -> Response:
-    """The fleet table; its script refreshes it from :func:`fleet_json`."""
-    only = _state_filter(state)
-    return render(request, "fleet.html", operator, page="fleet", rows=_fleet(server_state(request), only),
-                  columns=views.COLUMNS, filters=views.FILTERS, state=only, refresh_ms=REFRESH_MS)
+def fleet_page_view(request: Request, operator: PageOperator) -> Response:
+    """The fleet table, one page of it (``q``, ``status``, ``state``, ``sort``, ``order``, ``page``); its
+    script refreshes it from :func:`fleet_json`."""
+    return render(request, "fleet.html", operator, page="fleet", fleet=_fleet(request), columns=views.COLUMNS,
+                  sortable=SORTED_BY_COLUMN, statuses=STATUSES, states=views.STATES, refresh_ms=REFRESH_MS)
 
 
 @router.get("/dashboard/fleet.json")
-def fleet_json(request: Request, operator: ApiOperator, state: StateFilter = "") -> dict[str, Any]:
-    """The fleet table's rows (only those in ``state`` when given), for the page's live refresh."""
-    server = server_state(request)
-    return {"updated": time.strftime("%H:%M:%S"), "online_seconds": server.settings.online_seconds,
-            "devices": _fleet(server, _state_filter(state))}
+def fleet_json(request: Request, operator: ApiOperator,
+               since: Annotated[float | None, Query(ge=0, le=1e11)] = None) -> dict[str, Any]:
+    """The page of the fleet table the parameters ask for, as the page's script draws it.  With ``since``
+    (the ``cursor`` of the previous answer) full rows come only for devices changed after it; ``names``
+    always lists the whole page in order."""
+    fleet = _fleet(request, since)
+    return {**fleet.json(since), "updated": time.strftime("%H:%M:%S", time.localtime(fleet.now)),
+            "online_seconds": server_state(request).settings.online_seconds}
+
+
+@router.get("/fleet/charts")
+def fleet_charts_page(request: Request, operator: PageOperator,
+                      hours: Annotated[str, Query(max_length=8)] = "24") -> Response:
+    """The fleet over the last ``hours`` (6, 24 or 168): devices by state, steps and energy per hour."""
+    shown = int(hours) if hours in CHART_HOURS else 24
+    samples = samples_since(server_state(request).db, time.time() - shown * 3600)
+    return render(request, "fleet_charts.html", operator, page="fleet", hours=shown, choices=CHART_HOURS,
+                  charts=fleet_charts(samples), samples=len(samples))
 
 
 @router.get("/devices/{name}")
@@ -148,4 +162,4 @@ def _tokens(request: Request, operator: Any, status: int = 200, **shown: Any) ->
     now = time.time()
     return render(request, "tokens.html", operator, page="tokens", status=status, lifetimes=TOKEN_LIFETIMES,
                   tokens=views.token_rows(server.db, now),
-                  devices=views.fleet_rows(server.db, now, server.settings.online_seconds), **shown)
+                  devices=views.newest_devices(server.db, now, server.settings.online_seconds), **shown)

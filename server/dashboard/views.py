@@ -15,12 +15,11 @@ from sqlalchemy import func, select
 from server import devices
 from server.dashboard import display
 from server.db.engine import Database
-from server.db.models import Device, DeviceSchedule, FederatedRound, Heartbeat, SolveRequest, StoredSchedule
+from server.db.models import DEVICE_STATES, Device, DeviceSchedule, FederatedRound, Heartbeat, SolveRequest, StoredSchedule
 from server.model_versions import list_versions
 from server.federated.rounds import RoundRow, round_rows, run_ids
 
-STATES = ("waiting", "preparing", "training", "backing off", "stopped")
-FILTERS = (*STATES, "revoked")
+STATES = DEVICE_STATES
 # The fleet table's columns: (key in a row's cells, heading).
 COLUMNS = (
     ("online", "Online"), ("state", "State"), ("reason", "Reason"), ("power", "Charging / battery"),
@@ -30,12 +29,12 @@ COLUMNS = (
 HISTORY = 500  # heartbeats drawn on a device's charts
 
 
-def fleet_rows(db: Database, now: float, online_seconds: float, state: str | None = None) -> list[dict[str, Any]]:
-    """One row per device, by name; only devices in ``state`` (a state, or ``revoked``) when given."""
+def newest_devices(db: Database, now: float, online_seconds: float, limit: int = 50) -> list[dict[str, Any]]:
+    """The fleet rows of the devices enrolled last, newest first (the fleet page finds any other)."""
     with db.read() as session:
-        devices = session.scalars(select(Device).order_by(Device.name)).all()
-    rows = [fleet_row(device, now, online_seconds) for device in devices]
-    return [row for row in rows if row["state"] == state] if state else rows
+        devices = session.scalars(select(Device).order_by(Device.enrolled_at.desc(), Device.id.desc())
+                                  .limit(limit)).all()
+    return [fleet_row(device, now, online_seconds) for device in devices]
 
 
 def fleet_row(device: Device, now: float, online_seconds: float) -> dict[str, Any]:
@@ -46,7 +45,7 @@ def fleet_row(device: Device, now: float, online_seconds: float) -> dict[str, An
     status = "revoked" if revoked else "online" if online else "offline"
     cells = {
         "online": f"{status}, {display.age(device.last_seen, now)}" if device.last_seen else status,
-        "state": device.state or display.DASH,
+        "state": _state_cell(device.state, status),
         "reason": beat.get("reason") or display.DASH,
         "power": display.power(beat),
         "temperature": display.temperature(beat.get("temperature_c")),
@@ -58,7 +57,15 @@ def fleet_row(device: Device, now: float, online_seconds: float) -> dict[str, An
         "error": beat.get("last_error") or display.DASH,
     }
     return {"name": device.name, "url": f"/devices/{device.name}", "state": "revoked" if revoked else device.state or "",
-            "status": status, "last_seen": display.clock(device.last_seen), "cells": cells}
+            "status": status, "last_seen": display.clock(device.last_seen), "last_seen_at": device.last_seen,
+            "cells": cells}
+
+
+def _state_cell(state: str | None, status: str) -> str:
+    """The state a device reported; for a device not heard from lately, said to be its last report."""
+    if not state:
+        return display.DASH
+    return state if status == "online" else f"{state} (last heard)"
 
 
 @dataclass(frozen=True)

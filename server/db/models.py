@@ -18,6 +18,8 @@ migrations in ``server/db/migrations`` (a test checks the two agree).
     rounds              one row per device per federated round and phase (train, evaluate, personalize)
     model_versions      the global model after each federated round: its weights file's hash, provenance,
                         metrics and the server's signature
+    audit_log           security-relevant events: enrolments, revocations, sign-ins, refusals, operator actions
+    fleet_samples       the fleet once a minute: devices by status and state, steps and energy since the last
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ NAMING_CONVENTION = {
 DEVICE_NAME_LENGTH = 64
 OPERATOR_NAME_LENGTH = 64
 SOLVE_STATUSES = ("queued", "solving", "done", "failed", "timed_out")
+DEVICE_STATES = ("waiting", "preparing", "training", "backing off", "stopped")  # what an agent's heartbeat reports
 
 
 class Base(DeclarativeBase):
@@ -241,3 +244,19 @@ class AuditEntry(Base):
     target: Mapped[str] = mapped_column(String(200))
     detail: Mapped[str] = mapped_column(String(500))
     address: Mapped[str | None] = mapped_column(String(64))
+
+
+class FleetSample(Base):
+    """The fleet at one minute (:mod:`server.fleet_history`): devices online in each state, offline and revoked,
+    and the training steps and energy the devices reported since the sample before."""
+
+    __tablename__ = "fleet_samples"
+
+    minute: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    """Unix minutes (seconds // 60): one sample per minute whichever server process takes it."""
+    sampled_at: Mapped[float] = mapped_column(Float)
+    counts: Mapped[dict[str, int]] = mapped_column(JSON)
+    """``online``, ``offline``, ``revoked`` and each state (online devices only)."""
+    steps: Mapped[int | None] = mapped_column(BigInteger)
+    """Steps reported since the previous sample, summed over devices; ``None`` for a process's first sample."""
+    energy_j: Mapped[float | None] = mapped_column(Float)

@@ -217,7 +217,7 @@ def test_the_fleet_table_and_its_json_show_devices_after_heartbeats(dashboard: D
     assert all(text in rows["pi-1"] for text in ("online", "training", "charging, 87 %", "61.2 \u00b0C",
                                                   "412 MB / 512 MB", "120", "0.482", "87.5 %", "4.32 kJ"))
     assert "disk full" in rows["pi-2"] and "\u2014" in rows["pi-2"]  # absent figures are an em dash
-    devices = {row["name"]: row for row in client.get("/dashboard/fleet.json").json()["devices"]}
+    devices = {row["name"]: row for row in client.get("/dashboard/fleet.json").json()["rows"]}
     assert devices["pi-1"]["cells"]["memory"] == "412 MB / 512 MB" and devices["pi-1"]["status"] == "online"
     assert devices["pi-2"]["cells"]["loss"] == "\u2014" and devices["pi-2"]["state"] == "waiting"
 
@@ -232,21 +232,96 @@ def test_filter_by_state_on_the_page_and_in_the_json(dashboard: Dashboard) -> No
     assert set(rows_of(client.get("/", params={"state": "nonsense"}).text)) == {"pi-1", "pi-2", "pi-3"}
     page = client.get("/", params={"state": "training"}).text
     assert '<option value="training" selected>' in page
-    names = [row["name"] for row in client.get("/dashboard/fleet.json", params={"state": "training"}).json()["devices"]]
+    names = [row["name"] for row in client.get("/dashboard/fleet.json", params={"state": "training"}).json()["rows"]]
     assert names == ["pi-1"]
 
 
 def test_offline_and_revoked_devices_are_shown_as_such(dashboard: Dashboard) -> None:
     client = dashboard.client
-    beat_for(client, "pi-old")
+    beat_for(client, "pi-old", state="training")
     beat_for(client, "pi-gone")
+    beat_for(client, "pi-here", state="training")
     with db(client).write() as session:
-        session.execute(update(Device).where(Device.name == "pi-old").values(last_seen=time.time() - 3600))
+        session.execute(update(Device).where(Device.name == "pi-old").values(last_seen=time.time() - 21 * 60))
     assert client.post("/devices/pi-gone/revoke", data={"csrf_token": dashboard.csrf}).status_code == 200
-    devices = {row["name"]: row for row in client.get("/dashboard/fleet.json").json()["devices"]}
-    assert devices["pi-old"]["status"] == "offline" and devices["pi-old"]["cells"]["online"] == "offline, 1 h ago"
+    answer = client.get("/dashboard/fleet.json").json()
+    devices = {row["name"]: row for row in answer["rows"]}
+    assert devices["pi-old"]["status"] == "offline" and devices["pi-old"]["cells"]["online"] == "offline, 21 min ago"
+    assert devices["pi-old"]["cells"]["state"] == "training (last heard)"
     assert devices["pi-gone"]["status"] == "revoked" and devices["pi-gone"]["state"] == "revoked"
-    assert set(rows_of(client.get("/", params={"state": "revoked"}).text)) == {"pi-gone"}
+    assert answer["counts"]["training"] == 1 and answer["counts"]["waiting"] == 0  # online devices only
+    assert {k: answer["counts"][k] for k in ("devices", "online", "offline", "revoked")} == {
+        "devices": 3, "online": 1, "offline": 1, "revoked": 1}
+    assert set(rows_of(client.get("/", params={"status": "revoked"}).text)) == {"pi-gone"}
+    assert set(rows_of(client.get("/", params={"status": "offline"}).text)) == {"pi-old"}
+    # A device not heard from for 21 minutes is not listed as training now.
+    assert set(rows_of(client.get("/", params={"state": "training"}).text)) == {"pi-here"}
+
+
+def fleet(client: TestClient, **params) -> dict:
+    response = client.get("/dashboard/fleet.json", params=params)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_the_fleet_comes_in_pages_searched_and_sorted_in_the_database(dashboard: Dashboard) -> None:
+    client = dashboard.client
+    for i in range(7):
+        beat_for(client, f"pi-{i}", state="training" if i % 2 else "waiting", steps_done=10 * ((i * 3) % 7),
+                 energy_j=float(i))
+    enrol(client, "jetson-1")  # never heard from
+    first = fleet(client, per_page=3)
+    assert first["names"] == ["jetson-1", "pi-0", "pi-1"] and (first["total"], first["pages"]) == (8, 3)
+    assert first["links"]["prev"] is None and first["links"]["next"] == "/?page=2&per_page=3"
+    last = fleet(client, per_page=3, page=3)
+    assert last["names"] == ["pi-5", "pi-6"] and last["first"] == 7 and last["links"]["next"] is None
+    assert fleet(client, per_page=3, page=99)["names"] == last["names"]  # past the end: the last page
+    by_steps = fleet(client, sort="steps")  # most first; a device with no figure last
+    steps = [row["cells"]["steps"] for row in by_steps["rows"]]
+    assert steps == ["60", "50", "40", "30", "20", "10", "0", "\u2014"]
+    assert fleet(client, sort="steps", order="asc")["names"][:2] == ["pi-0", "pi-5"]
+    assert by_steps["links"]["sort"]["steps"] == "/?sort=steps&order=asc"  # a second click flips the order
+    assert fleet(client, q="PI-")["total"] == 7 and fleet(client, q="jet")["names"] == ["jetson-1"]
+    assert fleet(client, q="%")["total"] == 0 and fleet(client, q="_")["total"] == 0  # matched as text
+    assert fleet(client, status="online", state="training", sort="energy")["names"] == ["pi-5", "pi-3", "pi-1"]
+    page = client.get("/", params={"per_page": 3, "sort": "name", "order": "desc"}).text
+    assert list(rows_of(page)) == ["pi-6", "pi-5", "pi-4"] and "1\u20133 of 8, page 1 of 3" in page
+    assert 'href="/?order=desc&amp;page=2&amp;per_page=3"' in page  # the pager keeps the sort, no script needed
+
+
+@pytest.mark.parametrize("params", [{"page": "-1"}, {"page": "9" * 5000}, {"per_page": "100000"}, {"sort": "x;--"},
+                                    {"order": "sideways"}, {"status": "dead"}, {"q": "x" * 5000},
+                                    {"q": "' OR 1=1 --"}])
+def test_odd_fleet_parameters_fall_back_to_the_defaults(dashboard: Dashboard, params) -> None:
+    client = dashboard.client
+    beat_for(client, "pi-1")
+    answer = fleet(client, **params)
+    assert answer["per_page"] <= 200 and answer["page"] == 1
+    assert client.get("/", params=params).status_code == 200
+    assert client.get("/dashboard/fleet.json", params={"since": "soon"}).status_code == 422
+
+
+def test_a_refresh_sends_only_the_rows_that_changed_and_every_rows_age(dashboard: Dashboard) -> None:
+    client = dashboard.client
+    devices = {name: enrol(client, name) for name in ("pi-1", "pi-2", "pi-3")}
+    for device in devices.values():
+        assert client.post("/api/v1/heartbeats", json=heartbeat(), headers=device.headers).status_code == 204
+    with db(client).write() as session:  # heard from a minute ago, enrolled long before
+        session.execute(update(Device).values(enrolled_at=time.time() - 3600, last_seen=time.time() - 10))
+    whole = fleet(client)
+    assert whole["complete"] and [row["name"] for row in whole["rows"]] == ["pi-1", "pi-2", "pi-3"]
+    nothing = fleet(client, since=whole["cursor"])
+    assert not nothing["complete"] and nothing["rows"] == [] and nothing["names"] == whole["names"]
+    assert [status for status, _ in nothing["online"]] == ["online"] * 3
+    response = client.post("/api/v1/heartbeats", json=heartbeat(steps_done=77), headers=devices["pi-2"].headers)
+    assert response.status_code == 204
+    changed = fleet(client, since=whole["cursor"])
+    assert [row["name"] for row in changed["rows"]] == ["pi-2"] and changed["rows"][0]["cells"]["steps"] == "77"
+    with db(client).write() as session:  # pi-3 goes quiet: past the online window since the last answer
+        session.execute(update(Device).where(Device.name == "pi-3").values(last_seen=time.time() - 65))
+    gone = fleet(client, since=time.time() - 10)
+    assert "pi-3" in [row["name"] for row in gone["rows"]] and gone["online"][2][0] == "offline"
+    assert len(gone["rows"]) < 3
 
 
 def test_a_devices_own_strings_are_escaped_everywhere(dashboard: Dashboard) -> None:
@@ -257,7 +332,7 @@ def test_a_devices_own_strings_are_escaped_everywhere(dashboard: Dashboard) -> N
         html = client.get(path).text
         assert XSS not in html and "<img src=x" not in html, path
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in client.get("/").text
-    assert client.get("/dashboard/fleet.json").json()["devices"][0]["cells"]["reason"] == XSS  # data, as sent
+    assert client.get("/dashboard/fleet.json").json()["rows"][0]["cells"]["reason"] == XSS  # data, as sent
 
 
 # -- a device -----------------------------------------------------------------------------------------

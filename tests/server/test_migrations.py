@@ -49,8 +49,9 @@ def database_at_0001(settings) -> tuple[Database, str]:
 def test_upgrading_from_0001_keeps_every_row_and_adds_the_operator_tables(settings) -> None:
     _, device_token = database_at_0001(settings)
     db = open_database(settings)  # what a new server does at start
-    assert current_revision(db) == "0007"
-    assert {"operators", "operator_sessions", "rounds", "model_versions"} <= set(inspect(db.engine).get_table_names())
+    assert current_revision(db) == "0008"
+    tables = {"operators", "operator_sessions", "rounds", "model_versions", "audit_log", "fleet_samples"}
+    assert tables <= set(inspect(db.engine).get_table_names())
     with db.engine.connect() as connection:
         assert connection.execute(text("SELECT name, steps_done, energy_j FROM devices")).all() == [("pi-1", 42, 9.5)]
         assert connection.execute(text("SELECT count(*) FROM heartbeats")).scalar() == 3
@@ -63,6 +64,6 @@ def test_upgrading_from_0001_keeps_every_row_and_adds_the_operator_tables(settin
     assert client.post("/api/v1/heartbeats", json=heartbeat(steps_done=43), headers=headers).status_code == 204
     add_operator(client.app)
     assert log_in(client).status_code == 303
-    fleet = client.get("/dashboard/fleet.json").json()["devices"]
+    fleet = client.get("/dashboard/fleet.json").json()["rows"]
     assert [(row["name"], row["cells"]["steps"]) for row in fleet] == [("pi-1", "43")]
     assert 'data-schedule="0123456789abcdef"' in client.get("/schedules").text
