@@ -190,7 +190,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--knee-bisect", type=int, default=2,
                         help="steps that halve the interval where p99 crosses the target, after the ladder")
     parser.add_argument("--backends", default="sqlite,postgres", help="comma-separated: sqlite, postgres")
-    parser.add_argument("--period", type=float, default=10.0, help="seconds between a device's heartbeats")
+    parser.add_argument("--period", type=float, default=60.0, help="seconds between a device's heartbeats")
     parser.add_argument("--fetch-every", type=int, default=3, help="a schedule check every this many heartbeats")
     parser.add_argument("--connections", type=int, default=32, help="keep-alive connections per server")
     parser.add_argument("--operators", type=int, default=2, help="operators watching the fleet table")

@@ -183,6 +183,10 @@ def format_status(s: dict[str, Any]) -> str:
         rows.append(("data", s["data"]))
     for verdict in s.get("eligibility") or []:
         rows.append((f"  {verdict['name']}", f"{'ok' if verdict['eligible'] else 'no'}: {verdict['reason']}"))
+    if s.get("network"):
+        rows.append(("network", s["network"]))
+    if s.get("supernode"):
+        rows.append(("supernode", s["supernode"]))
     if s.get("personalized"):
         p = s["personalized"]
         made = datetime.datetime.fromtimestamp(p["saved_at"]).strftime("%Y-%m-%d %H:%M:%S")

@@ -13,7 +13,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from agent.energy.detect import MeterConfig
@@ -22,6 +22,8 @@ from agent.monitors.quiet import parse_window
 from agent.zoo_names import model_problems
 from common.units import parse_bytes
 
+if TYPE_CHECKING:
+    from agent.monitors.network import NetworkMonitor
 
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -108,6 +110,16 @@ class EligibilitySection:
 
 
 @dataclass(frozen=True)
+class NetworkSection:
+    """``[network]``: which networks the fleet's traffic (heartbeats, schedules, federated rounds) may use
+    (:mod:`agent.monitors.network`); training itself never waits for a network."""
+
+    require_unmetered: bool = False
+    allowed_interfaces: tuple[str, ...] = ()  # shell patterns ("wlan0", "eth*"); empty: any interface
+    metered_interfaces: tuple[str, ...] = ("wwan*", "ppp*", "rmnet*", "usb*")  # without NetworkManager's word
+
+
+@dataclass(frozen=True)
 class MetricsSection:
     """``[metrics]``: an optional Prometheus endpoint."""
 
@@ -152,6 +164,7 @@ class AgentConfig:
     training: TrainingSection = field(default_factory=TrainingSection)
     schedule: ScheduleSection = field(default_factory=ScheduleSection)
     eligibility: EligibilitySection = field(default_factory=EligibilitySection)
+    network: NetworkSection = field(default_factory=NetworkSection)
     energy: MeterConfig = field(default_factory=MeterConfig)
     metrics: MetricsSection = field(default_factory=MetricsSection)
     server: ServerSection = field(default_factory=ServerSection)
@@ -166,6 +179,14 @@ class AgentConfig:
     def history_path(self) -> Path:
         """The record of past training windows (:mod:`agent.daemon.history`)."""
         return self.device.state_dir / "history.jsonl"
+
+    def network_monitor(self) -> "NetworkMonitor":
+        """The ``[network]`` condition on the fleet's traffic."""
+        from agent.monitors.network import NetworkMonitor
+
+        n = self.network
+        return NetworkMonitor(require_unmetered=n.require_unmetered, allowed_interfaces=n.allowed_interfaces,
+                              metered_interfaces=n.metered_interfaces, root=self.device.sysfs_root)
 
     @property
     def status_path(self) -> Path:
@@ -195,12 +216,14 @@ class AgentConfig:
 
 _SECTIONS: dict[str, type] = {
     "device": DeviceSection, "workload": WorkloadSection, "data": DataSection, "training": TrainingSection,
-    "schedule": ScheduleSection, "eligibility": EligibilitySection, "energy": MeterConfig, "metrics": MetricsSection,
+    "schedule": ScheduleSection, "eligibility": EligibilitySection, "network": NetworkSection,
+    "energy": MeterConfig, "metrics": MetricsSection,
     "server": ServerSection, "flower": FlowerSection,
 }
 _PATHS = {"state_dir", "swap_dir", "sysfs_root", "path", "file", "public_key", "ca_file", "root_certificates",
           "auth_key"}
 _SIZES = {"memory_budget", "memory_tolerance", "min_free_storage"}
+_PATTERNS = {"allowed_interfaces", "metered_interfaces"}  # lists of shell patterns
 _RENAMED = {("training", "memory_slack"): "training.memory_slack was replaced by training.memory_tolerance: bytes a "
             "step's measured memory may exceed its plan, the same for any model (e.g. \"8MB\")"}
 
@@ -258,6 +281,11 @@ _INVALID = object()
 
 
 def _convert(label: str, attr: str, value: Any, default: Any, base: Path, problems: list[str]) -> Any:
+    if attr in _PATTERNS:
+        if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+            problems.append(f"{label} must be a list of interface names or patterns, such as [\"wlan0\", \"eth*\"]")
+            return _INVALID
+        return tuple(v.strip() for v in value)
     if attr in _PATHS:
         if not isinstance(value, str) or not value:
             problems.append(f"{label} must be a path string, not {value!r}")

@@ -46,6 +46,7 @@ from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from agent.daemon.config import AgentConfig
 from agent.daemon.sources import NoReporter, Reporter, Request, ScheduleSource
 from agent.errors import FleetAuthError, FleetError, FleetUnavailableError
+from agent.monitors.network import NetworkMonitor
 from schedules.errors import FormatError, InfeasibleBudgetError, PlannerError, SolverError
 from common.files import write_atomically
 from common.version import software_version
@@ -74,7 +75,8 @@ class FleetClient:
     """
 
     def __init__(self, url: str, *, device_name: str, token_path: Path, public_key: Any,
-                 enrolment_token: str = "", timeout: float = 10.0, ca_file: Path | None = None) -> None:
+                 enrolment_token: str = "", timeout: float = 10.0, ca_file: Path | None = None,
+                 network: NetworkMonitor | None = None) -> None:
         self.url = url.rstrip("/")
         self.device_name = device_name
         self.token_path = Path(token_path)
@@ -82,6 +84,7 @@ class FleetClient:
         self.enrolment_token = enrolment_token
         self.timeout = timeout
         self.ca_file = ca_file
+        self.network = network  # the [network] condition every request waits for (None: any network)
         self._http: httpx.Client | None = None
         self._token: str | None = None
 
@@ -91,7 +94,7 @@ class FleetClient:
         s = config.server
         return cls(s.url, device_name=config.device.name, token_path=config.device_token_path,
                    public_key=load_public_key(s.public_key), enrolment_token=s.enrolment_token,
-                   timeout=s.timeout_seconds, ca_file=s.ca_file)
+                   timeout=s.timeout_seconds, ca_file=s.ca_file, network=config.network_monitor())
 
     def call(self, method: str, path: str, *, body: Any = None, headers: dict[str, str] | None = None,
              ok: tuple[int, ...] = ()) -> httpx.Response:
@@ -172,10 +175,20 @@ class FleetClient:
 
     # -- HTTP ------------------------------------------------------------------------
     def _send(self, method: str, path: str, body: Any, headers: dict[str, str]) -> httpx.Response:
+        self._check_network()
         try:
             return self._client().request(method, API + path, json=body, headers=headers)
         except httpx.HTTPError as exc:  # refused, DNS, TLS, timeouts, a broken answer
             raise FleetUnavailableError(f"the fleet server {self.url} is unreachable ({_describe(exc)})") from exc
+
+    def _check_network(self) -> None:
+        """Refuse, as if the server were unreachable, while ``[network]`` does not allow this network."""
+        if self.network is None:
+            return
+        verdict = self.network.check()
+        if not verdict.eligible:
+            raise FleetUnavailableError(f"not using the network: {verdict.reason} ([network] in the config); "
+                                        "heartbeats wait on disk, schedules come from the cache or a local solve")
 
     def _checked(self, response: httpx.Response, method: str, path: str, ok: tuple[int, ...] = ()) -> httpx.Response:
         code = response.status_code

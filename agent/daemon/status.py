@@ -55,6 +55,7 @@ FIELDS: dict[str, str] = {
                                "(each renamed aside to NAME.damaged), or null",
     "step_seconds": "how long the last step took",
     "last_checkpoint_seconds": "how long the last checkpoint took",
+    "network": "the [network] condition on the fleet's traffic: the interface in use and whether it may be used",
     "supernode": "the Flower SuperNode: running, stopped (and why) or refused by the SuperLink (null without "
                  "[flower])",
     "last_stop_after_step_seconds": "from the end of the last step to the training process's stop (checkpoint "

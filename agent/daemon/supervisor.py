@@ -156,6 +156,7 @@ class Daemon:
         self.metrics = metrics
         self.status = initial_status(config.device.name)
         self.supernode = SuperNode(config) if config.flower.enabled else None
+        self.network = config.network_monitor()
         self.worker: Worker | None = None
         self.next_window_at = 0.0
         first = config.training.backoff_seconds
@@ -234,8 +235,10 @@ class Daemon:
                                       for v in decision.verdicts]
         for verdict in decision.verdicts:
             self.status.update(verdict.readings)
-        if self.supernode is not None:
-            self.supernode.follow(decision.eligible, now)
+        network = self.network.check(now)
+        self.status["network"] = network.reason
+        if self.supernode is not None:  # connected only while it may train and may use this network
+            self.supernode.follow(decision.eligible and network.eligible, now)
             self.status["supernode"] = self.supernode.state
         if self.worker is None:
             self._between_windows(now, decision)

@@ -15,7 +15,8 @@ waiting daemon stays small.
 
 Modules: :mod:`~agent.monitors.base` (the interface, the combined decision),
 :mod:`~agent.monitors.power`, :mod:`~agent.monitors.idle`,
-:mod:`~agent.monitors.thermal`, :mod:`~agent.monitors.storage`, :mod:`~agent.monitors.quiet`.
+:mod:`~agent.monitors.thermal`, :mod:`~agent.monitors.storage`, :mod:`~agent.monitors.quiet`, and
+:mod:`~agent.monitors.network` (not a training condition: it gates the fleet's traffic).
 """
 
 from __future__ import annotations

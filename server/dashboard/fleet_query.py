@@ -140,8 +140,12 @@ def fleet_page(db: Database, query: FleetQuery, now: float, online_seconds: floa
         pages = max(1, math.ceil(total / query.per_page))
         if query.page > pages:
             query = replace(query, page=pages)
-        devices = session.scalars(select(Device).where(*where).order_by(*order)
-                                  .offset((query.page - 1) * query.per_page).limit(query.per_page)).all()
+        # the page's ids first (sorted from the index), then their whole rows: sorting whole rows would carry
+        # every device's last heartbeat through the sort
+        ids = session.scalars(select(Device.id).where(*where).order_by(*order)
+                              .offset((query.page - 1) * query.per_page).limit(query.per_page)).all()
+        found = {d.id: d for d in session.scalars(select(Device).where(Device.id.in_(ids)))}
+        devices = [found[i] for i in ids if i in found]
         counts = fleet_counts(session, cutoff)
     counts["devices"] = sum(counts[status] for status in STATUSES)
     rows = {d.name: views.fleet_row(d, now, online_seconds) for d in devices}

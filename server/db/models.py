@@ -72,6 +72,11 @@ class Device(Base):
     energy_j: Mapped[float | None] = mapped_column(Float)
     software_version: Mapped[str | None] = mapped_column(String(64))
 
+    # The fleet table's filters, counts and sort keys, read from the index rather than the rows (whose
+    # last_heartbeat makes them large): a page of 50 out of 10,000 devices touches 50 rows.
+    __table_args__ = (Index("ix_devices_fleet_view", "revoked_at", "last_seen", "state", "steps_done", "energy_j",
+                            "name"),)
+
 
 class EnrolmentToken(Base):
     """A single-use enrolment token; ``used_by`` names the device that enrolled with it."""

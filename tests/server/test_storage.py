@@ -23,13 +23,13 @@ from tests.server.conftest import enrol, heartbeat, schedule_request, wait_for_s
 def test_migrations_on_an_empty_database_build_exactly_the_models_schema(settings) -> None:
     assert not settings.data_dir.exists()
     db = open_database(settings)
-    assert current_revision(db) == "0008"
+    assert current_revision(db) == "0009"
     assert set(inspect(db.engine).get_table_names()) == {*Base.metadata.tables, "alembic_version"}
     with db.engine.connect() as connection:
         differences = compare_metadata(MigrationContext.configure(connection, opts={"compare_type": True}),
                                        Base.metadata)
     assert differences == []
-    assert upgrade(db) == "0008"  # running again at the next start changes nothing
+    assert upgrade(db) == "0009"  # running again at the next start changes nothing
 
 
 def test_sqlite_runs_with_wal_foreign_keys_and_a_busy_timeout(settings) -> None:
