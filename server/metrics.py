@@ -37,6 +37,7 @@ from common.version import software_version
 from server import solve_requests
 from server.db.engine import Database
 from server.db.models import DEVICE_STATES, Device
+from server.fleet_history import fleet_counts
 
 STATES = DEVICE_STATES
 SOLVE_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
@@ -93,11 +94,9 @@ class FleetCollector(Collector):
         online_since = time.time() - self.online_seconds
         with self.db.read() as session:
             active = Device.revoked_at.is_(None)
-            devices.add_metric([], session.scalar(select(func.count()).where(active)) or 0)
-            online.add_metric([], session.scalar(select(func.count()).where(active, Device.last_seen >= online_since))
-                              or 0)
-            states = dict(session.execute(select(Device.state, func.count()).where(active, Device.last_seen >= online_since)
-                                          .group_by(Device.state)).all())
+            counts = fleet_counts(session, online_since)
+            devices.add_metric([], counts["online"] + counts["offline"])
+            online.add_metric([], counts["online"])
             totals = session.execute(select(func.coalesce(func.sum(Device.steps_done), 0),
                                             func.coalesce(func.sum(Device.energy_j), 0.0)).where(active)).one()
             beat = Device.last_heartbeat
@@ -107,7 +106,7 @@ class FleetCollector(Collector):
             over_budget.add_metric([], session.scalar(select(func.count()).where(
                 *seen, beat["peak_bytes"].as_float() > beat["bound_bytes"].as_float())) or 0)
         for state in STATES:
-            by_state.add_metric([state], states.get(state, 0))
+            by_state.add_metric([state], counts[state])
         steps.add_metric([], totals[0])
         energy.add_metric([], totals[1])
         for status, count in solve_requests.count_by_status(self.db).items():
