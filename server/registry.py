@@ -53,8 +53,13 @@ def schedule_document(db: Database, schedule_id: str) -> bytes | None:
 
 
 def record_download(db: Database, device_id: int, schedule_id: str, now: float) -> None:
-    """Remember that the device uses ``schedule_id`` (downloaded, or found unchanged with ``If-None-Match``)."""
-    with db.write() as session:  # Core statements: every schedule check of the fleet comes here
+    """Remember that the device uses ``schedule_id`` (downloaded, or found unchanged with ``If-None-Match``),
+    and since when: the time is its first download or check of this schedule, so most checks of the fleet
+    only read."""
+    with db.engine.connect() as connection:  # Core statements: every schedule check of the fleet comes here
+        if connection.scalar(_DEVICE_SCHEDULE_NOW, {"device": device_id}) == schedule_id:
+            return
+    with db.write() as session:
         connection = session.connection()
         updated = connection.execute(_DEVICE_SCHEDULE, {"device": device_id, "schedule_id": schedule_id,
                                                         "downloaded_at": now})
@@ -64,6 +69,7 @@ def record_download(db: Database, device_id: int, schedule_id: str, now: float) 
 
 
 # Built once (building a statement costs more than SQLite running it); the columns come from the parameters' keys.
+_DEVICE_SCHEDULE_NOW = select(DeviceSchedule.schedule_id).where(DeviceSchedule.device_id == bindparam("device"))
 _DEVICE_SCHEDULE = update(DeviceSchedule).where(DeviceSchedule.device_id == bindparam("device"))
 _DEVICE_SCHEDULE_NEW = insert(DeviceSchedule)
 

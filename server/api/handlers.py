@@ -15,8 +15,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError, OperationalError
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
+from server.api.auth import unchecked_credentials
 from server.errors import AuthenticationError, RateLimitedError, ServerError
 
 log = logging.getLogger("poet-server")
@@ -60,6 +62,12 @@ async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
+    credentials = unchecked_credentials(request)
+    if credentials is not None:
+        try:
+            await run_in_threadpool(credentials.device)  # who asks is answered before what was asked
+        except ServerError as refused:
+            return await on_server_error(request, refused)
     problems = [_problem(e) for e in exc.errors()[:MAX_PROBLEMS]]
     summary = "; ".join(f"{'.'.join(map(str, p['loc']))}: {p['msg']}" for p in problems[:5])
     more = len(exc.errors()) - 5

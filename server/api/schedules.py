@@ -10,7 +10,7 @@ from fastapi import APIRouter, Header, Request, Response
 from starlette.exceptions import HTTPException
 
 from server import registry, solve_requests
-from server.api.auth import Device
+from server.api.auth import DeviceAuth
 from server.api.responses import errors
 from server.api.schemas import ScheduleRequestBody, ScheduleRequestStatus
 from server.api.state import server_state
@@ -24,7 +24,8 @@ SCHEDULE_ID = re.compile(r"[0-9a-f]{16}")
 @router.post("/api/v1/schedule-requests", status_code=202, response_model=ScheduleRequestStatus,
              responses=errors(401, 429, 503),
              summary="ask for a schedule; identical requests share one solve; a device may have 3 waiting")
-def request_schedule(body: ScheduleRequestBody, device: Device, request: Request) -> ScheduleRequestStatus:
+def request_schedule(body: ScheduleRequestBody, auth: DeviceAuth, request: Request) -> ScheduleRequestStatus:
+    device = auth.device()
     state = server_state(request)
     item = solve_requests.parse_solve_input(body.graph, body.device, body.memory_budget, body.runtime_budget,
                                             state.settings.max_graph_nodes, body.training)
@@ -41,7 +42,8 @@ def request_schedule(body: ScheduleRequestBody, device: Device, request: Request
 
 @router.get("/api/v1/schedule-requests/{request_id}", response_model=ScheduleRequestStatus,
             responses=errors(401, 404, 429), summary="where a schedule request stands")
-def schedule_request_status(request_id: str, device: Device, request: Request) -> ScheduleRequestStatus:
+def schedule_request_status(request_id: str, auth: DeviceAuth, request: Request) -> ScheduleRequestStatus:
+    auth.device()
     row = solve_requests.find(server_state(request).db, request_id) if REQUEST_ID.fullmatch(request_id) else None
     if row is None:
         raise HTTPException(404, "no schedule request has this id")
@@ -54,8 +56,9 @@ def schedule_request_status(request_id: str, device: Device, request: Request) -
                              "content": {"application/json": {"schema": {"type": "object"}}}},
                        **errors(304, 401, 404, 429)},
             summary="download a signed schedule; send its ETag as If-None-Match to skip an unchanged one")
-def download_schedule(schedule_id: str, device: Device, request: Request,
+def download_schedule(schedule_id: str, auth: DeviceAuth, request: Request,
                       if_none_match: Annotated[str | None, Header(max_length=4096)] = None) -> Response:
+    device = auth.device()
     state = server_state(request)
     document = registry.schedule_document(state.db, schedule_id) if SCHEDULE_ID.fullmatch(schedule_id) else None
     if document is None:

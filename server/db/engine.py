@@ -5,7 +5,8 @@ for the writer; foreign keys on; a busy timeout, so a writer waits for the
 lock instead of failing.  Its transactions are begun by us, not by the
 driver: :meth:`Database.write` begins ``IMMEDIATE`` (takes the write lock up
 front, so two writers queue instead of one of them failing half way when it
-upgrades a read to a write), :meth:`Database.read` a plain deferred ``BEGIN``.
+upgrades a read to a write), :meth:`Database.read` a plain deferred ``BEGIN``;
+one process's writers take turns on a lock of their own before that.
 Other databases (PostgreSQL) use the driver's own transactions.
 
 Several server processes may migrate one PostgreSQL database at the same
@@ -15,6 +16,8 @@ migrates and the others find the schema current.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -70,6 +73,10 @@ class Database:
         """The engine for writing: on SQLite its transactions take the write lock when they begin."""
         self._read = sessionmaker(self.engine, expire_on_commit=False)
         self._write = sessionmaker(self.writer, expire_on_commit=False)
+        # SQLite has one writer at a time, and a connection that finds the write lock taken polls for it,
+        # sleeping 1, 2, 5, 10, ... ms between tries: this process's writers queue here instead and each
+        # starts the moment the last one commits.  Other processes on the file still poll.
+        self._writers = threading.Lock() if self.is_sqlite else contextlib.nullcontext()
 
     @property
     def is_sqlite(self) -> bool:
@@ -85,7 +92,7 @@ class Database:
     @contextmanager
     def write(self) -> Iterator[Session]:
         """A session that commits when the block ends without an exception, and rolls back otherwise."""
-        with self._write() as session, session.begin():
+        with self._writers, self._write() as session, session.begin():
             yield session
 
     def dispose(self) -> None:

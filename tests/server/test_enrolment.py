@@ -80,6 +80,33 @@ def test_missing_malformed_and_unknown_device_tokens_are_401(client, device) -> 
         assert response.status_code == 401, headers
 
 
+def device_routes(client: TestClient) -> dict[tuple[str, str], str]:
+    """Every operation the OpenAPI document secures with a device token: (method, path) -> a concrete path."""
+    routes = {}
+    for path, operations in client.get("/openapi.json").json()["paths"].items():
+        for method, operation in operations.items():
+            if any("device token" in requirement for requirement in operation.get("security", [])):
+                concrete = path.replace("{request_id}", "0" * 32).replace("{schedule_id}", "0" * 16)
+                routes[method.upper(), path] = concrete
+    return routes
+
+
+def test_every_device_endpoint_answers_an_unknown_token_401_whatever_its_body_or_headers(client, device) -> None:
+    """The token is checked in the handler, so a request failing validation is authenticated by the validation
+    error's handler first: a guesser learns nothing from a body and is counted all the same."""
+    routes = device_routes(client)
+    assert set(routes) == {("POST", "/api/v1/heartbeats"), ("POST", "/api/v1/schedule-requests"),
+                           ("GET", "/api/v1/schedule-requests/{request_id}"),
+                           ("GET", "/api/v1/schedules/{schedule_id}")}
+    invalid = {"json": {"state": "dancing"}, "headers": {"If-None-Match": "x" * 5000}}
+    for (method, _), path in routes.items():
+        for bad in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Bearer {device.token}x"}):
+            response = client.request(method, path, json=invalid["json"], headers={**invalid["headers"], **bad})
+            assert response.status_code == 401 and response.headers["WWW-Authenticate"] == "Bearer", (path, bad)
+        valid_token = client.request(method, path, json=invalid["json"], headers={**invalid["headers"], **device.headers})
+        assert valid_token.status_code == (422 if method == "POST" or "schedules/" in path else 404), path
+
+
 def test_enrolment_is_rate_limited_per_address(tmp_path) -> None:
     app = create_app(ServerSettings(data_dir=tmp_path / "s", enrol_per_minute=3))
     client = TestClient(app)

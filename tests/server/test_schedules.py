@@ -8,6 +8,7 @@ import time
 import pytest
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 
 from common.canonical import canonical_json
 from schedules.graph import TrainingGraph
@@ -16,6 +17,7 @@ from schedules.signing import verify_document
 from server.api import create_app
 from server.config import ServerSettings
 from server.datadir import open_database
+from server.db.models import DeviceSchedule
 from server import solve_requests
 from server.solve_requests import parse_solve_input
 from tests.schedules.graphs import linear_graph
@@ -60,6 +62,28 @@ def test_etag_and_if_none_match(solving_client) -> None:
         assert again.status_code == 304 and again.content == b"" and again.headers["ETag"] == etag, sent
     changed = solving_client.get(url, headers={**device.headers, "If-None-Match": '"0000000000000000"'})
     assert changed.status_code == 200 and changed.content == first.content
+
+
+def test_the_schedule_a_device_uses_is_dated_by_its_first_download_not_each_check(solving_client) -> None:
+    device = enrol(solving_client)
+    first, second = (wait_for_solve(solving_client, ask(solving_client, device.headers, body)["request_id"],
+                                    device.headers)["schedule_id"]
+                     for body in (schedule_request(memory_budget=10**9),
+                                  schedule_request(memory_budget=10**9, runtime_budget=2.0)))
+
+    def used() -> tuple[str, float]:
+        with solving_client.app.state.server.db.read() as session:
+            return session.execute(select(DeviceSchedule.schedule_id, DeviceSchedule.downloaded_at)).one()
+
+    assert solving_client.get(f"/api/v1/schedules/{first}", headers=device.headers).status_code == 200
+    downloaded = used()
+    time.sleep(0.05)
+    check = {**device.headers, "If-None-Match": f'"{first}"'}
+    assert solving_client.get(f"/api/v1/schedules/{first}", headers=check).status_code == 304
+    assert used() == downloaded and downloaded[0] == first
+    assert solving_client.get(f"/api/v1/schedules/{second}", headers=device.headers).status_code == 200
+    switched = used()
+    assert switched[0] == second and switched[1] > downloaded[1]
 
 
 def test_identical_requests_share_one_solve_and_other_budgets_do_not(solving_client) -> None:
