@@ -68,6 +68,22 @@ class BudgetSearch:
     note: str = ""
 
 
+BUDGET_CLASS_BITS = 7  # significant bits a budget class keeps: classes at most 1/64 (1.6 %) apart
+
+
+def budget_class(memory_budget: int) -> int:
+    """The largest budget class not above ``memory_budget``: its highest :data:`BUDGET_CLASS_BITS` bits.
+
+    A fleet server plans for the class, not the byte: devices whose budgets differ by a few bytes (or a few
+    kilobytes) share one solve, and a schedule planned for the class fits every budget in it, at most 1.6 %
+    tighter than asked.  Budgets below ``2 ** BUDGET_CLASS_BITS`` bytes are their own class.
+    """
+    if memory_budget <= 0:
+        raise ValueError(f"a memory budget is a positive number of bytes, got {memory_budget}")
+    drop = max(memory_budget.bit_length() - BUDGET_CLASS_BITS, 0)
+    return memory_budget >> drop << drop
+
+
 def memory_lower_bound(graph: TrainingGraph, training: TrainingSpec | None = None) -> int:
     """Largest ``bytes(node) + workspace(node) + sum(bytes(inputs))``: no schedule fits a smaller budget.
 

@@ -22,7 +22,7 @@ log = logging.getLogger("poet-server")
 
 ACTIONS = (
     "device.enrol", "device.enrol-refused", "device.revoke",
-    "token.create", "token.revoke",
+    "token.create", "token.revoke", "solve.cancel",
     "operator.add", "operator.remove", "operator.passwd",
     "login", "login-failed", "rate-limited", "forbidden",
 )

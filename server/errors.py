@@ -126,6 +126,19 @@ class SolveQuotaError(ServerError):
     http_status = 429
 
 
+class UnknownSolveRequestError(ServerError):
+    """No schedule request has this id."""
+
+    http_status = 404
+
+
+class SolveCancelRefusedError(ServerError):
+    """This schedule request cannot be cancelled: it is finished, or another device asked for it."""
+
+    exit_code = ExitCode.REJECTED
+    http_status = 409
+
+
 class FlowerError(ServerError):
     """The Flower SuperLink cannot be started (binary or TLS files missing, never healthy) or cannot be asked."""
 

@@ -3,16 +3,19 @@
 Identical requests share one row and so one solve and one stored schedule.
 Identical means the same *dedupe key*: the SHA-256 of the canonical JSON of
 the graph's fingerprint (its structure: :attr:`TrainingGraph.fingerprint`),
-the whole device profile, the memory budget, the runtime budget and the
+the whole device profile, the memory budget's class (the budget rounded down
+to 7 significant bits: classes 1.6 % apart), the runtime budget and the
 training the step is planned for (optimizer, accumulation, clipping: a whole
 step's plan; none for activations alone).  A fleet
 of many devices in a few device classes therefore costs a few solves.
 
 A request moves ``queued`` -> ``solving`` -> ``done`` | ``failed`` |
-``timed_out`` (:data:`server.db.models.SOLVE_STATUSES`).  An identical request
-to one that is ``done`` or ``failed`` (infeasible) gets that answer at once;
-one that ``timed_out`` is queued again only when the server's time limit has
-grown since.
+``timed_out`` (:data:`server.db.models.SOLVE_STATUSES`), or is ``cancelled``
+while queued or solving (by the device that asked, or an operator: the
+process solving it stops its worker).  An identical request to one that is
+``done`` or ``failed`` (infeasible) gets that answer at once; one that
+``timed_out`` is queued again only when the server's time limit has grown
+since, one ``cancelled`` at once.
 
 Several server processes may share the database (PostgreSQL), so every step
 is safe against another process doing the same at the same moment: identical
@@ -36,6 +39,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 
 from common.canonical import canonical_json
+from schedules.budgets import budget_class
 from schedules.device import DeviceProfile
 from schedules.errors import FormatError, PlannerError
 from schedules.graph import TrainingGraph
@@ -43,10 +47,11 @@ from schedules.schedule import Schedule
 from schedules.step_memory import TrainingSpec
 from server.db.engine import Database
 from server.db.models import SolveRequest
-from server.errors import RequestRejectedError, SolveQueueFullError, SolveQuotaError
+from server.errors import (RequestRejectedError, SolveCancelRefusedError, SolveQueueFullError, SolveQuotaError,
+                           UnknownSolveRequestError)
 from server.registry import store_schedule
 
-QUEUED, SOLVING, DONE, FAILED, TIMED_OUT = "queued", "solving", "done", "failed", "timed_out"
+QUEUED, SOLVING, DONE, FAILED, TIMED_OUT, CANCELLED = "queued", "solving", "done", "failed", "timed_out", "cancelled"
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,9 @@ class SolveInput:
 
 def parse_solve_input(graph: Any, device: Any, memory_budget: int, runtime_budget: float | None,
                       max_nodes: int, training: Any = None) -> SolveInput:
-    """Load the graph and device profile with the planner's own loaders.
+    """Load the graph and device profile with the planner's own loaders; the memory budget is rounded down to
+    its class (:func:`schedules.budgets.budget_class`), so that devices asking for nearly the same budget share
+    one solve, and each gets a schedule that fits its own budget.
 
     Raises
     ------
@@ -96,7 +103,7 @@ def parse_solve_input(graph: Any, device: Any, memory_budget: int, runtime_budge
     if spec is not None and not loaded_graph.parameters:
         raise RequestRejectedError("training: the graph has no parameter layout to plan a whole step with; "
                                    "profile the model again with this release")
-    return SolveInput(loaded_graph, loaded_device, memory_budget, runtime_budget, spec)
+    return SolveInput(loaded_graph, loaded_device, budget_class(memory_budget), runtime_budget, spec)
 
 
 def _holds_nul(data: Any) -> bool:
@@ -140,7 +147,7 @@ def enqueue(db: Database, item: SolveInput, *, time_limit: float, max_queued: in
         with db.write() as session:
             existing = session.scalar(select(SolveRequest).where(SolveRequest.dedupe_key == key))
             if existing is not None:
-                return existing, _retry_if_limit_grew(existing, time_limit)
+                return existing, _queue_again_if_due(existing, time_limit, requested_by)
             if requested_by is not None and max_per_device is not None:
                 own = session.scalar(select(func.count()).select_from(SolveRequest).where(
                     SolveRequest.status.in_((QUEUED, SOLVING)), SolveRequest.requested_by == requested_by))
@@ -172,12 +179,52 @@ def _new_request(item: SolveInput, key: str, time_limit: float, now: float, requ
     )
 
 
-def _retry_if_limit_grew(row: SolveRequest, time_limit: float) -> bool:
-    if row.status != TIMED_OUT or time_limit <= row.time_limit:
+def _queue_again_if_due(row: SolveRequest, time_limit: float, requested_by: int | None) -> bool:
+    """Queue an identical request again when it was cancelled, or timed out under a smaller time limit."""
+    if not (row.status == CANCELLED or (row.status == TIMED_OUT and time_limit > row.time_limit)):
         return False
     row.status, row.error, row.solve_seconds, row.started_at, row.finished_at = QUEUED, None, None, None, None
-    row.time_limit = time_limit
+    row.time_limit, row.requested_by = max(time_limit, row.time_limit), requested_by
     return True
+
+
+def cancel(db: Database, request_id: str, now: float, *, reason: str, device_id: int | None = None) -> SolveRequest:
+    """Cancel a queued or solving request (the process solving it stops its worker); the request as it now is.
+
+    ``device_id``: a device cancels, and only its own request (the device that asked first); ``None``: an
+    operator.  A device that asked for an identical request later finds it ``cancelled`` and asks again, which
+    queues it again.
+
+    Raises
+    ------
+    UnknownSolveRequestError
+        No request has this id.
+    SolveCancelRefusedError
+        The request is finished (its answer stays), or another device asked for it.
+    """
+    with db.write() as session:
+        row = session.get(SolveRequest, request_id)
+        if row is None:
+            raise UnknownSolveRequestError("no schedule request has this id")
+        if device_id is not None and row.requested_by != device_id:
+            raise SolveCancelRefusedError("another device asked for this schedule request; a device cancels only "
+                                          "its own")
+        if row.status not in (QUEUED, SOLVING):
+            raise SolveCancelRefusedError(f"this schedule request is {row.status.replace('_', ' ')} already; "
+                                          "only a queued or solving one can be cancelled")
+        row.status, row.error, row.finished_at = CANCELLED, f"cancelled by {reason}", now
+        if row.started_at is not None:
+            row.solve_seconds = max(now - row.started_at, 0.0)
+        return row
+
+
+def cancelled_among(db: Database, request_ids: list[str]) -> list[str]:
+    """Which of these requests are cancelled."""
+    if not request_ids:
+        return []
+    with db.read() as session:
+        return list(session.scalars(select(SolveRequest.id).where(SolveRequest.id.in_(request_ids),
+                                                                  SolveRequest.status == CANCELLED)))
 
 
 def find(db: Database, request_id: str) -> SolveRequest | None:
@@ -220,7 +267,7 @@ def _finish(db: Database, request_id: str, status: str, now: float, solve_second
             schedule: Schedule | None) -> None:
     with db.write() as session:
         row = session.get(SolveRequest, request_id)
-        if row is None:
+        if row is None or row.status == CANCELLED:  # cancelled while it ran: the answer is not wanted
             return
         if schedule is not None:
             row.schedule_id = store_schedule(session, schedule, now).schedule_id
@@ -254,4 +301,4 @@ def count_by_status(db: Database) -> dict[str, int]:
     """How many requests are in each status (every status present, zeros included)."""
     with db.read() as session:
         counts = dict(session.execute(select(SolveRequest.status, func.count()).group_by(SolveRequest.status)).all())
-    return {status: counts.get(status, 0) for status in (QUEUED, SOLVING, DONE, FAILED, TIMED_OUT)}
+    return {status: counts.get(status, 0) for status in (QUEUED, SOLVING, DONE, FAILED, TIMED_OUT, CANCELLED)}

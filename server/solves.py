@@ -148,6 +148,7 @@ class SolveService:
         while not self._stopping.is_set():
             try:
                 self._collect()
+                self._stop_cancelled()
                 self._expire()
                 self._sweep_abandoned()
                 self._dispatch()
@@ -209,6 +210,17 @@ class SolveService:
                       self._start_backoff.failed(now))
         if self._start_backoff.due(now):
             self._replace(slot)
+
+    def _stop_cancelled(self) -> None:
+        """Kill the workers of running solves that were cancelled (by their device or an operator, in any
+        process); cancelling recorded their end already."""
+        running = {slot.job.request_id: slot for slot in self._slots if slot.job is not None}
+        for request_id in solve_requests.cancelled_among(self.db, list(running)):
+            slot = running[request_id]
+            job, slot.job = slot.job, None
+            self._replace(slot)
+            self._observe(solve_requests.CANCELLED, time.monotonic() - job.started)
+            log.info("request %s: cancelled while solving; its planner process was stopped", request_id)
 
     def _expire(self) -> None:
         now = time.monotonic()

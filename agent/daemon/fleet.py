@@ -267,7 +267,7 @@ class ServerScheduleSource:
             _raise_for_failure(status, answer)
             if status not in ("queued", "solving"):
                 raise FleetError(f"the fleet server said request {request_id} is {status!r} (expected queued, "
-                                 "solving, done, failed or timed_out): is server.url a POET Edge server?")
+                                 "solving, done, failed, timed_out or cancelled): is server.url a POET Edge server?")
             if self.clock() + delay > deadline:
                 raise FleetUnavailableError(f"the fleet server has not solved request {request_id} within "
                                             f"{self.wait_seconds:g} s (still {status})")
@@ -299,7 +299,8 @@ class ServerScheduleSource:
 
 
 def _raise_for_failure(status: Any, answer: dict[str, Any]) -> None:
-    """The PoetEdgeError for a solve the server gave up on (infeasible budgets, a failed or timed-out solve)."""
+    """The PoetEdgeError for a solve the server gave up on (infeasible budgets, a failed, timed-out or cancelled
+    solve)."""
     error = answer.get("error") or "no reason given"
     if status == "infeasible" or (status == "failed" and "infeasible" in str(error).lower()):
         raise InfeasibleBudgetError(
@@ -307,6 +308,9 @@ def _raise_for_failure(status: Any, answer: dict[str, Any]) -> None:
             "training.runtime_budget (`poet-edge solve` prints the smallest feasible budget)")
     if status == "failed":
         raise SolverError(f"the fleet server's solve failed: {error}")
+    if status == "cancelled":  # an operator stopped it: unavailable for now, so a local solve may stand in
+        raise FleetUnavailableError(f"the fleet server's solve was cancelled ({error}); it is asked again at the "
+                                    "next training window")
     if status == "timed_out":
         seconds = answer.get("solve_seconds")
         after = f" after {seconds:g} s" if isinstance(seconds, (int, float)) else ""

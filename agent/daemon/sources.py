@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from schedules.budgets import budget_class
 from schedules.device import DeviceProfile
 from schedules.errors import FormatError, InfeasibleBudgetError, PlannerError, ScheduleMismatchError
 from schedules.graph import TrainingGraph
@@ -48,9 +49,16 @@ class Request:
     runtime_budget: float | None = None  # factor of the plain step time
 
     def check(self, schedule: Schedule) -> None:
-        """Refuse a schedule not planned for this graph, budget and training, saying what differs."""
+        """Refuse a schedule not planned for this graph, budget and training, saying what differs.
+
+        The budget matches when the schedule was planned for this budget or for its class (the budget rounded
+        down to 7 significant bits, as a fleet server plans it: :func:`schedules.budgets.budget_class`): such a
+        schedule fits, at most 1.6 % tighter.  One planned for more memory could not keep the step within this
+        budget; one planned for much less would train slower than this device allows.
+        """
         schedule.check_graph(self.graph)
-        if schedule.memory_budget != self.memory_budget:
+        planned = schedule.memory_budget
+        if planned is None or not budget_class(self.memory_budget) <= planned <= self.memory_budget:
             budget = "no memory budget" if schedule.memory_budget is None else \
                 f"a memory budget of {format_bytes(schedule.memory_budget)}"
             raise ScheduleMismatchError(
@@ -62,11 +70,11 @@ class Request:
             raise ScheduleMismatchError(
                 f"schedule {schedule.schedule_id} budgets activations only; a device trains under a schedule planned "
                 "for the step's whole memory: plan it with `poet-edge solve --optimizer ...`")
-        planned = schedule.step.training
+        training = schedule.step.training
         for name in ("optimizer", "state_tensors", "update_temporaries", "accumulation", "clip"):
-            if getattr(planned, name) != getattr(self.training, name):
+            if getattr(training, name) != getattr(self.training, name):
                 raise ScheduleMismatchError(
-                    f"schedule {schedule.schedule_id} is planned for {planned.describe()}, this device trains with "
+                    f"schedule {schedule.schedule_id} is planned for {training.describe()}, this device trains with "
                     f"{self.training.describe()}: plan it for the device's [training] settings")
 
 

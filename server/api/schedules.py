@@ -9,11 +9,12 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Request, Response
 from starlette.exceptions import HTTPException
 
-from server import registry, solve_requests
+from server import audit, registry, solve_requests
 from server.api.auth import DeviceAuth
 from server.api.responses import errors
 from server.api.schemas import ScheduleRequestBody, ScheduleRequestStatus
 from server.api.state import server_state
+from server.db.models import SolveRequest
 
 router = APIRouter(tags=["schedules"])
 
@@ -35,9 +36,7 @@ def request_schedule(body: ScheduleRequestBody, auth: DeviceAuth, request: Reque
                                          max_per_device=state.settings.max_queued_solves_per_device)
     if queued:
         state.solves.wake()
-    # the whole status: a request identical to one already failed says why at once
-    return ScheduleRequestStatus(request_id=row.id, status=row.status, schedule_id=row.schedule_id, error=row.error,
-                                 solve_seconds=row.solve_seconds)
+    return _status(row)  # the whole status: a request identical to one already failed says why at once
 
 
 @router.get("/api/v1/schedule-requests/{request_id}", response_model=ScheduleRequestStatus,
@@ -47,6 +46,27 @@ def schedule_request_status(request_id: str, auth: DeviceAuth, request: Request)
     row = solve_requests.find(server_state(request).db, request_id) if REQUEST_ID.fullmatch(request_id) else None
     if row is None:
         raise HTTPException(404, "no schedule request has this id")
+    return _status(row)
+
+
+@router.delete("/api/v1/schedule-requests/{request_id}", response_model=ScheduleRequestStatus,
+               responses=errors(401, 404, 409, 429),
+               summary="cancel this device's queued or solving request (409 once finished, or if another device "
+                       "asked for it)")
+def cancel_schedule_request(request_id: str, auth: DeviceAuth, request: Request) -> ScheduleRequestStatus:
+    device = auth.device()
+    state = server_state(request)
+    if not REQUEST_ID.fullmatch(request_id):
+        raise HTTPException(404, "no schedule request has this id")
+    row = solve_requests.cancel(state.db, request_id, time.time(), reason=f"device {device.name}",
+                                device_id=device.id)
+    state.solves.wake()  # a running solve stops now, not at the dispatcher's next look
+    audit.record(state.db, "solve.cancel", actor=f"device:{device.name}", target=f"request {request_id}",
+                 address=auth.address)
+    return _status(row)
+
+
+def _status(row: SolveRequest) -> ScheduleRequestStatus:
     return ScheduleRequestStatus(request_id=row.id, status=row.status, schedule_id=row.schedule_id, error=row.error,
                                  solve_seconds=row.solve_seconds)
 

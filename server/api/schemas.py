@@ -149,7 +149,7 @@ class ScheduleRequestBody(_Body):
         description="a device profile (poet-edge/device-profile)")
     memory_budget: Annotated[StrictInt, Field(gt=0, le=2**53)] = Field(
         description="bytes: the step's whole memory beyond the loaded model with `training`, activations alone "
-                    "without it")
+                    "without it; planned for its class (rounded down, at most 1.6 % less)")
     runtime_budget: Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)] | None = Field(
         None, description="a multiple of one plain step's compute time; null for no limit")
     training: dict[str, Any] | None = Field(
@@ -161,7 +161,7 @@ class ScheduleRequestAccepted(BaseModel):
     """The request's id, to ask for its status, and its schedule's id once solved."""
 
     request_id: str
-    status: Literal["queued", "solving", "done", "failed", "timed_out"]
+    status: Literal["queued", "solving", "done", "failed", "timed_out", "cancelled"]
     schedule_id: str | None
 
 

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
-from server import audit, devices
+from server import audit, devices, solve_requests
 from server.api.state import client_address, server_state
 from server.dashboard import csrf, views
 from server.dashboard.auth import AdminOperator, ApiOperator, PageOperator, local_path
@@ -19,7 +19,7 @@ from server.dashboard.fleet_query import SORTED_BY_COLUMN, STATUSES, FleetPage, 
 from server.dashboard.render import render
 from server.dashboard.state import dashboard_state
 from server.fleet_history import samples_since
-from server.errors import UnknownDeviceError, UnknownTokenError
+from server.errors import SolveCancelRefusedError, UnknownDeviceError, UnknownSolveRequestError, UnknownTokenError
 
 router = APIRouter(include_in_schema=False)
 REFRESH_MS = 2000
@@ -104,6 +104,23 @@ def rounds_page(request: Request, operator: PageOperator, run: Annotated[str, Qu
     """Federated rounds: a row per device per round of one run (the newest unless ``run`` names another)."""
     view = views.rounds_view(server_state(request).db, int(run) if run.isdigit() else None)
     return render(request, "rounds.html", operator, page="rounds", view=view, columns=views.ROUND_COLUMNS)
+
+
+@router.post("/schedule-requests/{request_id}/cancel")
+def cancel_solve(request: Request, request_id: str, operator: AdminOperator, csrf_token: FormText = "") -> Response:
+    """Cancel a queued or solving schedule request (a running solve's planner process is stopped)."""
+    csrf.check_form(request, operator.csrf_token, csrf_token)
+    state = server_state(request)
+    try:
+        solve_requests.cancel(state.db, request_id, time.time(), reason=f"operator {operator.username}")
+    except UnknownSolveRequestError as exc:
+        return render(request, "message.html", operator, status=404, title="No such request", message=str(exc))
+    except SolveCancelRefusedError as exc:
+        return render(request, "message.html", operator, status=409, title="Not cancelled", message=str(exc))
+    state.solves.wake()
+    audit.record(state.db, "solve.cancel", actor=f"operator:{operator.username}", target=f"request {request_id}",
+                 address=client_address(request))
+    return RedirectResponse("/schedules", status_code=303)
 
 
 @router.get("/schedules/{schedule_id}/timeline.svg")

@@ -150,11 +150,13 @@ def schedule_rows(db: Database) -> list[ScheduleRow]:
             for schedule, devices in rows]
 
 
-def open_solve_requests(db: Database, limit: int = 100) -> list[SolveRequest]:
-    """Schedule requests without a schedule (queued, solving, failed, timed out), newest first."""
+def open_solve_requests(db: Database, limit: int = 100) -> list[tuple[SolveRequest, str | None]]:
+    """Schedule requests without a schedule (queued, solving, failed, timed out, cancelled), newest first, each
+    with the name of the device that asked (``None``: asked outside the device API, or the device is gone)."""
     with db.read() as session:
-        return list(session.scalars(select(SolveRequest).where(SolveRequest.schedule_id.is_(None))
-                                    .order_by(SolveRequest.created_at.desc()).limit(limit)))
+        return [(request, name) for request, name in session.execute(
+            select(SolveRequest, Device.name).outerjoin(Device, Device.id == SolveRequest.requested_by)
+            .where(SolveRequest.schedule_id.is_(None)).order_by(SolveRequest.created_at.desc()).limit(limit))]
 
 
 def graph_for(db: Database, schedule_id: str) -> tuple[bytes, bytes] | None:

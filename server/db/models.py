@@ -40,7 +40,7 @@ NAMING_CONVENTION = {
 
 DEVICE_NAME_LENGTH = 64
 OPERATOR_NAME_LENGTH = 64
-SOLVE_STATUSES = ("queued", "solving", "done", "failed", "timed_out")
+SOLVE_STATUSES = ("queued", "solving", "done", "failed", "timed_out", "cancelled")
 DEVICE_STATES = ("waiting", "preparing", "training", "backing off", "stopped")  # what an agent's heartbeat reports
 
 

@@ -33,7 +33,7 @@ from schedules.errors import InfeasibleBudgetError, ScheduleMismatchError, Signa
 from schedules.plan import plan
 from schedules.schedule import Schedule
 from schedules.signing import generate_keypair, key_id, load_private_key, load_public_key, sign
-from schedules.budgets import store_all_peak
+from schedules.budgets import budget_class, store_all_peak
 from schedules.step_memory import TrainingSpec
 from tests.schedules.graphs import linear_graph, with_parameters
 
@@ -295,6 +295,18 @@ def test_a_schedule_planned_for_another_graph_is_refused(fleet, tmp_path, keys, 
     fleet.publish(sign(planned["other graph"], keys["private"]))
     with pytest.raises(FleetError, match="does not fit this request.*planned for graph"):
         source_for(client_for(fleet.url, tmp_path, keys), tmp_path, keys).fetch(REQUEST)
+
+
+def test_a_schedule_planned_for_the_budgets_class_fits_and_one_for_more_or_far_less_does_not() -> None:
+    """A fleet server plans for the budget's class (rounded down, at most 1.6 % less): that schedule is taken."""
+    asked = 2 * BUDGET + 12345
+    for_class = plan(GRAPH, DEVICE, memory_budget=budget_class(asked), training=SPEC).schedule
+    assert budget_class(asked) < asked
+    Request(GRAPH, DEVICE, asked, SPEC).check(for_class)
+    Request(GRAPH, DEVICE, budget_class(asked), SPEC).check(for_class)
+    for budget in (budget_class(asked) - 1, 2 * asked):  # less than planned for; far more (a slower plan)
+        with pytest.raises(ScheduleMismatchError, match="not this device's training.memory_budget"):
+            Request(GRAPH, DEVICE, budget, SPEC).check(for_class)
 
 
 @pytest.mark.parametrize("answer, error, words", [

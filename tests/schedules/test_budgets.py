@@ -6,6 +6,8 @@ import pytest
 
 from schedules import PlanResult, plan
 from schedules.budgets import (
+    BUDGET_CLASS_BITS,
+    budget_class,
     budget_points,
     memory_lower_bound,
     smallest_feasible_budget,
@@ -20,6 +22,22 @@ GRAPHS = [linear_graph(5), unet_graph(2)]
 def probe_for(graph, method: str, runtime: float | None = None):
     planner = functools.partial(plan, graph, method=method, runtime_budget=runtime)
     return lambda budget, time_limit: planner(memory_budget=budget, time_limit=time_limit)
+
+
+def test_a_budget_class_is_at_most_the_budget_and_within_a_64th_of_it():
+    budgets = [1, 2, 127, 128, 129, 255, 256, 5000, 5001, 10**6, 10**9 + 1, 3 * 2**30 - 1, 2**40 + 12345]
+    for budget in budgets:
+        cls = budget_class(budget)
+        assert budget * (1 - 2 ** -(BUDGET_CLASS_BITS - 1)) <= cls <= budget, budget
+        assert budget_class(cls) == cls  # a class is its own class
+        assert bin(cls).rstrip("0").count("1") <= BUDGET_CLASS_BITS  # at most 7 significant bits
+    assert [budget_class(b) for b in (1, 127, 128)] == [1, 127, 128]  # small budgets are exact
+    assert budget_class(10**9) == budget_class(10**9 + 1) == budget_class(10**9 + 4096)  # a few bytes apart
+    assert budget_class(10**9) < budget_class(int(10**9 * 1.02))  # 2 % apart: another class
+    assert sorted(map(budget_class, budgets)) == list(map(budget_class, sorted(budgets)))  # monotone
+    for bad in (0, -5):
+        with pytest.raises(ValueError, match="positive"):
+            budget_class(bad)
 
 
 @pytest.mark.parametrize("graph", GRAPHS, ids=lambda g: g.model)

@@ -15,7 +15,8 @@ from server import audit
 from server.dashboard.operators import add_operator as add_operator_account
 from server.devices import create_enrolment_token
 from server.ratelimit import RateLimiter
-from tests.server.conftest import OPERATOR, PASSWORD, Dashboard, add_operator, csrf_token_in, log_in
+from tests.server.conftest import (OPERATOR, PASSWORD, Dashboard, add_operator, csrf_token_in, enrol, log_in,
+                                   schedule_request)
 
 
 def entries(client: TestClient) -> list[tuple[str, str, str]]:
@@ -75,6 +76,34 @@ def test_a_viewer_reads_every_page_and_changes_nothing(client) -> None:
     assert made.status_code == 403
     assert client.post("/devices/pi-1/revoke", data={"csrf_token": csrf}, follow_redirects=False).status_code == 403
     assert [e[:2] for e in entries(client)][-2:] == [("operator:watcher", "forbidden")] * 2
+
+
+def test_an_admin_cancels_a_waiting_schedule_request_from_the_schedules_page_and_a_viewer_cannot(client) -> None:
+    device = enrol(client, "greedy-pi")
+    asked = client.post("/api/v1/schedule-requests", json=schedule_request(memory_budget=10**9),
+                        headers=device.headers).json()  # no lifespan: it stays queued
+    cancel = f"/schedule-requests/{asked['request_id']}/cancel"
+    add_operator_account(client.app.state.server.db, "watcher", PASSWORD, time.time(), role="viewer")
+    viewer = TestClient(client.app)
+    assert log_in(viewer, "watcher").status_code == 303
+    page = viewer.get("/schedules").text
+    assert "greedy-pi" in page and "cancel-request" not in page  # who asked is shown; no button for a viewer
+    assert viewer.post(cancel, data={"csrf_token": csrf_token_in(page)}, follow_redirects=False).status_code == 403
+    add_operator(client.app)
+    assert log_in(client).status_code == 303
+    page = client.get("/schedules").text
+    assert "cancel-request" in page
+    assert client.post(cancel, data={"csrf_token": "forged"}, follow_redirects=False).status_code == 403
+    done = client.post(cancel, data={"csrf_token": csrf_token_in(page)}, follow_redirects=False)
+    assert done.status_code == 303 and done.headers["location"] == "/schedules"
+    status = client.get(f"/api/v1/schedule-requests/{asked['request_id']}", headers=device.headers).json()
+    assert status["status"] == "cancelled" and status["error"] == f"cancelled by operator {OPERATOR}"
+    again = client.post(cancel, data={"csrf_token": csrf_token_in(page)}, follow_redirects=False)
+    assert again.status_code == 409 and "cancelled already" in again.text
+    assert client.post("/schedule-requests/nothing/cancel", data={"csrf_token": csrf_token_in(page)},
+                       follow_redirects=False).status_code == 404
+    assert (f"operator:{OPERATOR}", "solve.cancel", f"request {asked['request_id']}") in entries(client)
+    assert "cancel-request" not in client.get("/schedules").text  # nothing left to cancel
 
 
 def test_the_audit_page_and_the_journal_show_sign_ins_enrolments_revocations_and_refusals(

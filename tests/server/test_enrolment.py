@@ -97,6 +97,7 @@ def test_every_device_endpoint_answers_an_unknown_token_401_whatever_its_body_or
     routes = device_routes(client)
     assert set(routes) == {("POST", "/api/v1/heartbeats"), ("POST", "/api/v1/schedule-requests"),
                            ("GET", "/api/v1/schedule-requests/{request_id}"),
+                           ("DELETE", "/api/v1/schedule-requests/{request_id}"),
                            ("GET", "/api/v1/schedules/{schedule_id}")}
     invalid = {"json": {"state": "dancing"}, "headers": {"If-None-Match": "x" * 5000}}
     for (method, _), path in routes.items():

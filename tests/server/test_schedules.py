@@ -5,19 +5,21 @@ from __future__ import annotations
 import json
 import time
 
+import psutil
 import pytest
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from common.canonical import canonical_json
+from schedules.budgets import budget_class
 from schedules.graph import TrainingGraph
 from schedules.schedule import Schedule
 from schedules.signing import verify_document
 from server.api import create_app
 from server.config import ServerSettings
 from server.datadir import open_database
-from server.db.models import DeviceSchedule
+from server.db.models import AuditEntry, DeviceSchedule
 from server import solve_requests
 from server.solve_requests import parse_solve_input
 from tests.schedules.graphs import linear_graph
@@ -42,7 +44,7 @@ def test_upload_solve_download_and_verify_as_an_agent_does(solving_client) -> No
     public_key = load_pem_public_key(solving_client.get("/api/v1/server-key").json()["public_key"].encode())
     schedule = Schedule.from_json(download.content, public_key=public_key)  # the signature verifies
     schedule.check_graph(graph)  # and it was planned for this graph
-    assert schedule.schedule_id == status["schedule_id"] and schedule.memory_budget == 10**9
+    assert schedule.schedule_id == status["schedule_id"] and schedule.memory_budget == budget_class(10**9)
     tampered = json.loads(download.content)
     tampered["predicted_peak_bytes"] += 1
     with pytest.raises(Exception, match="does not verify"):
@@ -84,6 +86,20 @@ def test_the_schedule_a_device_uses_is_dated_by_its_first_download_not_each_chec
     assert solving_client.get(f"/api/v1/schedules/{second}", headers=device.headers).status_code == 200
     switched = used()
     assert switched[0] == second and switched[1] > downloaded[1]
+
+
+def test_budgets_a_few_bytes_apart_share_one_solve_planned_for_their_class(solving_client) -> None:
+    """One device asking budget after budget a byte apart costs one solve, and every device gets a schedule
+    that fits its own budget."""
+    devices = [enrol(solving_client, f"pi-{i}") for i in range(3)]
+    budgets = [10**9 + 1, 10**9 + 4096, 10**9 + 7]
+    ids = {ask(solving_client, d.headers, schedule_request(memory_budget=b))["request_id"]
+           for d, b in zip(devices, budgets)}
+    assert len(ids) == 1
+    status = wait_for_solve(solving_client, ids.pop(), devices[0].headers)
+    document = solving_client.get(f"/api/v1/schedules/{status['schedule_id']}", headers=devices[0].headers)
+    planned = json.loads(document.content)["memory_budget"]
+    assert planned == budget_class(10**9) and all(10**9 * 63 / 64 <= planned <= b for b in budgets)
 
 
 def test_identical_requests_share_one_solve_and_other_budgets_do_not(solving_client) -> None:
@@ -130,6 +146,61 @@ def test_a_solve_past_its_limit_is_stopped_and_reported_timed_out(tmp_path, poet
         assert wait_for_solve(client, after["request_id"], device.headers)["status"] == "done"
         text = client.get("/metrics").text
         assert metric(text, "poet_server_solve_seconds_count", status="timed_out") == 1
+
+
+def test_a_device_cancels_only_its_own_waiting_request_and_asking_again_queues_it(client) -> None:
+    asker, other = enrol(client, "pi-1"), enrol(client, "pi-2")
+    accepted = ask(client, asker.headers, schedule_request(memory_budget=10**9))  # no lifespan: it stays queued
+    url = f"/api/v1/schedule-requests/{accepted['request_id']}"
+    refused = client.delete(url, headers=other.headers)
+    assert refused.status_code == 409 and "another device" in refused.json()["detail"]
+    cancelled = client.delete(url, headers=asker.headers)
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    status = client.get(url, headers=other.headers).json()
+    assert status["status"] == "cancelled" and status["error"] == "cancelled by device pi-1"
+    again = client.delete(url, headers=asker.headers)
+    assert again.status_code == 409 and "cancelled already" in again.json()["detail"]
+    assert client.delete("/api/v1/schedule-requests/" + "0" * 32, headers=asker.headers).status_code == 404
+    assert client.delete(url).status_code == 401
+    requeued = ask(client, other.headers, schedule_request(memory_budget=10**9))  # the same request, wanted again
+    assert (requeued["request_id"], requeued["status"]) == (accepted["request_id"], "queued")
+    assert client.delete(url, headers=other.headers).status_code == 200  # now it is pi-2's
+    with client.app.state.server.db.read() as session:
+        entries = session.execute(select(AuditEntry.actor, AuditEntry.target).where(AuditEntry.action == "solve.cancel")
+                                  .order_by(AuditEntry.id)).all()
+    assert entries == [("device:pi-1", f"request {accepted['request_id']}"),
+                       ("device:pi-2", f"request {accepted['request_id']}")]
+
+
+def planner_processes() -> list[int]:
+    """This process's planner workers (spawned children; not the resource tracker)."""
+    return [p.pid for p in psutil.Process().children(recursive=True) if "spawn_main" in " ".join(p.cmdline())]
+
+
+def test_cancelling_a_running_solve_stops_its_planner_and_the_next_request_is_solved(tmp_path, poet_graphs) -> None:
+    # plan() on resnet50 (335 nodes) takes seconds: long enough to be cancelled while it runs
+    settings = ServerSettings(data_dir=tmp_path / "s", solve_time_limit=60)
+    graph = TrainingGraph.load(poet_graphs / "resnet50_a72.json")
+    with TestClient(create_app(settings)) as client:
+        device = enrol(client)
+        accepted = ask(client, device.headers, schedule_request(graph, memory_budget=60_000_000, runtime_budget=1.2))
+        url = f"/api/v1/schedule-requests/{accepted['request_id']}"
+        deadline = time.monotonic() + 30
+        while client.get(url, headers=device.headers).json()["status"] != "solving":
+            assert time.monotonic() < deadline, "the solve never started"
+            time.sleep(0.05)
+        (worker,) = planner_processes()
+        assert client.delete(url, headers=device.headers).json()["status"] == "cancelled"
+        deadline = time.monotonic() + 10
+        while psutil.pid_exists(worker) and psutil.Process(worker).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the planner process still runs"
+            time.sleep(0.05)
+        after = ask(client, device.headers, schedule_request())
+        assert wait_for_solve(client, after["request_id"], device.headers)["status"] == "done"
+        assert client.get(url, headers=device.headers).json()["status"] == "cancelled"  # not overwritten
+        text = client.get("/metrics").text
+        assert metric(text, "poet_server_solve_seconds_count", status="cancelled") == 1
+        assert metric(text, "poet_server_solve_requests", status="cancelled") == 1
 
 
 def test_requests_queued_or_cut_short_when_the_server_stopped_are_solved_after_it_starts(settings) -> None:
@@ -186,10 +257,11 @@ def test_a_full_queue_answers_503(tmp_path) -> None:
 def test_one_device_asking_budget_after_budget_cannot_hold_back_the_others(tmp_path) -> None:
     client = TestClient(create_app(ServerSettings(data_dir=tmp_path / "s", max_queued_solves_per_device=3)))
     greedy, patient = enrol(client, "pi-1"), enrol(client, "pi-2")
-    codes = [client.post("/api/v1/schedule-requests", json=schedule_request(memory_budget=10**9 + i),
-                         headers=greedy.headers).status_code for i in range(4)]  # budgets a byte apart
+    budgets = [int(10**9 * (1 + i / 20)) for i in range(5)]  # 5 % apart: each its own class
+    codes = [client.post("/api/v1/schedule-requests", json=schedule_request(memory_budget=budget),
+                         headers=greedy.headers).status_code for budget in budgets[:4]]
     assert codes == [202, 202, 202, 429]
-    refused = client.post("/api/v1/schedule-requests", json=schedule_request(memory_budget=10**9 + 9),
+    refused = client.post("/api/v1/schedule-requests", json=schedule_request(memory_budget=budgets[4]),
                           headers=greedy.headers)
     assert "3 schedule requests waiting" in refused.json()["detail"]
     assert client.post("/api/v1/schedule-requests", json=schedule_request(memory_budget=10**9),
@@ -208,6 +280,8 @@ def test_dedupe_key_is_the_graph_structure_profile_and_budgets() -> None:
     assert base.dedupe_key == same_structure.dedupe_key  # timings are not part of the graph's identity
     other_device = parse_solve_input(**schedule_request(linear_graph(6), memory_budget=5000, device="rpi5"),
                                      max_nodes=100)
-    other_budget = parse_solve_input(**{**body, "memory_budget": 5001}, max_nodes=100)
+    same_class = parse_solve_input(**{**body, "memory_budget": 5001}, max_nodes=100)
+    assert same_class.dedupe_key == base.dedupe_key and same_class.memory_budget == base.memory_budget <= 5000
+    other_budget = parse_solve_input(**{**body, "memory_budget": 5200}, max_nodes=100)
     assert len({base.dedupe_key, other_device.dedupe_key, other_budget.dedupe_key}) == 3
     assert canonical_json(base.device.to_dict()) == canonical_json(same_structure.device.to_dict())
