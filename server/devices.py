@@ -148,7 +148,7 @@ def authenticate(db: Database, device_token: str) -> DeviceIdentity:
     """
     if not device_token or len(device_token) > MAX_TOKEN_LENGTH:
         raise AuthenticationError("unknown device token; enrol the device with an enrolment token")
-    with db.engine.connect() as connection:  # a plain connection: every request pays for this lookup
+    with db.lookups.connect() as connection:  # no session, no transaction: every request pays for this lookup
         row = connection.execute(_BY_TOKEN_HASH, {"hash": token_hash(device_token)}).first()
     if row is None or not hashes_match(row.token_hash, device_token):
         raise AuthenticationError("unknown device token; enrol the device with an enrolment token")
@@ -205,9 +205,7 @@ def _latest(beat: dict[str, Any]) -> dict[str, Any]:
 
 
 def _prune(connection: Any, device_id: int, keep: int) -> None:
-    oldest_kept = connection.scalar(_NTH_NEWEST_HEARTBEAT, {"device": device_id, "skip": keep - 1})
-    if oldest_kept is not None:
-        connection.execute(_HEARTBEATS_BEFORE, {"device": device_id, "oldest_kept": oldest_kept})
+    connection.execute(_HEARTBEATS_BEFORE_NTH_NEWEST, {"device": device_id, "skip": keep - 1})
 
 
 # The statements every heartbeat runs, built once (building them costs more than SQLite running them); the SET
@@ -216,7 +214,9 @@ _BY_TOKEN_HASH = (select(Device.id, Device.name, Device.token_hash, Device.revok
                   .where(Device.token_hash == bindparam("hash")))
 _HEARTBEAT = insert(Heartbeat)
 _DEVICE = update(Device).where(Device.id == bindparam("device"))
+# One statement, so one round trip to a database server: fewer than ``keep`` beats make the subquery NULL, and
+# ``id < NULL`` deletes nothing.
 _NTH_NEWEST_HEARTBEAT = (select(Heartbeat.id).where(Heartbeat.device_id == bindparam("device"))
-                         .order_by(Heartbeat.id.desc()).offset(bindparam("skip")).limit(1))
-_HEARTBEATS_BEFORE = delete(Heartbeat).where(Heartbeat.device_id == bindparam("device"),
-                                             Heartbeat.id < bindparam("oldest_kept"))
+                         .order_by(Heartbeat.id.desc()).offset(bindparam("skip")).limit(1).scalar_subquery())
+_HEARTBEATS_BEFORE_NTH_NEWEST = delete(Heartbeat).where(Heartbeat.device_id == bindparam("device"),
+                                                        Heartbeat.id < _NTH_NEWEST_HEARTBEAT)

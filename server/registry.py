@@ -56,7 +56,7 @@ def record_download(db: Database, device_id: int, schedule_id: str, now: float) 
     """Remember that the device uses ``schedule_id`` (downloaded, or found unchanged with ``If-None-Match``),
     and since when: the time is its first download or check of this schedule, so most checks of the fleet
     only read."""
-    with db.engine.connect() as connection:  # Core statements: every schedule check of the fleet comes here
+    with db.lookups.connect() as connection:  # Core statements: every schedule check of the fleet comes here
         if connection.scalar(_DEVICE_SCHEDULE_NOW, {"device": device_id}) == schedule_id:
             return
     with db.write() as session:

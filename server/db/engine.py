@@ -71,6 +71,9 @@ class Database:
         self.engine = make_engine(url)
         self.writer = self.engine.execution_options(**{_BEGIN_OPTION: "IMMEDIATE"})
         """The engine for writing: on SQLite its transactions take the write lock when they begin."""
+        self.lookups = self.engine if self.is_sqlite else self.engine.execution_options(isolation_level="AUTOCOMMIT")
+        """The engine for single-statement reads on the hot path (a device's token, its schedule): on a database
+        server without a transaction, so without the round trips of its ``BEGIN`` and ``ROLLBACK``."""
         self._read = sessionmaker(self.engine, expire_on_commit=False)
         self._write = sessionmaker(self.writer, expire_on_commit=False)
         # SQLite has one writer at a time, and a connection that finds the write lock taken polls for it,
