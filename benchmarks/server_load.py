@@ -1,7 +1,7 @@
 """Fleet server load benchmark: simulated devices on loopback against real server processes.
 
     python -m benchmarks.server_load [--devices 10000 --period 60 --duration 120 --operators 2
-                                      --backends sqlite,postgres --fetch-every 3] [--quick]
+                                      --backends sqlite,postgres --processes 2 --fetch-every 3] [--quick]
 
 Each simulated device posts a heartbeat every ``--period`` seconds (60) and,
 on every ``--fetch-every``-th heartbeat (every third: each device checks its
@@ -12,9 +12,11 @@ Meanwhile ``--operators`` signed-in operators each watch a page of the fleet
 table (50 rows, sorted and filtered) as the dashboard's page does, asking
 every 2 s (the page's refresh), mostly for the rows changed since.
 
-For each backend -- SQLite with one server process, PostgreSQL with two
-server processes on one database sharing a data directory (so one signing
-key), devices split evenly between them -- the benchmark runs ``--devices``
+For each backend -- SQLite, then PostgreSQL -- ``--processes`` server
+processes (2) run over one database and one data directory (so one signing
+key), each on its own port, with the devices and operators split evenly
+between them as a reverse proxy's upstream would split them (one Python
+process is bound to one core: docs/deploying.md).  The benchmark runs ``--devices``
 devices for ``--duration`` seconds after one period of warm-up, then rising
 device counts for ``--knee-duration`` seconds each (up to ``--knee-max``,
 twice ``--devices`` by default) until a p99 crosses its target or a request
@@ -58,7 +60,7 @@ TARGET_RSS_MB = 100.0
 CLIENT_SATURATED = 0.85  # of one core: beyond this the load generator, not the server, sets the pace
 KNEE_LADDER = (2, 3, 4, 6, 8, 12, 16, 24, 32)  # multiples of --devices tried in turn
 DEVICE_API = ("heartbeat", "schedule")  # the request kinds whose p99 is the device API's
-BACKENDS = {"sqlite": ("SQLite", 1), "postgres": ("PostgreSQL", 2)}
+BACKENDS = {"sqlite": "SQLite", "postgres": "PostgreSQL"}
 
 
 @dataclass
@@ -123,10 +125,11 @@ class BackendResult:
 class Fleet:
     """The servers of one backend, the devices enrolled so far, and the schedule they share."""
 
-    def __init__(self, backend: str, root: Path, database: str | None, database_pid: int | None = None) -> None:
+    def __init__(self, backend: str, root: Path, database: str | None, processes: int,
+                 database_pid: int | None = None) -> None:
         self.backend = backend
         self.database_pid = database_pid
-        self.label, self.server_count = BACKENDS[backend]
+        self.label, self.server_count = BACKENDS[backend], processes
         self.data_dir, self.database = root / "server", database
         self.log = root / "server.log"
         self.names: list[str] = []
@@ -190,6 +193,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--knee-bisect", type=int, default=2,
                         help="steps that halve the interval where p99 crosses the target, after the ladder")
     parser.add_argument("--backends", default="sqlite,postgres", help="comma-separated: sqlite, postgres")
+    parser.add_argument("--processes", type=int, default=2,
+                        help="server processes over each database, each on its own port (a reverse proxy's upstream)")
     parser.add_argument("--period", type=float, default=60.0, help="seconds between a device's heartbeats")
     parser.add_argument("--fetch-every", type=int, default=3, help="a schedule check every this many heartbeats")
     parser.add_argument("--connections", type=int, default=32, help="keep-alive connections per server")
@@ -204,6 +209,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.knee_max, args.knee_bisect = 2 * args.devices, 0
     if args.knee_max is None:
         args.knee_max = 2 * args.devices
+    if args.processes < 1:
+        parser.error("--processes: at least 1")
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     unknown = [b for b in args.backends if b not in BACKENDS]
     if unknown or not args.backends:
@@ -223,8 +230,8 @@ def run_backend(backend: str, root: Path, args: argparse.Namespace) -> BackendRe
             print(f"== PostgreSQL skipped: {exc}", flush=True)
             return None
         with postgres:
-            return _measure(Fleet(backend, root, postgres.url, _postmaster_pid(postgres)), args)
-    return _measure(Fleet(backend, root, None), args)
+            return _measure(Fleet(backend, root, postgres.url, args.processes, _postmaster_pid(postgres)), args)
+    return _measure(Fleet(backend, root, None, args.processes), args)
 
 
 def _postmaster_pid(postgres) -> int | None:

@@ -159,7 +159,10 @@ def tree_cpu_seconds(pid: int | None) -> float | None:
     total = 0.0
     for process in processes:
         try:
-            total += sum(process.cpu_times()[:2])
+            times = process.cpu_times()
+            total += times.user + times.system
+            if process is root:  # and its children that have exited (a database server's short-lived backends)
+                total += times.children_user + times.children_system
         except psutil.NoSuchProcess:
             pass
     return total

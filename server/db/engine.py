@@ -30,6 +30,11 @@ from server.errors import DatabaseError
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 _BEGIN_OPTION = "poet_sqlite_begin"
+# Connections a server process keeps open to a database server, and opens beyond that at a busy moment (closed
+# again when given back).  Each request's worker thread holds one at a time, and a new connection costs the
+# database server a process and an authentication: the pool keeps enough for the usual concurrency.
+POOL_SIZE = 20
+POOL_OVERFLOW = 20
 MIGRATION_LOCK_KEY = 0x706F6574_6D696772  # "poetmigr": the PostgreSQL advisory lock the migrations hold
 
 
@@ -41,7 +46,7 @@ def make_engine(url: str) -> Engine:
             engine = create_engine(parsed, connect_args={"check_same_thread": False, "timeout": 30})
             _configure_sqlite(engine)
             return engine
-        return create_engine(parsed, pool_pre_ping=True)
+        return create_engine(parsed, pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW)
     except (ArgumentError, ImportError, ValueError) as exc:
         raise DatabaseError(f"cannot use database {url!r}: {exc}") from exc
 

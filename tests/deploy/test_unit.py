@@ -147,6 +147,24 @@ def test_the_server_unit_verifies_and_is_locked_down(tmp_path: Path) -> None:
     assert exposure <= MAX_EXPOSURE, done.stdout
 
 
+def test_the_second_server_process_of_deploy_readme_is_the_unit_on_port_8081_and_verifies(tmp_path: Path) -> None:
+    """deploy/README.md makes a second server process with this sed line: the copy must differ only in its port
+    and journal name, and verify."""
+    (line,) = [line for line in (REPO / "deploy" / "README.md").read_text().splitlines()
+               if line.startswith("sed -e 's/--port 8080/--port 8081/'")]
+    expressions = re.findall(r"-e '([^']*)'", line)
+    done = subprocess.run(["sed", *[a for e in expressions for a in ("-e", e)], str(SERVER_UNIT)],
+                          capture_output=True, text=True, check=True)
+    second, first = settings(done.stdout), settings(SERVER_UNIT.read_text())
+    assert second["ExecStart"][-1] == first["ExecStart"][-1].replace("--port 8080", "--port 8081")
+    assert second["SyslogIdentifier"] == ["poet-server-2"]
+    assert {k: v for k, v in second.items() if k not in ("ExecStart", "SyslogIdentifier")} == \
+        {k: v for k, v in first.items() if k not in ("ExecStart", "SyslogIdentifier")}
+    unit = unit_copy(tmp_path, done.stdout, name="poet-server-2.service")
+    verified = verify(unit)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
 def test_the_server_unit_runs_the_server_as_its_own_user_on_its_state_directory() -> None:
     found = settings(SERVER_UNIT.read_text())
     command = found["ExecStart"][-1].split()
