@@ -107,6 +107,7 @@ class SolveService:
         self._observe = observe or (lambda status, seconds: None)
         self._context = multiprocessing.get_context("spawn")
         self._slots: list[_Slot] = []
+        self._retired: list[ProcessPoolExecutor] = []  # executors of killed workers, waited for at stop
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -133,9 +134,11 @@ class SolveService:
         interrupted = [slot.job.request_id for slot in self._slots if slot.job is not None]
         for slot in self._slots:
             slot.kill()
-        for slot in self._slots:  # a pool's manager thread still running at interpreter exit races its own pipe
-            slot.executor.shutdown(wait=True)
-        self._slots = []
+        # a pool's manager thread still running at interpreter exit races its own pipe: wait for every one,
+        # those of workers killed and replaced earlier (cancelled, timed out, died) too
+        for executor in [*(slot.executor for slot in self._slots), *self._retired]:
+            executor.shutdown(wait=True)
+        self._slots, self._retired = [], []
         if interrupted:
             solve_requests.requeue(self.db, interrupted)
 
@@ -182,6 +185,7 @@ class SolveService:
 
     def _replace(self, slot: _Slot) -> None:
         slot.kill()
+        self._retired.append(slot.executor)
         self._slots[self._slots.index(slot)] = self._new_slot()
 
     def _collect(self) -> None:
