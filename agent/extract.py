@@ -346,10 +346,48 @@ def _record(model: nn.Module, inputs: Any, names: list[str]) -> _Recording:
             h.remove()
     if not recorder.calls:
         raise ExtractionError(f"none of the segments {names[:5]} was called by {type(model).__name__}.forward")
+    _refuse_carriers(model, recorder.calls)
     leaves, spec = tree_flatten(output)
     lifted = [recorder.lift(x, "the model output") if isinstance(x, torch.Tensor) else x for x in leaves]
     graph.output(tuple(x for x in lifted if isinstance(x, fx.Node)))
     return _Recording(graph, placeholders, lifted, spec, recorder.constants)
+
+
+_PLAIN = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout,
+          slice, type(Ellipsis))
+
+
+def _refuse_carriers(model: nn.Module, calls: list[fx.Node]) -> None:
+    """Refuse an object other than a tensor or a plain value that segment calls receive and that holds tensors
+    with an autograd history (a key/value cache): it carries this pass's tensors past the gradient boundaries,
+    and a replay would hand the next step the same object, still holding them."""
+    for call in calls:
+        carriers: list[Any] = []
+        fx.node.map_aggregate((call.args, call.kwargs), lambda a: carriers.append(a) if not isinstance(
+            a, (*_PLAIN, fx.Node, torch.Tensor)) and _holds_history(a) else None)
+        if carriers:
+            kind = type(carriers[0]).__name__
+            hint = ("set model.config.use_cache = False for training (a key/value cache serves generation)"
+                    if getattr(getattr(model, "config", None), "use_cache", False) else
+                    "build that object inside one segment, or pass its tensors as arguments")
+            raise ExtractionError(f"segment {call.target!r} receives a {kind} that holds tensors of this forward "
+                                  f"pass: it would carry them past the segment boundaries and into the next "
+                                  f"step; {hint}")
+
+
+def _holds_history(obj: Any, depth: int = 4) -> bool:
+    """Whether ``obj`` holds, within ``depth`` attribute or container levels, a tensor with an autograd history."""
+    if isinstance(obj, torch.Tensor):
+        return obj.grad_fn is not None
+    if depth == 0 or isinstance(obj, (*_PLAIN, nn.Module)):
+        return False
+    if isinstance(obj, dict):
+        children = list(obj.values())
+    elif isinstance(obj, (list, tuple, set)):
+        children = list(obj)
+    else:
+        children = list(getattr(obj, "__dict__", {}).values())
+    return any(_holds_history(child, depth - 1) for child in children)
 
 
 def _hook(module: nn.Module, name: str, recorder: _Recorder) -> list[Any]:

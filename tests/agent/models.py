@@ -66,6 +66,39 @@ def bert_classifier(layers: int = 2, hidden: int = 64, heads: int = 4, vocab: in
     return BertForSequenceClassification(config)
 
 
+def gpt2_decoder(layers: int = 2, hidden: int = 64, heads: int = 4, vocab: int = 128, positions: int = 32,
+                 use_cache: bool = False) -> nn.Module:
+    """A GPT-2-style causal LM from transformers (input and output embeddings tied), built from a config."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads, n_positions=positions,
+                        tie_word_embeddings=True, use_cache=use_cache, bos_token_id=0, eos_token_id=0)
+    return GPT2LMHeadModel(config)
+
+
+def llama_decoder(layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2, vocab: int = 128,
+                  use_cache: bool = False) -> nn.Module:
+    """A LLaMA-style causal LM from transformers: grouped-query attention, rotary embeddings, RMSNorm."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=64,
+                         use_cache=use_cache, bos_token_id=0, eos_token_id=0)
+    return LlamaForCausalLM(config)
+
+
+def next_token_example(batch: int = 2, length: int = 16, vocab: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(token ids, the ids one place on)``: next-token prediction on random text."""
+    tokens = torch.randint(0, vocab, (batch, length + 1))
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def next_token_cross_entropy(output, targets: torch.Tensor) -> torch.Tensor:
+    """Causal-LM loss on a transformers output's ``logits``: every position predicts the next token."""
+    logits = output.logits
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
 def bert_example(batch: int = 2, length: int = 16, vocab: int = 500, labels: int = 3):
     return torch.randint(0, vocab, (batch, length)), torch.randint(0, labels, (batch,))
 

@@ -17,6 +17,7 @@ from schedules.plan import plan
 from tests.agent.models import (
     FanIn, FrozenBackbone, MixedPrecision, TinyUNet, bert_classifier, bert_example, cross_entropy, fan_in_example, image_example,
     logits_cross_entropy, mlp, mlp_example, padded_bert_example, page_everything, recompute_everything, schedule_for, unet_example,
+    gpt2_decoder, llama_decoder, next_token_cross_entropy, next_token_example,
 )
 
 
@@ -123,6 +124,22 @@ def test_gradient_sums_exact_where_one_gradient_feeds_two_ports(schedule, tmp_pa
 def test_bert_exact_with_dropout(schedule, tmp_path):
     pytest.importorskip("transformers")
     assert_exact(bert_classifier, bert_example, logits_cross_entropy, SCHEDULES[schedule], tmp_path,
+                 optimizer="adam")
+
+
+@pytest.mark.parametrize("schedule", FAST_SCHEDULES)
+def test_gpt2_style_decoder_with_tied_embeddings_exact(schedule, tmp_path):
+    pytest.importorskip("transformers")
+    tied = gpt2_decoder()
+    assert tied.lm_head.weight is tied.transformer.wte.weight  # one parameter, its gradient summed over both uses
+    assert_exact(gpt2_decoder, next_token_example, next_token_cross_entropy, SCHEDULES[schedule], tmp_path,
+                 optimizer="adam")
+
+
+@pytest.mark.parametrize("schedule", FAST_SCHEDULES)
+def test_llama_style_decoder_with_grouped_query_attention_and_rotary_embeddings_exact(schedule, tmp_path):
+    pytest.importorskip("transformers")
+    assert_exact(llama_decoder, next_token_example, next_token_cross_entropy, SCHEDULES[schedule], tmp_path,
                  optimizer="adam")
 
 

@@ -302,3 +302,47 @@ def test_sparse_gradients_are_refused_up_front_with_what_to_do():
     frozen.words.requires_grad_(False)  # no gradient at all: nothing sparse to handle
     assert extract(frozen, example, cross_entropy, repeats=1)[0].size > 0
     assert extract(Bag(sparse=False), example, cross_entropy, repeats=1)[0].size > 0
+
+
+class _Box:
+    """A plain object a model hands from one layer to the next, as a key/value cache is."""
+
+    def __init__(self) -> None:
+        self.kept: list[torch.Tensor] = []
+
+
+class _Keeping(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, box: _Box) -> torch.Tensor:
+        y = self.linear(x)
+        box.kept.append(y)
+        return y + sum(k.sum() for k in box.kept[:-1])
+
+
+class _HandsAnObjectOn(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = _Keeping(), _Keeping()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        box = _Box()
+        return self.second(self.first(x, box), box)
+
+
+def test_an_object_carrying_tensors_between_segments_is_refused_naming_the_segment() -> None:
+    with pytest.raises(ExtractionError, match="segment 'first' receives a _Box that holds tensors of this forward "
+                                              "pass.*build that object inside one segment"):
+        extract(_HandsAnObjectOn(), (torch.randn(4, 8), torch.randn(4, 8)), nn.functional.mse_loss, repeats=0)
+
+
+def test_a_decoder_with_its_key_value_cache_on_is_refused_with_the_setting_to_change() -> None:
+    pytest.importorskip("transformers")
+    from tests.agent.models import gpt2_decoder, next_token_cross_entropy, next_token_example
+
+    with pytest.raises(ExtractionError, match=r"receives a DynamicCache .* set model.config.use_cache = False"):
+        extract(gpt2_decoder(use_cache=True).train(), next_token_example(), next_token_cross_entropy, repeats=0)
+    graph, _ = extract(gpt2_decoder().train(), next_token_example(), next_token_cross_entropy, repeats=0)
+    assert graph.size > 3
