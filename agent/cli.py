@@ -41,7 +41,7 @@ def add_commands(subparsers: Any) -> None:
 def _add_model_options(p: argparse.ArgumentParser) -> None:
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--model", metavar="NAME",
-                       help="zoo model: resnet18, mobilenet_v2, vgg11_bn, bert, unet")
+                       help="zoo model: resnet18, mobilenet_v2, vgg11_bn, bert, unet, gpt2, llama")
     which.add_argument("--module", metavar="PKG.MOD:FACTORY",
                        help="your own model: FACTORY() returns an nn.Module or an agent.zoo.Workload")
     p.add_argument("--input", metavar="SHAPE", help="batch shape, batch first: 32x3x64x64, or 8x128 for bert "

@@ -16,6 +16,11 @@ name                      default input     model
                                             download), 2 labels; input is batch x sequence
 ``unet``                  8x3x64x64         a small U-Net whose skip connections cross
                                             segments, 4 classes per pixel
+``gpt2``                  8x128             GPT-2-style decoder (transformers, from a config:
+                                            4 layers, hidden 256, vocabulary 2,048, tied
+                                            embeddings, no download), next-token loss
+``llama``                 8x128             LLaMA-style decoder (grouped-query attention,
+                                            rotary embeddings, RMSNorm), same size and loss
 ========================  ================  ==================================================
 
 A user's own model: ``--module package.module:factory``.  ``factory()``
@@ -163,6 +168,49 @@ def _bert(shape: tuple[int, ...]) -> Workload:
                     segments=bert_sublayers(model))
 
 
+DECODER_LAYERS, DECODER_HIDDEN, DECODER_HEADS, DECODER_KV_HEADS, DECODER_VOCAB = 4, 256, 4, 2, 2048
+
+
+def decoder_lm(kind: str, layers: int = DECODER_LAYERS, hidden: int = DECODER_HIDDEN, heads: int = DECODER_HEADS,
+               vocab: int = DECODER_VOCAB, positions: int = 512) -> nn.Module:
+    """A causal language model built from a config (no download), in training mode, its key/value cache off
+    (a cache serves generation, and would carry each layer's tensors past the segment boundaries).
+
+    ``kind`` ``gpt2``: GPT-2-style, input and output embeddings tied.  ``llama``: LLaMA-style, grouped-query
+    attention (``DECODER_KV_HEADS`` key/value heads), rotary position embeddings, RMSNorm, SwiGLU.
+    """
+    transformers = _import_zoo_library("transformers", kind)
+    if kind == "gpt2":
+        config = transformers.GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads,
+                                         n_positions=positions, tie_word_embeddings=True, use_cache=False,
+                                         bos_token_id=0, eos_token_id=0)
+        return transformers.GPT2LMHeadModel(config).train()
+    config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden,
+                                      num_hidden_layers=layers, num_attention_heads=heads,
+                                      num_key_value_heads=DECODER_KV_HEADS, max_position_embeddings=positions,
+                                      use_cache=False, bos_token_id=0, eos_token_id=0)
+    return transformers.LlamaForCausalLM(config).train()
+
+
+def next_token_cross_entropy(output: Any, targets: torch.Tensor) -> torch.Tensor:
+    """Causal-LM loss on a transformers output's ``.logits``: each position predicts the token after it."""
+    logits = output.logits
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def _decoder(kind: str) -> Callable[[tuple[int, ...]], Workload]:
+    def build(shape: tuple[int, ...]) -> Workload:
+        _need_rank(kind, shape, 2, "batch x sequence length, e.g. 8x128")
+        if shape[1] > 512:
+            raise ZooError(f"{kind} takes sequences of at most 512 tokens, got {shape[1]}")
+        model = decoder_lm(kind)
+        tokens = torch.randint(0, DECODER_VOCAB, (shape[0], shape[1] + 1))  # B, L + 1: inputs and next tokens
+        return Workload(kind, model, tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous(),
+                        next_token_cross_entropy)
+
+    return build
+
+
 def bert_sublayers(model: nn.Module) -> tuple[str, ...]:
     """Segments for a BERT classifier with each layer cut into self-attention, its output projection,
     intermediate and output.
@@ -223,6 +271,11 @@ ZOO: dict[str, ZooEntry] = {
     "bert": ZooEntry("BERT encoder classifier: 4 layers, hidden 256, 4 heads, 2 labels (input batch x sequence)",
                      (8, 128), _bert),
     "unet": ZooEntry("small U-Net, skip connections across segments, 4 classes per pixel", (8, 3, 64, 64), _unet),
+    "gpt2": ZooEntry("GPT-2-style decoder, next-token loss: 4 layers, hidden 256, 4 heads, vocabulary 2,048, tied "
+                     "embeddings (input batch x sequence)", (8, 128), _decoder("gpt2")),
+    "llama": ZooEntry("LLaMA-style decoder, next-token loss: 4 layers, hidden 256, 4 heads (2 key/value), "
+                      "vocabulary 2,048, rotary embeddings, RMSNorm (input batch x sequence)", (8, 128),
+                      _decoder("llama")),
 }
 
 

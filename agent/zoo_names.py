@@ -12,6 +12,8 @@ ZOO_INPUTS: dict[str, tuple[int, str]] = {
     "vgg11_bn": (4, "8x3x64x64"),
     "bert": (2, "8x128"),
     "unet": (4, "8x3x64x64"),
+    "gpt2": (2, "8x128"),
+    "llama": (2, "8x128"),
 }
 FACTORY_SPEC = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from agent.zoo import SmallUNet, cross_entropy, logits_cross_entropy  # noqa: F401 - re-exported to the tests
+from agent.zoo import (SmallUNet, cross_entropy, decoder_lm, logits_cross_entropy,  # noqa: F401 - re-exported
+                       next_token_cross_entropy)
 from schedules.graph import TrainingGraph
 from schedules.matrices import Instruction
 
@@ -66,37 +67,22 @@ def bert_classifier(layers: int = 2, hidden: int = 64, heads: int = 4, vocab: in
     return BertForSequenceClassification(config)
 
 
-def gpt2_decoder(layers: int = 2, hidden: int = 64, heads: int = 4, vocab: int = 128, positions: int = 32,
-                 use_cache: bool = False) -> nn.Module:
-    """A GPT-2-style causal LM from transformers (input and output embeddings tied), built from a config."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    config = GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads, n_positions=positions,
-                        tie_word_embeddings=True, use_cache=use_cache, bos_token_id=0, eos_token_id=0)
-    return GPT2LMHeadModel(config)
+def gpt2_decoder(use_cache: bool = False) -> nn.Module:
+    """The zoo's GPT-2-style causal LM (tied embeddings) at a test's size; ``use_cache`` as transformers has it."""
+    model = decoder_lm("gpt2", layers=2, hidden=64, heads=4, vocab=128, positions=32)
+    model.config.use_cache = use_cache
+    return model
 
 
-def llama_decoder(layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2, vocab: int = 128,
-                  use_cache: bool = False) -> nn.Module:
-    """A LLaMA-style causal LM from transformers: grouped-query attention, rotary embeddings, RMSNorm."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=64,
-                         use_cache=use_cache, bos_token_id=0, eos_token_id=0)
-    return LlamaForCausalLM(config)
+def llama_decoder() -> nn.Module:
+    """The zoo's LLaMA-style causal LM (grouped-query attention, rotary embeddings, RMSNorm) at a test's size."""
+    return decoder_lm("llama", layers=2, hidden=64, heads=4, vocab=128, positions=64)
 
 
 def next_token_example(batch: int = 2, length: int = 16, vocab: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
     """``(token ids, the ids one place on)``: next-token prediction on random text."""
     tokens = torch.randint(0, vocab, (batch, length + 1))
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-
-
-def next_token_cross_entropy(output, targets: torch.Tensor) -> torch.Tensor:
-    """Causal-LM loss on a transformers output's ``logits``: every position predicts the next token."""
-    logits = output.logits
-    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 def bert_example(batch: int = 2, length: int = 16, vocab: int = 500, labels: int = 3):

@@ -346,3 +346,16 @@ def test_a_decoder_with_its_key_value_cache_on_is_refused_with_the_setting_to_ch
         extract(gpt2_decoder(use_cache=True).train(), next_token_example(), next_token_cross_entropy, repeats=0)
     graph, _ = extract(gpt2_decoder().train(), next_token_example(), next_token_cross_entropy, repeats=0)
     assert graph.size > 3
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_the_zoos_decoders_extract_with_their_cache_off_and_a_next_token_batch(name) -> None:
+    pytest.importorskip("transformers")
+    from agent.zoo import load_workload
+
+    workload = load_workload(name, (2, 32))
+    assert workload.model.config.use_cache is False and workload.model.training
+    tokens, targets = workload.example
+    assert tokens.shape == targets.shape == (2, 32) and torch.equal(tokens[:, 1:], targets[:, :-1])
+    graph, segments = extract(workload.model, workload.example, workload.loss_fn, repeats=0)
+    assert [u.name for u in segments.units][-1] == "lm_head" and graph.size == 2 * len(segments.units) + 3
