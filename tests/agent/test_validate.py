@@ -133,7 +133,9 @@ def test_paging_counts_match_and_the_prediction_includes_paging_time(extracted, 
     assert p.paging_ms > 0 and p.planner_step_ms == pytest.approx(p.compute_ms + p.paging_ms)
     # the timeline waits only where I/O is behind (sums in another order: equal up to rounding)
     assert p.compute_ms < p.step_ms <= p.planner_step_ms * (1 + 1e-12)
-    overlapped = predict(graph, schedule, replace(serial, paging_overlaps_compute=True))
+    # writes slower than the whole step's compute, so no measured node time can hide them
+    slow_writes = replace(serial, paging_overlaps_compute=True, pageout_latency_s=10 * p.compute_ms / 1e3)
+    overlapped = predict(graph, schedule, slow_writes)
     assert overlapped.planner_step_ms == pytest.approx(p.compute_ms)
     assert overlapped.step_ms > p.compute_ms  # frees still wait for their writes
     assert all(s.io_seconds > 0 for s in report.stats)
