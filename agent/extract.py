@@ -362,9 +362,9 @@ def _refuse_carriers(model: nn.Module, calls: list[fx.Node]) -> None:
     with an autograd history (a key/value cache): it carries this pass's tensors past the gradient boundaries,
     and a replay would hand the next step the same object, still holding them."""
     for call in calls:
-        carriers: list[Any] = []
-        fx.node.map_aggregate((call.args, call.kwargs), lambda a: carriers.append(a) if not isinstance(
-            a, (*_PLAIN, fx.Node, torch.Tensor)) and _holds_history(a) else None)
+        arguments: list[Any] = []
+        fx.node.map_aggregate((call.args, call.kwargs), arguments.append)
+        carriers = [a for a in arguments if not isinstance(a, (fx.Node, torch.Tensor)) and _holds_history(a)]
         if carriers:
             kind = type(carriers[0]).__name__
             hint = ("set model.config.use_cache = False for training (a key/value cache serves generation)"
