@@ -19,7 +19,7 @@ Modules:
 - :mod:`~agent.parity`: ``check_parity``: one step against plain autograd, bit for bit
 - :mod:`~agent.profile`: ``profile_workload``: graph, swap path, overlap, power -> priced graph + device profile
 - :mod:`~agent.validate`: ``validate``, ``Validator``, ``predict``: predictions against measured steps; memory plot
-- :mod:`~agent.zoo`: ``Workload`` and the zoo models; ``--module PKG.MOD:FACTORY``
+- :mod:`~agent.zoo`: ``Workload`` and the zoo models; ``--module PKG.MOD:FACTORY``; ``token_vocabulary``
 - :mod:`~agent.cli`: ``poet-edge profile`` and ``poet-edge validate`` (entry point ``poet_edge.commands``)
 - :mod:`~agent.errors`: the agent's branch of the exception tree
 - :mod:`~agent.energy`: the meters' public API

@@ -1,6 +1,6 @@
 """The device's local data set: training data that lives on the device, loaded for the executor's steps.
 
-:func:`open_dataset` reads one of four layouts and returns a :class:`LocalDataset`:
+:func:`open_dataset` reads one of six layouts and returns a :class:`LocalDataset`:
 
 ==========================  ================================================================
 layout                      contents
@@ -15,10 +15,26 @@ a directory                 one subfolder per class (class index = sorted folder
                             list of per-sample tensors
 ``.csv``                    a header row; the label column is ``label``, else the last one;
                             every other column is a number
+``.npy``                    token ids for a next-token model (input batch x L): a 1-D stream,
+                            cut into non-overlapping windows of L + 1 tokens (a last part
+                            shorter than a window is dropped), or a 2-D array n x (L + 1) of
+                            windows; each window gives ``x = window[:-1]``, ``y = window[1:]``
+``.txt``                    UTF-8 text, tokenized once at open (without special tokens) by the
+                            tokenizer passed as ``tokenizer`` (``[data] tokenizer`` in the
+                            agent's config), into one stream cut as a ``.npy`` stream is
 ==========================  ================================================================
 
 Float features become float32 and integer features int64 (token ids; images stored as integers are
 not rescaled); integer labels become int64 class indices, float labels stay float32 (regression).
+
+Token windows (``.npy``, ``.txt``) are int64 inputs and targets of shape ``(L,)``: the samples of a causal
+language model (``gpt2``, ``llama``), whose loss compares the output at each position with the next token.
+A window is one sample: the held-out split and the batch order are those of any other layout.  A 2-D
+array must have L + 1 columns: windows of only L tokens would leave the last position without its next
+token.  Token ids must be integers from 0 to the model's vocabulary less one (``vocabulary``), and a
+tokenizer must not have more tokens than that vocabulary; anything else is refused at open, naming the
+file, the offending id and its window and position.  The tokenizer is a ``tokenizers`` JSON file (``Tokenizer.save``, ``tokenizer.json``) or a folder
+that ``transformers.AutoTokenizer.from_pretrained`` reads (``save_pretrained``'s), read from disk only.
 
 A sample that cannot be read (a corrupt image, a CSV row with a non-number or the wrong number of
 columns, an ``x`` row of the wrong shape) is skipped and counted; a problem with the whole file
@@ -27,7 +43,8 @@ raises :class:`agent.errors.DataError`, whose message names the file and what to
 Memory: every sample is decoded once, at open, and kept resident as tensors (data sets on a device
 are small, and decoding in every epoch would cost more energy than the training step it feeds).
 The resident size is samples x sample size x 4 bytes: 10,000 RGB 32x32 images take 123 MB; opening
-briefly needs about twice that while the split copies the samples.
+briefly needs about twice that while the split copies the samples.  Token windows take 16 bytes a token
+(int64 inputs and targets): a million tokens, 16 MB.
 
 Batches are a pure function of ``(seed, epoch, index)``: a restarted run that saved only its data
 position gets the very same batches (:meth:`LocalDataset.batch`).
@@ -40,7 +57,7 @@ import math
 import struct
 import zipfile
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,11 +71,14 @@ from agent.errors import AgentError, DataError
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg"})
 MAX_SKIPPED_EXAMPLES = 5
 _KEY_PAIRS = (("x", "y"), ("inputs", "targets"))
-_LAYOUTS = "a folder of class subfolders of PNG/JPEG images, a .npz, a .pt or a .csv file"
+_LAYOUTS = ("a folder of class subfolders of PNG/JPEG images, a .npz, a .pt or a .csv file, or token ids "
+            "(a .npy file, or a .txt file with a tokenizer)")
 # Pillow's decoders raise many types for corrupt or hostile files; one bad image must not end the run.
 _DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, IndexError, struct.error,
                   Image.DecompressionBombError)
 _NPZ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)  # a damaged archive or member
+_TOKENIZER_HINT = ("set data.tokenizer (the tokenizer= argument) to a tokenizers JSON file (tokenizer.json, "
+                   "written by Tokenizer.save) or a folder written by a transformers tokenizer's save_pretrained")
 
 
 @dataclass(frozen=True, eq=False)
@@ -141,13 +161,15 @@ class LocalDataset:
 
 
 def open_dataset(path: str | Path, input_shape: Sequence[int], *, holdout: float = 0.1, seed: int = 0,
-                 max_skipped_fraction: float | None = None) -> LocalDataset:
+                 max_skipped_fraction: float | None = None, tokenizer: str | Path | None = None,
+                 vocabulary: int | None = None) -> LocalDataset:
     """Read the local data set at ``path`` for a model whose batch has shape ``input_shape``.
 
     Parameters
     ----------
     path:
-        A folder of class subfolders of images, or a ``.npz``, ``.pt`` or ``.csv`` file (see the module).
+        A folder of class subfolders of images, or a ``.npz``, ``.pt``, ``.csv``, ``.npy`` or ``.txt`` file
+        (see the module).
     input_shape:
         The model's batch shape, batch first (``(8, 3, 32, 32)``, ``(16, 64)``): the batch size is
         ``input_shape[0]`` and one sample has shape ``input_shape[1:]``.
@@ -159,19 +181,31 @@ def open_dataset(path: str | Path, input_shape: Sequence[int], *, holdout: float
     max_skipped_fraction:
         Refuse the data set when more than this fraction of its samples cannot be read; ``None``
         accepts any number as long as one full batch remains.
+    tokenizer:
+        The tokenizer of a ``.txt`` file: a ``tokenizers`` JSON file or a ``save_pretrained`` folder;
+        other layouts ignore it.
+    vocabulary:
+        The model's vocabulary size (:func:`agent.zoo.token_vocabulary`): token windows (``.npy``,
+        ``.txt``) must hold ids below it, and a tokenizer must not have more tokens.  ``None`` checks
+        only that ids are not negative.
 
     Raises
     ------
     DataError
         The path is missing or of an unknown layout, its arrays are malformed as a whole, or too few
-        samples are usable.
+        samples are usable; token ids are not integers in ``[0, vocabulary)``; a ``.txt`` file has no
+        tokenizer, or one that cannot be loaded or has more tokens than ``vocabulary``.
     AgentError
-        An argument is out of range (``input_shape``, ``holdout``, ``seed``, ``max_skipped_fraction``).
+        An argument is out of range (``input_shape``, ``holdout``, ``seed``, ``max_skipped_fraction``,
+        ``vocabulary``).
     """
     batch_size, sample_shape = _check_arguments(input_shape, holdout, seed, max_skipped_fraction)
+    if vocabulary is not None and vocabulary < 1:
+        raise AgentError(f"vocabulary must be a positive number of token ids or None; got {vocabulary}")
     source = Path(path)
     skips = _Skips()
-    x, y, classes = _read(source, sample_shape, skips)
+    tokens = _Tokens(None if tokenizer is None else Path(tokenizer), vocabulary)
+    x, y, classes = _read(source, sample_shape, skips, tokens)
     _check_usable(source, len(x), skips, max_skipped_fraction)
     held, train = _split(len(x), holdout, seed)
     if len(train) < batch_size:
@@ -212,8 +246,8 @@ def _check_arguments(input_shape: Sequence[int], holdout: float, seed: int,
     return shape[0], shape[1:]
 
 
-def _read(source: Path, sample_shape: tuple[int, ...],
-          skips: _Skips) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+def _read(source: Path, sample_shape: tuple[int, ...], skips: _Skips,
+          tokens: _Tokens) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     """Every usable sample at ``source``: ``(x, y, classes)``."""
     if source.is_dir():
         try:
@@ -229,6 +263,9 @@ def _read(source: Path, sample_shape: tuple[int, ...],
         x, y = _read_pt(source)
     elif suffix == ".csv":
         return (*_read_csv(source, sample_shape, skips), ())
+    elif suffix in (".npy", ".txt"):
+        ids = _read_npy(source) if suffix == ".npy" else _read_text(source, tokens)
+        return (*_next_token_windows(source, ids, sample_shape, tokens.vocabulary), ())
     else:
         raise DataError(f"{source}: unknown data format {suffix or '(no suffix)'!r}; pass {_LAYOUTS}")
     return (*_samples(source, x, y, sample_shape, skips), ())
@@ -476,6 +513,133 @@ def _is_number(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+# --- token windows: .npy and .txt ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Tokens:
+    """How token data is read: the tokenizer of a text file, and the model's vocabulary size."""
+
+    tokenizer: Path | None
+    vocabulary: int | None
+
+
+def _read_npy(source: Path) -> np.ndarray:
+    hint = "write it with numpy.save(path, ids) from an integer array"
+    try:
+        ids = np.load(source, mmap_mode="r", allow_pickle=False)  # mapped: only the windows are copied to RAM
+    except (OSError, ValueError, EOFError) as exc:
+        raise DataError(f"{source}: cannot read it as a NumPy .npy array ({exc}); {hint}") from exc
+    if not isinstance(ids, np.ndarray):  # an .npz archive under another name
+        ids.close()
+        raise DataError(f"{source}: holds an archive of arrays, not one array of token ids; {hint}")
+    return ids
+
+
+def _read_text(source: Path, tokens: _Tokens) -> np.ndarray:
+    """The whole text's token ids, tokenized in one piece, without special tokens (the stream runs on across
+    windows, which cut it wherever a window ends)."""
+    if tokens.tokenizer is None:
+        raise DataError(f"{source}: a .txt file is split into token ids by a tokenizer, and none is given; "
+                        f"{_TOKENIZER_HINT}")
+    encode, size = _load_tokenizer(source, tokens.tokenizer)
+    if tokens.vocabulary is not None and size > tokens.vocabulary:
+        raise DataError(f"{source}: the tokenizer {tokens.tokenizer} has {size:,} tokens, more than the model's "
+                        f"vocabulary of {tokens.vocabulary:,}; set data.tokenizer to the model's own tokenizer (at "
+                        f"most {tokens.vocabulary:,} tokens), or train a model whose vocabulary holds {size:,}")
+    try:
+        text = source.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"{source}: cannot read it as UTF-8 text ({exc}); save the text as UTF-8") from exc
+    return np.asarray(encode(text), dtype=np.int64)
+
+
+def _load_tokenizer(source: Path, path: Path) -> tuple[Callable[[str], list[int]], int]:
+    """``(encode, number of tokens)`` of the tokenizer at ``path``, read from disk only (never the Hub)."""
+    if not path.exists():
+        raise DataError(f"{source}: no tokenizer at {path}; {_TOKENIZER_HINT}")
+    try:
+        if path.is_dir():
+            from transformers import AutoTokenizer
+        else:
+            from tokenizers import Tokenizer
+    except ImportError as exc:
+        raise DataError(f"{source}: reading text needs the tokenizers and transformers packages ({exc}); "
+                        f"install them with pip install 'poet-edge[zoo]'") from exc
+    try:
+        if path.is_dir():
+            folder = AutoTokenizer.from_pretrained(path, local_files_only=True)
+            # verbose=False: a text longer than the tokenizer's model_max_length is a stream here, not an error
+            return (lambda text: folder(text, add_special_tokens=False, verbose=False)["input_ids"]), len(folder)
+        file = Tokenizer.from_file(str(path))
+        return (lambda text: file.encode(text, add_special_tokens=False).ids), file.get_vocab_size(True)
+    except Exception as exc:  # tokenizers raises a bare Exception for a bad file, transformers many types
+        reason = " ".join(str(exc).split())[:300] or type(exc).__name__  # transformers' run over many lines
+        raise DataError(f"{source}: cannot load the tokenizer {path} ({reason}); {_TOKENIZER_HINT}") from exc
+
+
+def _next_token_windows(source: Path, ids: np.ndarray, sample_shape: tuple[int, ...],
+                        vocabulary: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, y)``, int64 ``(n, L)`` each: every window's first ``L`` tokens, and the ``L`` tokens after its first."""
+    if len(sample_shape) != 1:
+        raise DataError(f"{source}: token ids need a model input of batch x sequence length, e.g. 8x128; got a "
+                        f"sample shape of {_shape(sample_shape)}")
+    windows = _checked_ids(source, _windows(source, ids, sample_shape[0] + 1), vocabulary)
+    return windows[:, :-1], windows[:, 1:]
+
+
+def _windows(source: Path, ids: np.ndarray, width: int) -> np.ndarray:
+    """``ids`` as ``(n, width)`` windows: a 1-D stream cut (its last, shorter part dropped), or 2-D windows."""
+    if ids.dtype.kind not in "iu":
+        raise DataError(f"{source}: holds {ids.dtype} values, not integer token ids; save the ids as integers, "
+                        f"e.g. numpy.save(path, ids.astype(numpy.int32))")
+    wanted = f"{width} tokens (the model's sequence length {width - 1} and the token after it)"
+    if ids.ndim == 1:
+        windows = ids[:len(ids) // width * width].reshape(-1, width)
+    elif ids.ndim == 2 and ids.shape[1] == width:
+        windows = ids
+    else:
+        short = ids.ndim == 2 and ids.shape[1] == width - 1
+        raise DataError(f"{source}: an array of shape {_shape(ids.shape)}; a token file holds a 1-D stream of ids, "
+                        f"or one window per row of {wanted}, shape n x {width}"
+                        + ("; rows of only the model's sequence length leave the last position without a next "
+                           "token: save rows one token longer, or the whole stream as one 1-D array" if short else ""))
+    if len(windows) == 0:
+        raise DataError(f"{source}: {_count(ids.size, 'token')}, not one window of {wanted}; add data, or lower the "
+                        f"sequence length (the model's input, e.g. workload.input)")
+    return windows
+
+
+def _checked_ids(source: Path, windows: np.ndarray, vocabulary: int | None) -> np.ndarray:
+    """``windows`` as int64, once every id is known to be in ``[0, vocabulary)``.
+
+    Checked here, at open, where the model's vocabulary is passed in, rather than at the first step: there
+    an id past the embedding fails inside the executor (an index error on a CPU, a device-side assert on
+    CUDA) with no word of the file, after the step's memory and page files are set up; here the message
+    names the file, the id and where it is, before anything trains, and each id is checked once, not every
+    epoch.
+    """
+    low, high = int(windows.min()), int(windows.max())  # Python ints: a uint64 id cannot wrap
+    if low < 0:
+        raise DataError(f"{source}: token id {low:,} {_where(windows, windows < 0)} is negative; token ids count "
+                        f"from 0 (a padding or ignore marker such as -100 is no token: drop it from the data)")
+    limit = vocabulary if vocabulary is not None else int(np.iinfo(np.int64).max) + 1
+    if high >= limit:
+        where = _where(windows, windows == high)
+        if vocabulary is None:
+            raise DataError(f"{source}: token id {high:,} {where} is too large for a token id; save the ids the "
+                            f"model's tokenizer gives")
+        raise DataError(f"{source}: token id {high:,} {where} is outside the model's vocabulary of {vocabulary:,} "
+                        f"(ids 0 to {vocabulary - 1:,}); make the ids with the model's own tokenizer, or train a "
+                        f"model whose vocabulary holds {high + 1:,} ids")
+    return np.array(windows, dtype=np.int64)  # a copy in RAM: a mapped file stays read-only and is let go
+
+
+def _where(windows: np.ndarray, mask: np.ndarray) -> str:
+    row, column = np.unravel_index(int(np.argmax(mask)), windows.shape)  # the first one, in file order
+    return f"(window {row}, position {column})"
 
 
 def _shape(shape: Sequence[int]) -> str:

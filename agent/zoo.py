@@ -145,6 +145,21 @@ def _torchvision(arch: str) -> Callable[[tuple[int, ...]], Workload]:
     return build
 
 
+VIT_LAYERS, VIT_HIDDEN, VIT_HEADS, VIT_PATCH = 6, 192, 3, 8
+
+
+def _vit(shape: tuple[int, ...]) -> Workload:
+    """torchvision's VisionTransformer at a small size: 6 layers, hidden 192, 3 heads, patches of 8x8."""
+    torchvision = _import_zoo_library("torchvision", "vit")
+    _need_rank("vit", shape, 4, "batch x 3 x height x width, height = width a multiple of 8, e.g. 16x3x64x64")
+    if shape[1] != 3 or shape[2] != shape[3] or shape[2] % VIT_PATCH:
+        raise ZooError(f"vit takes square RGB images whose side is a multiple of {VIT_PATCH}, got {shape}")
+    model = torchvision.models.VisionTransformer(
+        image_size=shape[2], patch_size=VIT_PATCH, num_layers=VIT_LAYERS, num_heads=VIT_HEADS,
+        hidden_dim=VIT_HIDDEN, mlp_dim=4 * VIT_HIDDEN, num_classes=10).train()
+    return Workload("vit", model, torch.randn(shape), torch.randint(0, 10, (shape[0],)), cross_entropy)
+
+
 BERT_LAYERS, BERT_HIDDEN, BERT_HEADS, BERT_VOCAB, BERT_LABELS = 4, 256, 4, 30522, 2
 
 
@@ -209,6 +224,29 @@ def _decoder(kind: str) -> Callable[[tuple[int, ...]], Workload]:
                         next_token_cross_entropy)
 
     return build
+
+
+def token_vocabulary(model: nn.Module) -> int | None:
+    """How many token ids ``model`` embeds (ids ``0 .. n - 1``), or ``None`` for a model without token input.
+
+    A transformers model's input embedding (``get_input_embeddings()``: its rows count the added tokens
+    too), else its ``config.vocab_size``; a plain module with exactly one ``nn.Embedding`` takes that
+    one's rows.  With several embeddings and no transformers interface, which one reads the tokens is
+    unknown: ``None``.
+    """
+    embedding = None
+    if callable(getattr(model, "get_input_embeddings", None)):
+        try:
+            embedding = model.get_input_embeddings()
+        except NotImplementedError:  # transformers' base class says so for a model without one
+            pass
+    if isinstance(embedding, nn.Embedding):
+        return embedding.num_embeddings
+    size = getattr(getattr(model, "config", None), "vocab_size", None)
+    if isinstance(size, int) and size > 0:
+        return size
+    embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding)]
+    return embeddings[0].num_embeddings if len(embeddings) == 1 else None
 
 
 def bert_sublayers(model: nn.Module) -> tuple[str, ...]:
@@ -276,6 +314,8 @@ ZOO: dict[str, ZooEntry] = {
     "llama": ZooEntry("LLaMA-style decoder, next-token loss: 4 layers, hidden 256, 4 heads (2 key/value), "
                       "vocabulary 2,048, rotary embeddings, RMSNorm (input batch x sequence)", (8, 128),
                       _decoder("llama")),
+    "vit": ZooEntry("vision transformer: 6 layers, hidden 192, 3 heads, 8x8 patches, 10 classes", (16, 3, 64, 64),
+                    _vit),
 }
 
 

@@ -14,6 +14,7 @@ ZOO_INPUTS: dict[str, tuple[int, str]] = {
     "unet": (4, "8x3x64x64"),
     "gpt2": (2, "8x128"),
     "llama": (2, "8x128"),
+    "vit": (4, "16x3x64x64"),
 }
 FACTORY_SPEC = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 

@@ -57,6 +57,7 @@ class DataSection:
 
     path: Path | None = None
     holdout: float = 0.1
+    tokenizer: Path | None = None  # splits a .txt path into token ids: a tokenizer.json, or a save_pretrained folder
 
 
 @dataclass(frozen=True)
@@ -221,7 +222,7 @@ _SECTIONS: dict[str, type] = {
     "server": ServerSection, "flower": FlowerSection,
 }
 _PATHS = {"state_dir", "swap_dir", "sysfs_root", "path", "file", "public_key", "ca_file", "root_certificates",
-          "auth_key"}
+          "auth_key", "tokenizer"}
 _SIZES = {"memory_budget", "memory_tolerance", "min_free_storage"}
 _PATTERNS = {"allowed_interfaces", "metered_interfaces"}  # lists of shell patterns
 _RENAMED = {("training", "memory_slack"): "training.memory_slack was replaced by training.memory_tolerance: bytes a "
@@ -353,10 +354,7 @@ def _check(c: AgentConfig) -> list[str]:
         found += model_problems(c.workload.model, c.workload.input)
     if c.workload.max_nodes is not None and c.workload.max_nodes < 2:
         found.append("workload.max_nodes must be at least 2")
-    if c.data.path is None:
-        found.append("data.path is required: a folder of class subfolders of images, a .npz, .pt or .csv file")
-    if not 0 <= c.data.holdout < 1:
-        found.append(f"data.holdout must be in [0, 1), not {c.data.holdout}")
+    found += _data_problems(c)
     if c.training.memory_budget <= 0:
         found.append("training.memory_budget is required: what a training step may use beyond the loaded model "
                      "(activations, gradients, optimizer state), e.g. \"60MB\"")
@@ -406,6 +404,23 @@ def _check(c: AgentConfig) -> list[str]:
     found += c.energy.problems()
     found += _server_problems(c)
     found += _flower_problems(c)
+    return found
+
+
+def _data_problems(c: AgentConfig) -> list[str]:
+    """``[data]``: the path, the holdout, and a tokenizer for text."""
+    d = c.data
+    found = []
+    if d.path is None:
+        found.append("data.path is required: a folder of class subfolders of images, a .npz, .pt or .csv file, "
+                     "or token ids for a language model (a .npy file, or a .txt file with data.tokenizer)")
+    elif d.path.suffix.lower() == ".txt" and d.tokenizer is None:
+        found.append(f"data.path = {str(d.path)!r} is text: set data.tokenizer to the tokenizer that splits it into "
+                     "the model's token ids (a tokenizer.json file, or a folder written by save_pretrained)")
+    if d.tokenizer is not None and not d.tokenizer.exists():
+        found.append(f"data.tokenizer = {str(d.tokenizer)!r}: no such file or folder")
+    if not 0 <= d.holdout < 1:
+        found.append(f"data.holdout must be in [0, 1), not {d.holdout}")
     return found
 
 

@@ -98,6 +98,7 @@ def run_window(config_path: str, events: Events) -> int:
     from agent.daemon.trainer import Trainer
     from agent.data import open_dataset
     from agent.errors import StepCancelled
+    from agent.zoo import token_vocabulary
 
     torch.set_num_threads(config.workload.threads)
     rss.return_freed_memory()  # as profile and validate do: the step's RSS then follows the budget
@@ -105,7 +106,8 @@ def run_window(config_path: str, events: Events) -> int:
     prepared = prepare(config, say=lambda text: events.emit(StateEvent("preparing", text)))
     shape = tuple(prepared.workload.inputs.shape) if isinstance(prepared.workload.inputs, torch.Tensor) \
         else tuple(prepared.workload.inputs[0].shape)
-    data = open_dataset(config.data.path, shape, holdout=config.data.holdout, seed=config.workload.seed)
+    data = open_dataset(config.data.path, shape, holdout=config.data.holdout, seed=config.workload.seed,
+                        tokenizer=config.data.tokenizer, vocabulary=token_vocabulary(prepared.workload.model))
     events.emit(DataEvent(description=data.describe(), skipped=data.skipped))
     with _meter(config, prepared) as meter:
         trainer = Trainer(config, prepared, data, meter=meter)

@@ -267,12 +267,14 @@ def agent_device(config_path: str) -> _Device:
         from agent.daemon.config import load_config
         from agent.daemon.prepare import prepare
         from agent.data import open_dataset
+        from agent.zoo import token_vocabulary
 
         config = load_config(config_path)
         prepared = prepare(config)
         inputs = prepared.workload.inputs
         shape = tuple((inputs[0] if isinstance(inputs, tuple) else inputs).shape)
-        data = open_dataset(config.data.path, shape, holdout=config.data.holdout, seed=config.workload.seed)
+        data = open_dataset(config.data.path, shape, holdout=config.data.holdout, seed=config.workload.seed,
+                            tokenizer=config.data.tokenizer, vocabulary=token_vocabulary(prepared.workload.model))
         config.swap_dir.mkdir(parents=True, exist_ok=True)
         from agent.training import OptimizerSettings
 

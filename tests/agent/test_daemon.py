@@ -463,12 +463,24 @@ def test_config_problems_are_reported_all_at_once(tmp_path: Path) -> None:
     ({"workload_model": "resnet81"}, "'resnet81' is not a zoo model"),
     ({"workload_model": "my models:build"}, "package.module:factory"),
     ({"eligibility_idle_seconds": -0.5}, "idle_seconds must be >= 0"),
+    ({"data_path": "corpus.txt"}, "corpus.txt' is text: set data.tokenizer to the tokenizer that splits it"),
+    ({"data_tokenizer": "missing/tokenizer.json"}, "missing/tokenizer.json': no such file or folder"),
 ])
 def test_a_config_the_device_could_not_run_is_refused_at_start(tmp_path: Path, change: dict, expected: str) -> None:
     written = {"workload_model": "resnet18", "workload_input": "8x3x64x64", **change}
     path = write_config(tmp_path, FakeDevice(tmp_path / "root"), write_csv(tmp_path / "data.csv"), **written)
     with pytest.raises(ConfigError, match=re.escape(expected)):
         load_config(path)
+
+
+def test_a_text_data_path_reads_its_tokenizer_relative_to_the_config(tmp_path: Path) -> None:
+    (tmp_path / "tokenizer.json").write_text("{}")  # the config checks that it exists; opening the data reads it
+    path = write_config(tmp_path, FakeDevice(tmp_path / "root"), tmp_path / "corpus.txt", workload_model="gpt2",
+                        workload_input="8x128", data_tokenizer="tokenizer.json")
+    data = load_config(path).data
+    assert (data.path, data.tokenizer) == (tmp_path / "corpus.txt", tmp_path / "tokenizer.json")
+    csv = write_config(tmp_path, FakeDevice(tmp_path / "root"), write_csv(tmp_path / "data.csv"))
+    assert load_config(csv).data.tokenizer is None  # optional: the other layouts need none
 
 
 def test_a_config_naming_a_zoo_model_and_its_input_right_loads(tmp_path: Path) -> None:

@@ -233,12 +233,12 @@ def _write_cases(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     torch.save({"weights": torch.zeros(2)}, tmp_path / "keys.pt")
     torch.save(torch.zeros(4, 2), tmp_path / "tensor.pt")
     (tmp_path / "empty.csv").write_text("")
-    (tmp_path / "data.txt").write_text("1,2\n")
+    (tmp_path / "data.tsv").write_text("1\t2\n")
     (tmp_path / "bad" / "a").mkdir(parents=True)
     (tmp_path / "bad" / "a" / "x.png").write_text("text")
     return {
         "missing": (tmp_path / "nope.npz", "no such file or folder; pass a folder of class subfolders"),
-        "suffix": (tmp_path / "data.txt", "unknown data format '.txt'; pass a folder"),
+        "suffix": (tmp_path / "data.tsv", "unknown data format '.tsv'; pass a folder"),
         "npz keys": (tmp_path / "keys.npz", r"holds \['b', 'x'\], not arrays 'x' and 'y'.*numpy.savez"),
         "npz lengths": (tmp_path / "lengths.npz", "x has 4 samples but y has 3; give one label per sample"),
         "npy as npz": (tmp_path / "single.npz", "holds a single array.*numpy.savez"),
@@ -351,3 +351,150 @@ def test_describe_says_how_many_samples_classes_held_out_and_skipped(tmp_path) -
     assert data.describe() == (f"12 samples from 2 classes in {tmp_path} "
                                f"(1 held out, 1 skipped: a/z.png: cannot identify image file)")
     assert _ids_dataset(tmp_path, 1200, 8).describe() == f"1,200 samples in {tmp_path / 'ids.npz'} (0 held out)"
+
+
+# --- token windows: .npy and .txt -----------------------------------------------------------------------
+
+
+def _word_tokenizer(*sentences: str):
+    """A word-level tokenizer trained here on ``sentences`` (id 0 is ``[UNK]``): a real ``tokenizers`` model."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.train_from_iterator(sentences, trainers.WordLevelTrainer(special_tokens=["[UNK]"]))
+    return tokenizer
+
+
+TEXT = "the cat sat on the mat\nthe dog sat on the log\n"  # 12 words
+
+
+def test_a_token_stream_is_cut_into_non_overlapping_windows_of_the_length_plus_one(tmp_path) -> None:
+    np.save(tmp_path / "ids.npy", np.arange(100, 123, dtype=np.int16))  # 23 tokens: 4 windows of 5, 3 left over
+
+    data = open_dataset(tmp_path / "ids.npy", (2, 4), holdout=0, vocabulary=123)  # 122, the largest id, fits
+
+    assert data.train_x.tolist() == [[100, 101, 102, 103], [105, 106, 107, 108],
+                                     [110, 111, 112, 113], [115, 116, 117, 118]]
+    assert data.train_y.tolist() == [[101, 102, 103, 104], [106, 107, 108, 109],
+                                     [111, 112, 113, 114], [116, 117, 118, 119]]
+    assert data.train_x.dtype == data.train_y.dtype == torch.int64
+    assert data.batches_per_epoch == 2 and data.batch(0, 0)[0].shape == (2, 4)
+
+
+def test_a_two_dimensional_array_is_one_window_per_row(tmp_path) -> None:
+    np.save(tmp_path / "windows.npy", np.array([[7, 3, 9, 1], [2, 8, 8, 0], [5, 5, 6, 4]], dtype=np.uint16))
+
+    data = open_dataset(tmp_path / "windows.npy", (3, 3), holdout=0)
+
+    assert data.train_x.tolist() == [[7, 3, 9], [2, 8, 8], [5, 5, 6]]
+    assert data.train_y.tolist() == [[3, 9, 1], [8, 8, 0], [5, 6, 4]]
+
+
+def test_token_windows_are_split_and_batched_like_any_samples(tmp_path) -> None:
+    np.save(tmp_path / "ids.npy", np.arange(200))  # 40 windows of 5 tokens, each token its own position
+
+    data = open_dataset(tmp_path / "ids.npy", (4, 4), holdout=0.25, seed=3)
+    again = open_dataset(tmp_path / "ids.npy", (4, 4), holdout=0.25, seed=3)
+
+    starts = sorted(_ids(data.train_x[:, 0]) + _ids(data.holdout_x[:, 0]))
+    assert starts == list(range(0, 200, 5)) and len(data.holdout_x) == 10  # every window once, a quarter held out
+    assert data.batches_per_epoch == 7
+    for epoch, index in [(0, 0), (2, 6), (5, 3)]:
+        x, y = data.batch(epoch, index)
+        assert torch.equal(x, again.batch(epoch, index)[0]) and torch.equal(y, again.batch(epoch, index)[1])
+        assert torch.equal(y, x + 1)  # each target is the token after its input: pairs survive the shuffle
+    assert torch.equal(data.holdout_y, data.holdout_x + 1)
+
+
+def test_text_is_tokenized_by_the_named_tokenizer_and_cut_into_windows(tmp_path) -> None:
+    tokenizer = _word_tokenizer(TEXT)
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "corpus.txt").write_text(TEXT, encoding="utf-8")
+    ids = tokenizer.encode(TEXT, add_special_tokens=False).ids
+
+    data = open_dataset(tmp_path / "corpus.txt", (1, 3), holdout=0, tokenizer=tmp_path / "tokenizer.json",
+                        vocabulary=tokenizer.get_vocab_size())
+
+    assert data.train_x.tolist() == [ids[0:3], ids[4:7], ids[8:11]]
+    assert data.train_y.tolist() == [ids[1:4], ids[5:8], ids[9:12]]
+    windows = [x + y[-1:] for x, y in zip(data.train_x.tolist(), data.train_y.tolist())]
+    assert [tokenizer.decode(w) for w in windows] == ["the cat sat on", "the mat the dog", "sat on the log"]
+
+
+def test_a_save_pretrained_folder_tokenizes_text_as_its_json_file_does(tmp_path) -> None:
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = _word_tokenizer(TEXT)
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]",
+                            model_max_length=16).save_pretrained(tmp_path / "folder")
+    (tmp_path / "corpus.txt").write_text(TEXT * 30, encoding="utf-8")  # a stream far past model_max_length
+
+    by_file = open_dataset(tmp_path / "corpus.txt", (2, 8), holdout=0, tokenizer=tmp_path / "tokenizer.json")
+    by_folder = open_dataset(tmp_path / "corpus.txt", (2, 8), holdout=0, tokenizer=str(tmp_path / "folder"))
+
+    assert len(by_file.train_x) == 40  # 360 words, 9 to a window
+    assert torch.equal(by_file.train_x, by_folder.train_x) and torch.equal(by_file.train_y, by_folder.train_y)
+
+
+def _token_cases(tmp_path: Path) -> dict[str, tuple[Path, dict, str]]:
+    """Name -> (a token file, open_dataset's keywords, what its error must say); the model takes 1 x 4."""
+    stream = np.arange(15)
+    np.save(tmp_path / "short_rows.npy", np.zeros((3, 4), dtype=np.int64))
+    np.save(tmp_path / "wide_rows.npy", np.zeros((3, 7), dtype=np.int64))
+    np.save(tmp_path / "cube.npy", np.zeros((2, 2, 5), dtype=np.int64))
+    np.save(tmp_path / "floats.npy", stream.astype(np.float32))
+    np.save(tmp_path / "negative.npy", np.where(stream == 7, -3, stream))
+    np.save(tmp_path / "outside.npy", np.where(stream == 12, 50, stream))
+    np.save(tmp_path / "few.npy", np.arange(4))
+    np.save(tmp_path / "objects.npy", np.array([1, "two"], dtype=object), allow_pickle=True)
+    np.savez(tmp_path / "archive.npz", ids=stream)
+    (tmp_path / "archive.npz").rename(tmp_path / "archive.npy")
+    np.save(tmp_path / "stream.npy", stream)
+    (tmp_path / "corpus.txt").write_text(TEXT, encoding="utf-8")
+    _word_tokenizer(TEXT).save(str(tmp_path / "tokenizer.json"))  # 8 tokens: [UNK] and 7 words
+    (tmp_path / "broken.json").write_text("{not json")
+    hint = "set data.tokenizer \\(the tokenizer= argument\\) to a tokenizers JSON file"
+    return {
+        "short rows": (tmp_path / "short_rows.npy", {}, "shape 3x4; .*shape n x 5; rows of only the model's "
+                       "sequence length leave the last position without a next token"),
+        "wide rows": (tmp_path / "wide_rows.npy", {}, "an array of shape 3x7; a token file holds a 1-D stream"),
+        "cube": (tmp_path / "cube.npy", {}, "an array of shape 2x2x5; .*shape n x 5"),
+        "floats": (tmp_path / "floats.npy", {}, "holds float32 values, not integer token ids"),
+        "negative": (tmp_path / "negative.npy", {}, r"token id -3 \(window 1, position 2\) is negative"),
+        "outside": (tmp_path / "outside.npy", {"vocabulary": 50}, r"token id 50 \(window 2, position 2\) is outside "
+                    r"the model's vocabulary of 50 \(ids 0 to 49\); make the ids with the model's own tokenizer"),
+        "few": (tmp_path / "few.npy", {}, "4 tokens, not one window of 5 tokens .*lower the sequence length"),
+        "objects": (tmp_path / "objects.npy", {}, "cannot read it as a NumPy .npy array"),
+        "archive": (tmp_path / "archive.npy", {}, "holds an archive of arrays, not one array of token ids"),
+        "no tokenizer": (tmp_path / "corpus.txt", {}, f"a .txt file is split into token ids by a tokenizer, and "
+                         f"none is given; {hint}"),
+        "missing tokenizer": (tmp_path / "corpus.txt", {"tokenizer": tmp_path / "nope.json"},
+                              f"no tokenizer at {tmp_path / 'nope.json'}; {hint}"),
+        "broken tokenizer": (tmp_path / "corpus.txt", {"tokenizer": tmp_path / "broken.json"},
+                             f"cannot load the tokenizer {tmp_path / 'broken.json'} \\(.*\\); {hint}"),
+        "large tokenizer": (tmp_path / "corpus.txt", {"tokenizer": tmp_path / "tokenizer.json", "vocabulary": 5},
+                            "has 8 tokens, more than the model's vocabulary of 5; set data.tokenizer"),
+        "not a sequence": (tmp_path / "stream.npy", {"input_shape": (1, 2, 2)},
+                           "token ids need a model input of batch x sequence length, e.g. 8x128"),
+    }
+
+
+@pytest.mark.parametrize("case", ["short rows", "wide rows", "cube", "floats", "negative", "outside", "few",
+                                  "objects", "archive", "no tokenizer", "missing tokenizer", "broken tokenizer",
+                                  "large tokenizer", "not a sequence"])
+def test_bad_token_data_is_refused_naming_the_file_what_was_found_and_what_to_do(tmp_path, case) -> None:
+    path, kwargs, says = _token_cases(tmp_path)[case]
+    shape = kwargs.pop("input_shape", (1, 4))
+    with pytest.raises(DataError, match=says) as raised:
+        open_dataset(path, shape, holdout=0, **kwargs)
+    assert str(raised.value).startswith(f"{path}: ")
+    assert exit_code_for(raised.value) == ExitCode.BAD_FILE
+
+
+def test_a_vocabulary_below_one_is_a_usage_error(tmp_path) -> None:
+    np.save(tmp_path / "ids.npy", np.arange(10))
+    with pytest.raises(AgentError, match="vocabulary must be a positive number") as raised:
+        open_dataset(tmp_path / "ids.npy", (1, 4), vocabulary=0)
+    assert not isinstance(raised.value, DataError)

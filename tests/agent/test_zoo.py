@@ -30,3 +30,17 @@ def test_a_factory_workload_takes_the_configured_batch_or_is_refused_saying_why(
     assert tuple(load_workload("agent.digits:digits_workload").inputs.shape) == (16, 1, 8, 8)
     with pytest.raises(ZooError, match=r"batch is \(16, 1, 8, 8\), not the configured input \(16, 3, 8, 8\)"):
         load_workload("agent.digits:digits_workload", (16, 3, 8, 8))
+
+
+def test_token_vocabulary_reads_the_input_embedding_and_is_none_without_token_input():
+    import torch.nn as nn
+
+    from agent.zoo import decoder_lm, token_vocabulary
+    from tests.agent.models import bert_classifier, mlp
+
+    assert token_vocabulary(decoder_lm("gpt2", layers=1, hidden=32, heads=2, vocab=77, positions=16)) == 77
+    assert token_vocabulary(decoder_lm("llama", layers=1, hidden=32, heads=2, vocab=91, positions=16)) == 91
+    assert token_vocabulary(bert_classifier(layers=1, hidden=32, heads=2, vocab=123)) == 123
+    assert token_vocabulary(nn.Sequential(nn.Embedding(40, 8), nn.Linear(8, 40))) == 40
+    assert token_vocabulary(nn.ModuleList([nn.Embedding(40, 8), nn.Embedding(16, 8)])) is None  # which one is unknown
+    assert token_vocabulary(mlp()) is None
