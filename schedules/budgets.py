@@ -90,6 +90,12 @@ def memory_lower_bound(graph: TrainingGraph, training: TrainingSpec | None = Non
     With ``training``, plus what the step must hold beside them however its optimizer state is placed:
     the runtime, gradients held there, the node's update transient at the smallest chunks.
     """
+    return max(node_lower_bounds(graph, training))
+
+
+def node_lower_bounds(graph: TrainingGraph, training: TrainingSpec | None = None) -> list[int]:
+    """Per node, what computing it needs at once: its value, its workspace and its inputs' values (with
+    ``training``, plus the step's share as in :func:`memory_lower_bound`).  The largest is that bound."""
     step = None
     if training is not None:
         spec = training if training.chunk_bytes else replace(training, chunk_bytes=MIN_CHUNK_BYTES)
@@ -102,7 +108,18 @@ def memory_lower_bound(graph: TrainingGraph, training: TrainingSpec | None = Non
             need += step.constant_bytes + resident + step.update_bytes[i]
             need += step.stage_bytes[i] if graph.is_backward(i) else 0  # computed at its own stage only
         bounds.append(need)
-    return max(bounds)
+    return bounds
+
+
+def floor_text(graph: TrainingGraph) -> str:
+    """One line for people: the smallest activation budget the graph's cut allows, over plain
+    backpropagation's peak and over the operator-level bound extraction measured (where it did)."""
+    floor, peak = memory_lower_bound(graph), store_all_peak(graph)
+    text = f"{floor / 1e6:,.2f} MB, {floor / peak:.0%} of store-all's {peak / 1e6:,.2f} MB"
+    bound = graph.operator_bound_bytes
+    if bound:
+        text += f"; operator-level bound {bound / 1e6:,.2f} MB (floor {floor / bound:.2f}x)"
+    return text
 
 
 def store_all_peak(graph: TrainingGraph, training: TrainingSpec | None = None) -> int:

@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from schedules.budgets import BudgetSearch, SweepPoint, budget_points, smallest_feasible_budget, store_all_peak, sweep
+from schedules.budgets import (BudgetSearch, SweepPoint, budget_points, floor_text, smallest_feasible_budget,
+                               store_all_peak, sweep)
 from schedules.device import DeviceProfile, paging_time_ms, price_graph
 from common.errors import CommandError
 from schedules.errors import UnknownNameError
@@ -333,6 +334,7 @@ def print_summary(result: PlanResult, schedule: Schedule, graph: TrainingGraph, 
                    f"page-in {sim.pagein_energy_j:.4g}, page-out {sim.pageout_energy_j:.4g})"),
         ("work", f"{sim.recomputed_nodes} recomputes, {short_bytes(sim.bytes_paged_out)} paged out, "
                  f"{short_bytes(sim.bytes_paged_in)} paged in, {len(schedule.instructions)} instructions"),
+        ("floor", floor_text(graph)),
     ]
     if schedule.step is not None:
         rows[4:4] = _step_rows(schedule)

@@ -122,6 +122,8 @@ class TrainingGraph:
     version: int = GRAPH_VERSION
     parameters: tuple[Parameter, ...] = ()
     runtime_bytes: int = 0
+    cut: tuple[str, ...] = ()  # the modules extraction cut the model at, so a device can cut it the same way
+    operator_bound_bytes: int = 0  # the largest working set of one operator's backward (0: not measured)
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -238,6 +240,8 @@ class TrainingGraph:
             "nodes": [_node_to_dict(n) for n in self.nodes],
             "edges": [list(e) for e in self.edges],
             "parameters": [_parameter_to_dict(p) for p in self.parameters],
+            "cut": list(self.cut),
+            "operator_bound_bytes": self.operator_bound_bytes,
         }
 
     @classmethod
@@ -272,6 +276,9 @@ class TrainingGraph:
             source=str(data.get("source", "")),
             parameters=_parameters_from(data.get("parameters", [])),
             runtime_bytes=int(finite_number(data.get("runtime_bytes", 0), "runtime_bytes")),
+            cut=_cut_from(data.get("cut", [])),
+            operator_bound_bytes=int(finite_number(data.get("operator_bound_bytes", 0), "operator_bound_bytes",
+                                                   minimum=0)),
         )
 
     @classmethod
@@ -300,7 +307,13 @@ def _parameter_to_dict(p: Parameter) -> dict[str, Any]:
 _NODE_KEYS = frozenset(f.name for f in fields(Node))
 _PARAMETER_KEYS = frozenset(f.name for f in fields(Parameter))
 _GRAPH_KEYS = frozenset({"format", "version", "model", "source", "fixed_bytes", "runtime_bytes", "nodes", "edges",
-                         "parameters"})
+                         "parameters", "cut", "operator_bound_bytes"})
+
+
+def _cut_from(raw: Any) -> tuple[str, ...]:
+    if not (isinstance(raw, list) and all(isinstance(name, str) for name in raw)):
+        raise FormatError("'cut' must be a list of module names")
+    return tuple(raw)
 
 
 def _parameters_from(raw: Any) -> tuple[Parameter, ...]:
