@@ -74,6 +74,9 @@ def _add_profile(subparsers: Any) -> None:
     p.add_argument("--device-out", default="device.json", metavar="FILE",
                    help="device profile (default device.json)")
     p.add_argument("--repeats", type=positive_int, default=5, help="timed runs per node after a warm-up (default 5)")
+    p.add_argument("--no-refine", dest="refine", action="store_false",
+                   help="keep the default cut: do not cut finer where the activation floor is set (faster to "
+                        "profile and to solve, a higher floor)")
     p.add_argument("--power-like", metavar="NAME|FILE.json",
                    help="without a meter, take nominal powers from this device profile (e.g. rpi4) instead of "
                         "a generic host estimate")
@@ -134,7 +137,7 @@ def run_profile(args: argparse.Namespace) -> int:
         profile, _ = profile_workload(
             workload.model, workload.example, workload.loss_fn, args.swap_dir, name=workload.name,
             repeats=args.repeats, max_nodes=args.max_nodes, segments=workload.segments,
-            meter_config=_meter_config(args), estimate=estimate, progress=progress)
+            meter_config=_meter_config(args), estimate=estimate, progress=progress, refine=args.refine)
     profile.graph.save(args.output)
     profile.device.save(args.device_out)
     width = max(len(row[0]) for row in profile.summary())

@@ -8,7 +8,14 @@
    plain containers (``nn.Sequential``, ``nn.ModuleList``, ``nn.ModuleDict``)
    and into any module that holds a ``ModuleList`` (a transformer's layer
    stack): resnet blocks, mobilenet blocks, vgg layers, BERT layers.  Explicit
-   ``segments=[qualified names]`` replace the rule.
+   ``segments=[qualified names]`` replace the rule.  With ``refine=True``
+   (what ``poet-edge profile`` does) the units whose forward or backward
+   node sets the smallest budget any schedule could fit are cut a module
+   level finer, again and again, while that floor falls and the graph stays
+   small enough to solve fast (:data:`REFINE_MAX_NODES`): resnet18's
+   stem and first blocks down to single layers, its last blocks whole.  The
+   modules chosen are recorded in the graph (``TrainingGraph.cut``) so that
+   a device cuts the model the same way (:func:`segments_matching`).
 2. **Record.**  One forward pass runs under a ``TorchFunctionMode`` with hooks
    on the segment modules, writing a :class:`torch.fx.Graph`: a
    ``call_module`` node per segment call and a ``call_function`` node per
@@ -50,11 +57,20 @@
 Graph layout (POET's, see :mod:`agent.segments`): node 0 the inputs, units
 ``1..S``, the loss ``S+1``, backward nodes mirrored after it.  Edges: a
 forward node consumes its producers; the backward node of ``f`` consumes
-``f`` itself, the producers whose values ``f``'s saved tensors reference, and
+``f`` itself -- unless ``f`` is *light*: its backward reads none of its
+outputs and saves at most :data:`LIGHT_SAVED_BYTES` of its own (a
+convolution, a linear layer, a BatchNorm save their input, which its
+producer owns), so a schedule may free ``f`` once its readers have run and
+the backward runs on the graph kept (:mod:`agent.store`; the bytes kept are
+the graph's ``runtime_bytes``) -- the producers whose values ``f``'s saved tensors reference, and
 the backward nodes whose gradients it reads: for each of ``f``'s outputs, the
 consumer holding that output's summed gradient, and for each of ``f``'s
 inputs also read by later units, the later consumer holding their running sum
 (:mod:`agent.runtime`).
+
+With ``repeats`` above 0 the graph also carries the operator-level bound
+(:mod:`agent.operator_bound`): what the largest single autograd operator's
+backward needs, the floor no cut can go below.
 
 Extraction runs where the model is (a device, or a workstation with the
 model): the planner itself (:mod:`schedules`) never imports torch and reads
@@ -66,7 +82,7 @@ from __future__ import annotations
 import statistics
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -80,11 +96,15 @@ from agent.errors import ExtractionError, ScheduleRefusedError
 from agent.optim.chunks import Chunking, column_unit_bytes
 from agent.optim.rows import row_updatable
 from agent.optim.streamed import streamable, streaming
+from agent.operator_bound import operator_bound
 from agent.runtime import ModelState, Runtime
 from agent.segments import Port, Segments, TensorMeta, Unit, mark_modes, pytree_leaf, run_unit, same_path
+from agent.store import Handle
+from schedules.budgets import node_lower_bounds
 from schedules.graph import Node, Parameter, TrainingGraph
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+_REGION = "poet_region"  # fx node meta: the expanded module whose own code made this operation
 
 
 
@@ -96,6 +116,7 @@ def extract(
     *,
     segments: Sequence[str] | None = None,
     repeats: int = 5,
+    refine: bool = False,
 ) -> tuple[TrainingGraph, Segments]:
     """Extract the training graph of ``model`` and the segments the executor runs it with.
 
@@ -112,9 +133,13 @@ def extract(
         Upper bound on the graph's node count ``T = 2 * units + 3``; adjacent
         cheap units are merged to meet it.
     segments:
-        Qualified module names to cut at, instead of the default rule.
+        Qualified module names to cut at, instead of the default rule; ``name:ops`` runs that module's own
+        code (outside the segments inside it) as single operations, each a unit.
     repeats:
         Timed runs per node; each node's ``compute_ms`` is their median.
+    refine:
+        Cut finer where the floor is set (step 1 of the module docstring), starting from ``segments`` or the
+        default cut; the graph's ``cut`` records the cut chosen, for :func:`segments_matching`.
 
     The model's parameters, gradients, buffers and the RNG state are left as
     they were.
@@ -124,16 +149,97 @@ def extract(
     following = rss.return_freed_memory()
     inputs, targets = _split_example(example_inputs)
     names = list(segments) if segments is not None else default_segments(model)
-    _check_names(model, names)
+    _check_names(model, *_split_cut(names))
     _check_dense_gradients(model)
     state = ModelState(model)
     try:
-        recording = _record(model, inputs, names)
-        cut = _cut(model, recording, inputs, targets, loss_fn, max_nodes)
-        measured = _measure(model, cut, inputs, targets, repeats, following)
+        if refine:
+            names = _refined(model, names, inputs, targets, loss_fn, max_nodes or REFINE_MAX_NODES, following)
+        graph, cut = _extract_once(model, names, inputs, targets, loss_fn, max_nodes, repeats, following)
+        if repeats:
+            state.rollback()
+            graph = replace(graph, operator_bound_bytes=operator_bound(model, inputs, targets, loss_fn))
     finally:
         state.rollback()
-    return _build_graph(model, cut, measured), cut
+    return graph, cut
+
+
+def _extract_once(model: nn.Module, names: list[str], inputs: Any, targets: Any, loss_fn: Callable,
+                  max_nodes: int | None, repeats: int, following: bool) -> tuple[TrainingGraph, Segments]:
+    recording = _record(model, inputs, *_split_cut(names))
+    cut = _cut(model, recording, inputs, targets, loss_fn, max_nodes)
+    measured = _measure(model, cut, inputs, targets, repeats, following)
+    cut.light = frozenset(measured.light)
+    return replace(_build_graph(model, cut, measured), cut=tuple(names)), cut
+
+
+REFINE_MAX_NODES = 151
+"""The largest graph refinement makes unless told another bound (``max_nodes``): the planner's solves stay
+fast."""
+REFINE_GAIN = 0.99
+"""A finer cut is chosen over a coarser one only where it lowers the floor by more than 1 %."""
+REFINE_MARGIN = 1.05
+"""Units whose nodes need within this factor of the largest need are cut finer together (repeated layers)."""
+
+
+def _refined(model: nn.Module, names: list[str], inputs: Any, targets: Any, loss_fn: Callable, node_cap: int,
+             following: bool) -> list[str]:
+    """Cut finer, a module level at a time, the units whose forward or backward node sets the graph's
+    smallest possible budget (:func:`schedules.budgets.node_lower_bounds`), while that budget falls and the
+    graph stays within ``node_cap`` nodes; coarse everywhere else.  Each candidate cut is measured (one timed
+    run: the node needs, not the times, decide)."""
+    best: tuple[int, list[str]] | None = None
+    inplace = {name: m.inplace for name, m in model.named_modules() if isinstance(getattr(m, "inplace", None), bool)}
+    while True:
+        graph, cut = _extract_once(model, names, inputs, targets, loss_fn, None, 1, following)
+        for name, flag in inplace.items():  # a cut sets lone in-place modules out of place: not the next one
+            model.get_submodule(name).inplace = flag
+        if graph.size > node_cap:
+            return best[1] if best is not None else names
+        needs = node_lower_bounds(graph)
+        floor = max(needs)
+        if best is None or floor < best[0] * REFINE_GAIN:  # a finer level that gains nothing is kept only if a
+            best = (floor, names)                           # still finer one below it does
+        setting = {m for i, need in enumerate(needs) if i and need * REFINE_MARGIN >= floor
+                   for m in _unit_modules(cut, i)}
+        finer = _expanded(model, names, setting)
+        if finer == names:
+            return best[1]
+        names = finer
+
+
+def _unit_modules(cut: Segments, node: int) -> tuple[str, ...]:
+    """The segment modules of the unit behind graph node ``node`` (none for the input and the loss)."""
+    forward = cut.forward_of(node) if cut.kind(node) == "backward" else node
+    return cut.units[forward - 1].modules if 1 <= forward <= len(cut.units) else ()
+
+
+def _expanded(model: nn.Module, names: list[str], modules: set[str]) -> list[str]:
+    """``names`` with each of ``modules`` cut a level finer: into its children (the default rule below it) and
+    its own code's operations, each a unit (``name:ops``); a module without children into its operations,
+    unless it is one of PyTorch's layers (one kernel: nothing finer to cut)."""
+    out: list[str] = []
+    for name in names:
+        module = model.get_submodule(name) if name in modules else None
+        if module is None:
+            out.append(name)
+        elif children := _children(module, name):
+            out.extend([*children, name + OPS])
+        elif type(module).__module__.startswith("torch.nn."):
+            out.append(name)
+        else:
+            out.append(name + OPS)
+    return out
+
+
+OPS = ":ops"
+"""Suffix of a cut entry whose module's own code runs as single operations, each a unit (not one segment)."""
+
+
+def _split_cut(entries: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Segment modules and modules cut into operations (``name:ops``) of a cut."""
+    names = [e for e in entries if not e.endswith(OPS)]
+    return names, [e[:-len(OPS)] for e in entries if e.endswith(OPS)]
 
 
 def segments_matching(workload: Any, graph: TrainingGraph, max_nodes: int | None = None,
@@ -144,7 +250,7 @@ def segments_matching(workload: Any, graph: TrainingGraph, max_nodes: int | None
     nodes, bytes and edges (another model, input, seed or node bound).
     """
     fresh, segments = extract(workload.model, workload.example, workload.loss_fn, max_nodes,
-                              segments=workload.segments, repeats=0)
+                              segments=list(graph.cut) or workload.segments, repeats=0)
     if fresh.fingerprint != graph.fingerprint:
         raise ScheduleRefusedError(
             f"{source} was not extracted from this model and input ({fresh.size} nodes here, {graph.size} in the "
@@ -165,18 +271,19 @@ def _check_dense_gradients(model: nn.Module) -> None:
 
 def default_segments(model: nn.Module) -> list[str]:
     """The default cut: see step 1 of the module docstring."""
+    return _children(model, "") or [""]
+
+
+def _children(module: nn.Module, prefix: str) -> list[str]:
+    """The qualified names of ``module``'s children, descending into containers and layer stacks."""
     found: list[str] = []
-
-    def visit(prefix: str, module: nn.Module) -> None:
-        for name, child in module.named_children():
-            qualified = f"{prefix}.{name}" if prefix else name
-            if type(child) in _CONTAINERS or _holds_stack(child):
-                visit(qualified, child)
-            else:
-                found.append(qualified)
-
-    visit("", model)
-    return found or [""]
+    for name, child in module.named_children():
+        qualified = f"{prefix}.{name}" if prefix else name
+        if type(child) in _CONTAINERS or _holds_stack(child):
+            found.extend(_children(child, qualified))
+        else:
+            found.append(qualified)
+    return found
 
 
 def _holds_stack(module: nn.Module) -> bool:
@@ -189,13 +296,14 @@ def _split_example(example: Any) -> tuple[Any, Any]:
     return example
 
 
-def _check_names(model: nn.Module, names: list[str]) -> None:
+def _check_names(model: nn.Module, names: list[str], regions: Sequence[str] = ()) -> None:
     modules = dict(model.named_modules())
-    missing = [n for n in names if n not in modules]
+    missing = [n for n in [*names, *regions] if n not in modules]
     if missing:
         raise ExtractionError(f"segments {missing} are not modules of {type(model).__name__}; "
                               f"use qualified names from model.named_modules()")
-    nested = [(a, b) for a in names for b in names if a != b and (a == "" or b.startswith(a + "."))]
+    nested = [(a, b) for a in names for b in [*names, *regions]
+              if a != b and (a == "" or b.startswith(a + "."))]
     if nested:
         raise ExtractionError(f"segment {nested[0][1]!r} lies inside segment {nested[0][0]!r}; "
                               "segments must not overlap")
@@ -244,6 +352,7 @@ class _Recorder(TorchFunctionMode):
         self.calls: list[fx.Node] = []
         self.constants: dict[int, torch.Tensor] = {}
         self.visible: set[int] = set()            # ids of the current segment call's tensor arguments
+        self.regions: list[str] = []              # expanded modules whose own code is running (outermost first)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -256,6 +365,8 @@ class _Recorder(TorchFunctionMode):
             name = getattr(func, "__name__", "op")
             node = self.graph.call_function(func, self.lift(args, name), self.lift(kwargs, name))
             mark_modes(node)
+            if self.regions:
+                node.meta[_REGION] = self.regions[-1]
             self.bind(node, out, dependent=self.depends(args, kwargs))
         return out
 
@@ -325,7 +436,7 @@ class _Recorder(TorchFunctionMode):
                     self.dependent.add(id(leaf))
 
 
-def _record(model: nn.Module, inputs: Any, names: list[str]) -> _Recording:
+def _record(model: nn.Module, inputs: Any, names: list[str], regions: Sequence[str] = ()) -> _Recording:
     args = inputs if isinstance(inputs, tuple) else (inputs,)
     graph = fx.Graph()
     fixed = {id(t) for t in (*model.parameters(), *model.buffers())}
@@ -338,6 +449,7 @@ def _record(model: nn.Module, inputs: Any, names: list[str]) -> _Recording:
             recorder.dependent.add(id(leaf))
     modules = dict(model.named_modules())
     handles = [h for name in names for h in _hook(modules[name], name, recorder)]
+    handles += [h for name in regions for h in _region_hooks(modules[name], name, recorder)]
     try:
         with recorder:
             output = model(*args)
@@ -411,6 +523,21 @@ def _hook(module: nn.Module, name: str, recorder: _Recorder) -> list[Any]:
             module.register_forward_hook(after, with_kwargs=True)]
 
 
+def _region_hooks(module: nn.Module, name: str, recorder: _Recorder) -> list[Any]:
+    """Hooks that mark the operations ``module``'s own code makes (outside its segment children) as a region:
+    each becomes a unit of its own (:func:`_initial_starts`)."""
+
+    def before(mod: nn.Module, args: tuple) -> None:
+        if recorder.depth == 0:
+            recorder.regions.append(name)
+
+    def after(mod: nn.Module, args: tuple, output: Any) -> None:
+        if recorder.depth == 0 and recorder.regions and recorder.regions[-1] == name:
+            recorder.regions.pop()
+
+    return [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
+
+
 # -- 3. cutting into units ---------------------------------------------------------
 def _cut(model: nn.Module, rec: _Recording, inputs: Any, targets: Any, loss_fn: Callable,
          max_nodes: int | None) -> Segments:
@@ -452,17 +579,25 @@ def _lone_inplace_module(model: nn.Module, unit: Unit) -> str | None:
 
 
 def _initial_starts(ops: list[fx.Node]) -> list[int]:
-    """Start of each unit: right after the previous segment call and the leaves picked from it."""
-    starts = [0]
+    """Start of each unit: right after the previous segment call and the leaves picked from it; an operation
+    of an expanded module's own code (a region, see :func:`_region_hooks`) is a unit on its own."""
+    starts = {0}
     for i, node in enumerate(ops):
-        if node.op != "call_module":
+        if _is_region_op(node):
+            starts.add(i)
+        elif node.op != "call_module":
             continue
         end = i + 1
         while end < len(ops) and ops[end].target is pytree_leaf and ops[end].args[0] is node:
             end += 1
-        starts.append(end)
-    starts.pop()  # the glue after the last call joins the last unit
-    return starts
+        starts.add(end)
+    # the glue after the last call joins the last unit
+    last_call = max((i for i, n in enumerate(ops) if n.op == "call_module" or _is_region_op(n)), default=0)
+    return sorted(k for k in starts if k <= last_call)
+
+
+def _is_region_op(node: fx.Node) -> bool:
+    return _REGION in node.meta and node.target not in (pytree_leaf, same_path)
 
 
 def _merge(starts: list[int], bad: int, segs: Segments) -> list[int]:
@@ -499,7 +634,9 @@ def _segments(rec: _Recording, ops: list[fx.Node], starts: list[int], inputs: An
         outputs = [n for n in nodes if any(where.get(user) != u for user in n.users)]
         port.update({n: Port(u, j) for j, n in enumerate(outputs)})
         external = dict.fromkeys(x for n in nodes for x in n.all_input_nodes if where.get(x) != u)
-        modules = [n.target for n in nodes if n.op == "call_module"]
+        # a region's operations may update its buffers (a BatchNorm run as operations): restored like a module's
+        modules = [n.target for n in nodes if n.op == "call_module"] + list(
+            dict.fromkeys(n.meta[_REGION] for n in nodes if _is_region_op(n)))
         units.append(Unit("", tuple(nodes), tuple((x, port[x]) for x in external), tuple(outputs), tuple(modules)))
     named: list[Unit] = []
     for unit in units:
@@ -518,7 +655,9 @@ def _segments(rec: _Recording, ops: list[fx.Node], starts: list[int], inputs: An
 
 
 def _named(unit: Unit, earlier: list[Unit]) -> Unit:
-    mods = unit.modules
+    mods = [n.target if n.op == "call_module" else f"{n.meta[_REGION]}:{getattr(n.target, '__name__', 'op')}"
+            for n in unit.nodes if n.op == "call_module" or _is_region_op(n)]
+    mods = mods or [getattr(unit.nodes[0].target, "__name__", "op")]  # glue before a region's first operation
     name = mods[0] if len(mods) == 1 else (f"{mods[0]}+{mods[1]}" if len(mods) == 2 else f"{mods[0]}..{mods[-1]}")
     name = name or "model"
     taken = {u.name for u in earlier}
@@ -559,7 +698,12 @@ class _Measured:
     reads: dict[int, set[int]] = field(default_factory=dict)  # backward node -> backward values it read
     workspace: list[int] = field(default_factory=list)
     parameters: tuple[Parameter, ...] = ()
+    light: dict[int, int] = field(default_factory=dict)  # light forward node -> bytes its backward keeps
 
+
+LIGHT_SAVED_BYTES = 64 << 10
+"""At most this many bytes of its own may a unit's backward save for the unit to be light (``Segments.light``):
+a BatchNorm's or LayerNorm's statistics, not a dropout mask or a ReLU's output."""
 
 STREAM_PROBE_BYTES = 1 << 20
 """Column blocks of a streamed weight's gradient while extraction measures (the plan adds its own block)."""
@@ -690,7 +834,7 @@ def _measure(model: nn.Module, segs: Segments, inputs: Any, targets: Any, repeat
                     bytes=[runtime.value_bytes(i) for i in range(segs.size)], compute_ms=[],
                     refs={f: runtime.references(f) for f in range(1, segs.loss_node + 1)},
                     grad_ports={b: runtime.gradient_ports(b) for b in range(segs.loss_node + 1, segs.size)},
-                    reads={b: set(r) for b, r in runtime.reads.items()})
+                    reads={b: set(r) for b, r in runtime.reads.items()}, light=_light_units(runtime, segs))
                 probe.stop_counting()
             runtime.finish()
         first.compute_ms = [statistics.median(s[1:] if repeats else s) for s in samples]
@@ -703,6 +847,19 @@ def _measure(model: nn.Module, segs: Segments, inputs: Any, targets: Any, repeat
         probe.close()
         probe.start_run()
     return first
+
+
+def _light_units(runtime: Runtime, segs: Segments) -> dict[int, int]:
+    """The units whose backward reads none of their outputs and keeps at most :data:`LIGHT_SAVED_BYTES` of its
+    own, with those bytes (read from a store-all run's values, every one still in the store)."""
+    light = {}
+    for f in range(1, segs.loss_node):
+        value = runtime.store.values[f]
+        outputs = {ref.slot for ref in value.outputs if isinstance(ref, Handle) and ref.node == f}
+        kept = sum(value.slot_bytes[slot] for slot in value.saved_slots)
+        if not value.saved_slots & outputs and kept <= LIGHT_SAVED_BYTES:
+            light[f] = kept
+    return light
 
 
 def _measure_workspace(runtime: Runtime, segs: Segments, value_bytes: list[int], inputs: Any, targets: Any,
@@ -758,6 +915,7 @@ def _build_graph(model: nn.Module, segs: Segments, m: _Measured) -> TrainingGrap
         fixed_bytes=param_bytes + buffer_bytes,  # the loaded model
         model=type(model).__name__, source=f"agent.extract (torch {torch.__version__})",
         parameters=m.parameters,
+        runtime_bytes=sum(m.light.values()),  # what light units' backward keeps of them once they are freed
     )
 
 
@@ -766,7 +924,8 @@ def _edges(segs: Segments, m: _Measured) -> set[tuple[int, int]]:
     for f in range(1, segs.loss_node + 1):
         b = segs.backward_of(f)
         edges.update((port.node, f) for port in segs.inputs_of(f))
-        edges.add((f, b))
+        if f not in m.light:
+            edges.add((f, b))
         edges.update((r, b) for r in m.refs[f])
         edges.update((r, b) for r in m.reads.get(b, ()))  # the running gradient sums it reads (agent.runtime)
     return edges

@@ -55,6 +55,7 @@ from agent import pagefile
 from agent.pagefile import SYSTEM, SystemCalls
 from agent.energy import Activity, EnergyMeter, MeterConfig, NominalPowers, detect_meter
 from agent.errors import ProfileError
+from schedules.budgets import floor_text
 from schedules.device import DeviceProfile, price_graph
 from schedules.graph import TrainingGraph
 
@@ -619,6 +620,7 @@ class Profile:
              self.sources["compute_ms"]),
             ("activations", f"{self.graph.forward_activation_bytes / 1e6:,.2f} MB store-all",
              self.sources["bytes"]),
+            ("floor", floor_text(self.graph), "extraction's cut and one plain step's autograd operators"),
             ("page-out", f"{d.pageout_bandwidth_bps / 1e6:,.1f} MB/s + {d.pageout_latency_s * 1e3:.3f} ms",
              self.sources["pageout_bandwidth_bps"]),
             ("page-in", f"{d.pagein_bandwidth_bps / 1e6:,.1f} MB/s + {d.pagein_latency_s * 1e3:.3f} ms",
@@ -653,6 +655,7 @@ def profile_workload(
     estimate: NominalEstimate | None = None,
     idle_s: float = 1.0,
     progress: Progress = _quiet,
+    refine: bool = True,
 ) -> tuple[Profile, Any]:
     """Profile one training step of ``model`` and this machine; returns the profile and the segments.
 
@@ -682,13 +685,16 @@ def profile_workload(
         Seconds of idle measurement with a real meter.
     progress:
         ``progress(stage, done, total)`` as the profile advances.
+    refine:
+        Cut finer where the floor is set (:func:`agent.extract.extract`'s ``refine``).
     """
     from agent.extract import extract
 
     estimate = estimate or generic_host_estimate()
     progress("extract", 0, 1)
     started = time.perf_counter()
-    graph, segments = extract(model, example, loss_fn, max_nodes, segments=segments, repeats=repeats)
+    graph, segments = extract(model, example, loss_fn, max_nodes, segments=segments, repeats=repeats,
+                              refine=refine)
     extract_s = time.perf_counter() - started
     progress("extract", 1, 1)
     swap = measure_swap_path(swap_dir, graph_page_sizes(graph), swap_repeats, progress,
@@ -713,7 +719,7 @@ def profile_workload(
     if node_j is not None:
         graph = graph.with_nodes(replace(n, compute_j=j) for n, j in zip(graph.nodes, node_j))
     graph = price_graph(graph, device)  # measured node energies stay; the rest priced from this profile
-    graph = replace(graph, runtime_bytes=measure_runtime_bytes(swap_dir))
+    graph = replace(graph, runtime_bytes=graph.runtime_bytes + measure_runtime_bytes(swap_dir))
     sources = _sources(swap, overlap, power, repeats, extract_s)
     device = replace(device, sources={k: v for k, v in sources.items() if k in _DEVICE_FIELDS})
     stats = {"extract_s": extract_s, "flops_per_s": flops_per_s}

@@ -15,6 +15,13 @@ code that later holds them.
   left, run ``torch.autograd.backward`` on the unit's saved graph -- parameter
   ``.grad`` accumulates as usual -- and keep the gradients of the unit's inputs.
 
+A *light* forward node (``Segments.light``: its backward reads none of its
+outputs and saves little of its own, see :mod:`agent.extract`) has no graph
+edge to its backward node: freeing it before its backward keeps its autograd
+graph and the few saved bytes (:meth:`agent.store.Store.release`), so the
+backward of a convolution or a BatchNorm runs with its input, the gradient of
+its output and the gradient it makes -- not its output too.
+
 A value read by several units gets its gradient summed in plain autograd's
 order: plain ``backward()`` adds the contributions of the later-created
 operations first, into one buffer.  So the backward node of each consumer
@@ -95,8 +102,12 @@ class Runtime:
             self._backward(node)
 
     def free(self, node: int, keep_skeleton: bool = False) -> int:
-        """Drop ``node``'s RAM copy; with ``keep_skeleton`` it can be paged back in. Returns bytes freed."""
-        return self.store.release(node, keep_skeleton)
+        """Drop ``node``'s RAM copy; with ``keep_skeleton`` it can be paged back in. Returns bytes freed.
+
+        A light forward node whose backward is still to run keeps its graph and saved slots for it."""
+        value = self.store.values.get(node)
+        pending = node in self.segments.light and value is not None and any(r is not None for r in value.roots)
+        return self.store.release(node, keep_skeleton, keep_slots=pending)
 
     def storages(self, node: int) -> list[torch.UntypedStorage]:
         """The storages of resident ``node``, in slot order: what a page holds."""
@@ -151,7 +162,10 @@ class Runtime:
 
     def _backward(self, node: int) -> None:
         forward = self.segments.forward_of(node)
-        fvalue = self.store.value(forward)
+        light = forward in self.segments.light
+        fvalue = self.store.values.get(forward) if light else self.store.value(forward)
+        if light and (fvalue is None or not (fvalue.resident or fvalue.kept is not None)):
+            fvalue = Value(forward, resident=False)  # released with no output needing a gradient: none to pass
         roots, grads = [], []
         for index, root in enumerate(fvalue.roots):
             grad = self._output_grad(forward, index) if root is not None else None
@@ -179,6 +193,8 @@ class Runtime:
             self._seeds = {}
         fvalue.roots = [None] * len(fvalue.roots)  # autograd freed that graph: it cannot run twice
         fvalue.entries = {}
+        if light and not fvalue.resident:
+            self.store.forget(forward)  # released before its backward: nothing of it is needed any more
 
     # -- helpers -----------------------------------------------------------------
     def _enter(self, consumer: int, port: Port) -> torch.Tensor:

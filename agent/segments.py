@@ -83,6 +83,7 @@ class Segments:
     arg_tensors: int = 1                         # node 0 ports below this are model inputs, the rest targets
     constants: tuple[torch.Tensor, ...] = ()     # tensors the trace captured by value
     out_of_place: tuple[str, ...] = ()           # in-place modules that run with inplace=False (a unit each)
+    light: frozenset[int] = frozenset()          # forward nodes whose backward needs none of their outputs
     consumers: dict[Port, tuple[int, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -20,6 +20,14 @@ autograd never holds activation memory itself, and:
 
 Storages are deduplicated by data pointer: a ReLU's output that the next conv
 also saves is one slot.
+
+A forward value's slots are of two kinds: its outputs, and what its own
+backward saved (``saved_slots``).  When the backward reads none of the outputs
+and saves little of its own (a convolution, a BatchNorm, a linear layer: they
+save their *input*, which another node owns), the value can be released with
+its saved slots *kept* (:meth:`Store.release`, ``keep_slots``): the outputs'
+memory returns, and the backward still runs on the graph and the few bytes
+kept (:attr:`Store.kept_bytes`, outside :attr:`Store.resident_bytes`).
 """
 
 from __future__ import annotations
@@ -68,6 +76,8 @@ class Value:
     grads: dict[Port, Handle] = field(default_factory=dict)
     refs: set[int] = field(default_factory=set)
     resident: bool = True
+    saved_slots: set[int] = field(default_factory=set)  # own slots autograd saved (forward nodes)
+    kept: dict[int, torch.UntypedStorage] | None = None  # after a release for backward: the saved slots kept
 
     @property
     def nbytes(self) -> int:
@@ -83,6 +93,7 @@ class Store:
         self._owner: dict[int, tuple[int, int]] = {}   # storage data_ptr -> (node, slot)
         self._fixed: set[int] = set()                   # data_ptrs of parameters, buffers, constants
         self.resident_bytes = 0
+        self.kept_bytes = 0                             # saved slots of released values, kept for backward
 
     def set_fixed(self, tensors: Iterable[torch.Tensor]) -> None:
         """Declare the tensors that live outside the activation budget (parameters, buffers)."""
@@ -94,6 +105,7 @@ class Store:
         if node in self.values and self.values[node].resident:
             raise ExecutorError(f"node {node} is already resident; free it before computing it again")
         if node in self.values:
+            self._drop_kept(self.values[node])
             _unlink(self.values[node])  # the skeleton a recomputation replaces
         value = Value(node)
         self.values[node] = value
@@ -139,7 +151,9 @@ class Store:
         """The tensor a handle stands for, viewed on its owner's current storage."""
         if isinstance(ref, torch.Tensor):
             return ref
-        storage = self.value(ref.node).storages[ref.slot]
+        value = self.values.get(ref.node)
+        kept = value.kept.get(ref.slot) if value is not None and value.kept is not None else None
+        storage = kept if kept is not None else self.value(ref.node).storages[ref.slot]
         view = torch.empty(0, dtype=ref.dtype, device=storage.device)
         return view.set_(storage, ref.offset, ref.size, ref.stride)
 
@@ -148,7 +162,10 @@ class Store:
         """Saved-tensor hooks that make ``value`` own (or reference) everything autograd saves."""
 
         def pack(t: torch.Tensor) -> Handle | torch.Tensor:
-            return self.adopt(value, t)
+            ref = self.adopt(value, t)
+            if isinstance(ref, Handle) and ref.node == value.node:
+                value.saved_slots.add(ref.slot)
+            return ref
 
         def unpack(ref: Handle | torch.Tensor) -> torch.Tensor:
             return self.tensor(ref)
@@ -157,17 +174,36 @@ class Store:
             yield
 
     # -- residency ---------------------------------------------------------------
-    def release(self, node: int, keep_skeleton: bool) -> int:
-        """Drop ``node``'s storages (their memory returns); keep its skeleton for a later page-in."""
+    def release(self, node: int, keep_skeleton: bool, keep_slots: bool = False) -> int:
+        """Drop ``node``'s storages (their memory returns); keep its skeleton for a later page-in.
+
+        With ``keep_slots`` the skeleton stays and so do the storages of the value's saved slots, so that its
+        backward can run without the value (see the module docstring); they count in :attr:`kept_bytes`.
+        """
         value = self.value(node)
         for storage in value.storages:
             self._owner.pop(storage.data_ptr(), None)
         self.resident_bytes -= value.nbytes
+        if keep_slots:
+            value.kept = {slot: value.storages[slot] for slot in value.saved_slots}
+            self.kept_bytes += sum(s.nbytes() for s in value.kept.values())
         value.storages = []
         value.resident = False
-        if not keep_skeleton:
+        if not (keep_skeleton or keep_slots):
             _unlink(self.values.pop(node))
         return value.nbytes
+
+    def forget(self, node: int) -> None:
+        """Drop what is left of a released ``node``: its skeleton and the slots it kept."""
+        value = self.values.pop(node, None)
+        if value is not None:
+            self._drop_kept(value)
+            _unlink(value)
+
+    def _drop_kept(self, value: Value) -> None:
+        if value.kept is not None:
+            self.kept_bytes -= sum(s.nbytes() for s in value.kept.values())
+            value.kept = None
 
     def install(self, node: int, storages: list[torch.UntypedStorage]) -> None:
         """Make a paged-out value resident again with ``storages`` read back from flash."""
@@ -179,6 +215,7 @@ class Store:
                                 f"the value needs {value.slot_bytes}")
         for slot, storage in enumerate(storages):
             self._owner[storage.data_ptr()] = (node, slot)
+        self._drop_kept(value)  # the page holds the saved slots too
         value.storages = list(storages)
         value.resident = True
         self.resident_bytes += value.nbytes
@@ -190,6 +227,7 @@ class Store:
         self.values.clear()
         self._owner.clear()
         self.resident_bytes = 0
+        self.kept_bytes = 0
 
 
 def _unlink(value: Value) -> None:

@@ -33,7 +33,10 @@ rows side by side with their ratios to plain, and the targets (at most 0.33 of
 plain's memory at no more than 1.5x its time, at most 0.5 at no more than
 1.15x, below ``torch.utils.checkpoint``'s memory at equal or lower time).
 
-``python -m benchmarks.memory [--models resnet18,vgg11_bn,bert] [--json F]``.
+``python -m benchmarks.memory [--models resnet18,vgg11_bn,bert,gpt2,llama,vit] [--json F]`` (the first three by
+default).  The profile cuts each model finer where its floor is set (:func:`agent.extract.extract`'s
+``refine``); its floor and operator-level bound are printed, and ``python -m benchmarks.floor`` measures them
+against the default cut for every family.
 """
 
 from __future__ import annotations
@@ -56,7 +59,13 @@ MODELS = {  # name: (input, optimizer settings)
     "resnet18": ("32x3x64x64", {"optimizer": "sgd", "learning_rate": 0.01, "momentum": 0.9}),
     "vgg11_bn": ("16x3x64x64", {"optimizer": "sgd", "learning_rate": 0.01, "momentum": 0.9}),
     "bert": ("8x128", {"optimizer": "adamw", "learning_rate": 1e-4, "weight_decay": 0.01}),
+    "gpt2": ("8x128", {"optimizer": "adamw", "learning_rate": 1e-4, "weight_decay": 0.01}),
+    "llama": ("8x128", {"optimizer": "adamw", "learning_rate": 1e-4, "weight_decay": 0.01}),
+    "vit": ("16x3x64x64", {"optimizer": "adamw", "learning_rate": 1e-4, "weight_decay": 0.01}),
 }
+DEFAULT_MODELS = ("resnet18", "vgg11_bn", "bert")
+LAYER_CHECKPOINTS = {"bert": "checkpoint:layers", "gpt2": "checkpoint:layers", "llama": "checkpoint:layers",
+                     "vit": "checkpoint:vit-layers"}  # per-layer torch.utils.checkpoint for the transformers
 STEPS = 5
 HASH_AFTER = 3
 SEARCH_ROUNDS = 6  # interleaved steps of plain and a candidate while searching a time target's budget
@@ -179,6 +188,12 @@ def _forward(run: str, work: Any) -> Any:
     if run == "checkpoint:layers":  # transformers' own per-layer checkpointing
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return lambda x: model(x)
+    if run == "checkpoint:vit-layers":  # torchvision's ViT: each encoder layer under torch.utils.checkpoint
+        from torch.utils.checkpoint import checkpoint
+
+        for layer in model.encoder.layers:
+            layer.forward = lambda x, _forward=layer.forward: checkpoint(_forward, x, use_reentrant=False)
+        return lambda x: model(x)
     from torch.utils.checkpoint import checkpoint_sequential
     import torch.nn as nn
 
@@ -272,7 +287,7 @@ def bench_model(name: str, workdir: Path, plan_time: float, rounds: int) -> dict
     from agent.profile import profile_workload
     from agent.training import OptimizerSettings
     from agent.zoo import load_workload, parse_shape
-    from schedules.budgets import store_all_peak
+    from schedules.budgets import floor_text, store_all_peak
 
     shape_text, optimizer = MODELS[name]
     folder = workdir / name
@@ -283,13 +298,16 @@ def bench_model(name: str, workdir: Path, plan_time: float, rounds: int) -> dict
     profile, _ = profile_workload(work.model, work.example, work.loss_fn, folder / "swap", name=name, repeats=3,
                                   segments=work.segments)
     graph, device = profile.graph, profile.device
+    print(f"   {graph.size} nodes; activation floor {floor_text(graph)} (python -m benchmarks.floor: the "
+          "floor against the default cut)", flush=True)
     graph.save(folder / "graph.json")
     device.save(folder / "device.json")
     del work
     spec = OptimizerSettings(**optimizer).spec()
     whole = store_all_peak(graph, spec)
     configs: dict[str, str] = {"plain": "plain"}
-    runs = ["checkpoint:layers"] if name == "bert" else [f"checkpoint:{n}" for n in (2, 3, 4, 6, 8, "all")]
+    runs = [LAYER_CHECKPOINTS[name]] if name in LAYER_CHECKPOINTS else [
+        f"checkpoint:{n}" for n in (2, 3, 4, 6, 8, "all")]
     configs.update({f"checkpoint {run.split(':')[1]}": run for run in runs})
     planned: dict[str, Any] = {}
     tightest = _plan_tightest(graph, device, spec, None, plan_time, whole)
@@ -470,7 +488,8 @@ def _targets(plain: Row, checkpoint: Row | None, ours: list[Row]) -> list[tuple[
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.memory", description=__doc__.split("\n")[0])
-    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
+                        help=f"comma-separated, of {', '.join(MODELS)} (default {','.join(DEFAULT_MODELS)})")
     parser.add_argument("--plan-time", type=float, default=90.0,
                         help="seconds for each search of the smallest feasible budget (default 90)")
     parser.add_argument("--workdir", help="where profiles, schedules and page files go (default a temporary one)")

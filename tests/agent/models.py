@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torchvision
 import torch.nn as nn
 
 from agent.zoo import (SmallUNet, cross_entropy, decoder_lm, logits_cross_entropy,  # noqa: F401 - re-exported
@@ -296,3 +297,9 @@ def whole_step_schedule(graph: TrainingGraph, instructions: list[Instruction], s
         predicted_energy_j=report.energy_j, solver=SolverInfo("hand", "none", "feasible", None, None, 0.0),
         step=step_plan(layout, report),
     )
+
+
+def small_vit() -> nn.Module:
+    """torchvision's VisionTransformer at a test size (32x32 images, patches of 8, 2 layers, hidden 32)."""
+    return torchvision.models.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2,
+                                                hidden_dim=32, mlp_dim=64, num_classes=10)

@@ -305,7 +305,9 @@ def test_page_ins_fill_memory_kept_from_earlier_ones_or_freed_values_and_gradien
     blocks = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.Tanh()) for _ in range(4)], nn.Linear(64, 5))
     reference = copy.deepcopy(blocks)
     inputs, targets = torch.randn(8, 64), torch.randint(0, 5, (8,))
-    graph, segments = extract(blocks, (inputs, targets), cross_entropy, repeats=1)
+    # one unit per block: a block's backward needs its value (the Tanh's output), so each paged value is read back
+    graph, segments = extract(blocks, (inputs, targets), cross_entropy, repeats=1,
+                              segments=[str(k) for k in range(len(blocks))])
     # computations far longer than any read here: after the first step has measured the reads, each may wait for
     # the free of a value of its size, to take over its memory
     graph = graph.with_nodes([replace(n, compute_ms=50.0) for n in graph.nodes])

@@ -13,11 +13,12 @@ from agent.errors import InputMismatchError
 from agent.executor import Executor
 from agent.parity import bits_equal
 from agent.extract import extract
+from schedules.budgets import smallest_feasible_budget
 from schedules.plan import plan
 from tests.agent.models import (
     FanIn, FrozenBackbone, MixedPrecision, TinyUNet, bert_classifier, bert_example, cross_entropy, fan_in_example, image_example,
     logits_cross_entropy, mlp, mlp_example, padded_bert_example, page_everything, recompute_everything, schedule_for, unet_example,
-    gpt2_decoder, llama_decoder, next_token_cross_entropy, next_token_example,
+    gpt2_decoder, llama_decoder, next_token_cross_entropy, next_token_example, small_vit,
 )
 
 
@@ -48,12 +49,13 @@ SCHEDULES = {"store-all": _store_all, "checkpoint-all": _checkpoint_all, "sqrt-n
 
 
 def assert_exact(model_fn: Callable, example_fn: Callable, loss_fn: Callable, make_schedule: Callable,
-                 swap_dir, steps: int = 3, optimizer: str = "sgd") -> Executor:
+                 swap_dir, steps: int = 3, optimizer: str = "sgd", refine: bool = False,
+                 segments: list[str] | None = None) -> Executor:
     """Train a model and its copy side by side, one through the executor; everything must be equal."""
     torch.manual_seed(0)
     model = model_fn().train()
     reference = copy.deepcopy(model)
-    graph, segments = extract(model, example_fn(), loss_fn, repeats=1)
+    graph, segments = extract(model, example_fn(), loss_fn, repeats=1, refine=refine, segments=segments)
     _assert_same_model(model, reference)  # extraction leaves the model untouched
     opt, ref_opt = (_optimizer(optimizer, m) for m in (model, reference))
     with Executor(model, segments, graph, make_schedule(graph), swap_dir=swap_dir) as ex:
@@ -228,3 +230,53 @@ def test_bert_benchmark_size_exact(schedule, tmp_path):
     assert_exact(lambda: bert_classifier(layers=4, hidden=256, vocab=1000, positions=128, labels=10),
                  lambda: bert_example(8, 128, vocab=1000, labels=10), logits_cross_entropy, SCHEDULES[schedule],
                  tmp_path, steps=2, optimizer="adam")
+
+
+def _at_floor(graph):
+    """POET's schedule at the smallest budget it finds: recomputation and paging together at the cut's floor."""
+    search = smallest_feasible_budget(graph, lambda b, t: plan(graph, "rpi4", memory_budget=b, time_limit=t, gap=0.05),
+                                      time_budget_s=60, probe_time_limit_s=20, rel_tolerance=0.02)
+    assert search.budget is not None
+    return plan(graph, "rpi4", memory_budget=search.budget, time_limit=20, gap=0.05).schedule
+
+
+FAMILIES = {  # model, example, loss
+    "resnet18": (lambda: torchvision.models.resnet18(num_classes=10), image_example, cross_entropy),
+    "vit": (small_vit, image_example, cross_entropy),
+    "bert": (bert_classifier, bert_example, logits_cross_entropy),
+    "gpt2-tied": (gpt2_decoder, next_token_example, next_token_cross_entropy),
+    "llama": (llama_decoder, next_token_example, next_token_cross_entropy),
+    "unet": (TinyUNet, unet_example, cross_entropy),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_each_family_exact_at_its_floor_under_the_refined_cut(family, tmp_path):
+    model_fn, example_fn, loss_fn = FAMILIES[family]
+    ex = assert_exact(model_fn, example_fn, loss_fn, _at_floor, tmp_path, optimizer="adam", refine=True)
+    graph, segments = ex.graph, ex.runtime.segments
+    assert graph.cut and graph.operator_bound_bytes > 0
+    # the schedule frees a light unit before its backward runs, which then runs on the unit's kept graph
+    order = [(op, n) for op, n in ex.instructions]
+    freed_early = [n for n in segments.light
+                   if ("free", n) in order and order.index(("free", n)) < order.index(("compute", segments.backward_of(n)))]
+    assert freed_early
+
+
+class TanhGelu(torch.nn.Module):
+    """GELU's tanh approximation written as operations (as GPT-2's activation is): one module, eight kernels."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 0.5 * x * (1.0 + torch.tanh(0.7978845608 * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def _gelu_mlp() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(32, 256), TanhGelu(), torch.nn.Linear(256, 5))
+
+
+@pytest.mark.parametrize("schedule", FAST_SCHEDULES)
+def test_a_module_cut_into_its_operations_trains_exactly(schedule, tmp_path):
+    ex = assert_exact(_gelu_mlp, mlp_example, cross_entropy, SCHEDULES[schedule], tmp_path, segments=["0", "1:ops", "2"])
+    names = [n.name for n in ex.graph.nodes if n.kind == "forward"]
+    assert names[:3] == ["input", "0", "1:mul"] and "1:pow" in names and "1:tanh" in names and names[-1] == "2"
+    assert ex.graph.cut == ("0", "1:ops", "2")

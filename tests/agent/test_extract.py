@@ -60,12 +60,14 @@ def test_backward_edges_are_exactly_what_autograd_needs(resnet):
     _, _, graph, segments = resnet
     preds = graph.predecessors
     conv1, bn, fc, loss = 1, 2, segments.loss_node - 1, segments.loss_node
-    # conv1 saves the image (node 0), its own output is not saved; the gradient comes from bn1's backward
-    assert preds[segments.backward_of(conv1)] == (0, conv1, segments.backward_of(bn))
+    # conv1 saves the image (node 0), its own output is not saved: its backward needs the image and the
+    # gradient bn1's backward left, not conv1's value (a light unit)
+    assert preds[segments.backward_of(conv1)] == (0, segments.backward_of(bn))
+    assert {conv1, fc} <= segments.light and loss not in segments.light
     # the loss saves the targets (node 0) and its log-softmax
     assert preds[segments.backward_of(loss)] == (0, loss)
     # fc (flatten + linear) saves its input, avgpool's output
-    assert preds[segments.backward_of(fc)] == (fc - 1, fc, segments.backward_of(loss))
+    assert preds[segments.backward_of(fc)] == (fc - 1, segments.backward_of(loss))
     assert preds[loss] == (0, fc)
 
 
@@ -359,3 +361,59 @@ def test_the_zoos_decoders_extract_with_their_cache_off_and_a_next_token_batch(n
     assert tokens.shape == targets.shape == (2, 32) and torch.equal(tokens[:, 1:], targets[:, :-1])
     graph, segments = extract(workload.model, workload.example, workload.loss_fn, repeats=0)
     assert [u.name for u in segments.units][-1] == "lm_head" and graph.size == 2 * len(segments.units) + 3
+
+
+# -- the floor: light units, the operator-level bound, the refined cut ------------------------------------
+def _norm_mlp(width: int = 256) -> nn.Module:
+    return nn.Sequential(nn.Linear(16, width), nn.BatchNorm1d(width), nn.ReLU(), nn.Linear(width, 4))
+
+
+def test_the_operator_bound_is_the_largest_backward_working_set_autograd_makes():
+    from agent.operator_bound import operator_bound
+    torch.manual_seed(0)
+    batch, width = 64, 256
+    model, x, y = _norm_mlp(width).train(), torch.randn(batch, 16), torch.randint(0, 4, (batch,))
+    before = copy.deepcopy(model.state_dict())
+    bound = operator_bound(model, x, y, cross_entropy)
+    activation = batch * width * 4
+    # BatchNorm's backward: its input, the gradient of its output and of its input, and its batch statistics
+    # (ReLU's needs three activations too, without statistics; parameters and their gradients never count)
+    assert bound == 3 * activation + 2 * width * 4
+    model.zero_grad(set_to_none=True)
+
+
+def test_a_unit_whose_backward_needs_no_output_of_its_own_has_no_edge_to_its_backward():
+    torch.manual_seed(0)
+    model = _norm_mlp().train()
+    graph, segments = extract(model, (torch.randn(64, 16), torch.randint(0, 4, (64,))), cross_entropy, repeats=1)
+    names = [n.name for n in graph.nodes]
+    linear, norm, relu = names.index("0"), names.index("1"), names.index("2")
+    # a linear layer and a BatchNorm save their input (another unit's value) and a few statistics; a ReLU its output
+    assert {linear, norm} <= segments.light and relu not in segments.light
+    edges = set(graph.edges)
+    assert (linear, segments.backward_of(linear)) not in edges and (norm, segments.backward_of(norm)) not in edges
+    assert (relu, segments.backward_of(relu)) in edges and (linear, segments.backward_of(norm)) in edges
+    assert graph.runtime_bytes == 2 * 256 * 4  # the BatchNorm's statistics, kept past a free for its backward
+
+
+def test_refining_the_cut_brings_the_floor_to_the_operator_bound(tmp_path):
+    from schedules.budgets import memory_lower_bound, store_all_peak
+    torch.manual_seed(0)
+    # large enough that activations, not the last blocks' weight-gradient workspaces, set the floor
+    example = image_example(batch=16, size=64)
+    model = torchvision.models.resnet18(num_classes=10).train()
+    reference = copy.deepcopy(model)
+    coarse, _ = extract(model, example, cross_entropy, repeats=1)
+    graph, segments = extract(model, example, cross_entropy, repeats=1, refine=True)
+    floor, bound = memory_lower_bound(graph), graph.operator_bound_bytes
+    assert memory_lower_bound(graph) < memory_lower_bound(coarse) and floor <= 1.15 * bound
+    assert floor < 0.45 * store_all_peak(coarse) and graph.size <= 91
+    # the blocks are cut where their backward set the floor: finer than the default cut, and recorded
+    assert len(graph.cut) > len(coarse.cut) and any(name.startswith("layer1.0.") for name in graph.cut)
+    for (name, a), b in zip(model.state_dict().items(), reference.state_dict().values()):
+        assert torch.equal(a, b), name  # refinement's extractions leave the model as it was
+    # a device re-cuts the model from the graph's record alone
+    again = TrainingGraph.from_dict(graph.to_dict())
+    assert again.cut == graph.cut and again.operator_bound_bytes == bound
+    same, _ = extract(copy.deepcopy(reference), example, cross_entropy, repeats=0, segments=list(again.cut))
+    assert same.fingerprint == graph.fingerprint
