@@ -11,7 +11,8 @@ Modules:
 - :mod:`~schedules.device`: ``DeviceProfile``, built-in profiles, ``price_graph``, ``paging_time_ms``
 - :mod:`~schedules.matrices`: the five decision matrices and ``to_instructions``
 - :mod:`~schedules.milp`: the POET MILP: ``solve_poet_milp`` and the public names of its modules below
-- :mod:`~schedules.baselines`: heuristic baselines: store-all, checkpoint-all, sqrt-n, capuchin
+- :mod:`~schedules.baselines`: heuristic baselines: store-all, checkpoint-all, sqrt-n, capuchin, revolve
+- :mod:`~schedules.binomial`: Griewank's binomial checkpointing (Revolve) on an abstract chain of steps
 - :mod:`~schedules.plan`: ``plan()``, ``PlanOptions``, ``PlanResult``, ``METHODS``: one entry point for POET and every
   baseline, one time limit for the whole call
 - :mod:`~schedules.simulate`: replays and checks a schedule; predicts peak, runtime, energy

@@ -21,9 +21,17 @@ The heuristics:
   starting from store-all, evict a value from the peak stage until the peak
   fits, paging it when the transfer hides behind compute, recomputing it
   otherwise (see :func:`capuchin`).
+* ``revolve``: binomial checkpointing, Griewank & Walther (2000), "Algorithm
+  799: revolve", ACM TOMS 26(1), as Kukreja et al. use it to train on edge
+  devices: over the chain of cut points, the most checkpoints the budgets
+  allow, placed by the binomial rule; where the backward pass recomputes a
+  stretch of the chain it checkpoints inside it again, freeing those
+  checkpoints once the stretch is reversed, so it recomputes least for its
+  checkpoints (see :func:`revolve` and :mod:`schedules.binomial`).
 
 store-all, checkpoint-all and sqrt-n are fixed policies: they ignore the
 budgets and :func:`schedules.plan` reports them infeasible when they do not fit.
+capuchin and revolve adapt to them and return ``None`` where they find nothing.
 
 Every matrix set produced here satisfies the POET MILP's constraints (R[t,t]
 = 1, triangular structure, dependencies, persistence, MOut only of values
@@ -33,19 +41,22 @@ computation, page-ins right before a reader), so any of them can warm start
 the MILP.  Memory is a subtler matter: the MILP's accounting
 (:func:`milp_peak_bytes`) charges a value paged out during stage ``t`` for all
 of stage ``t``, while the instruction list frees it right after the page-out.
-The fixed policies never page, so both accountings agree on them; capuchin
-checks its peak under the MILP's accounting by default so that what it calls
-feasible is feasible for the MILP too (``accounting="simulator"`` lifts that).
+The fixed policies and revolve never page, so both accountings agree on
+them; capuchin checks its peak under the MILP's accounting by default so that
+what it calls feasible is feasible for the MILP too (``accounting="simulator"``
+lifts that).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Sequence
+from typing import AbstractSet, Callable, Iterator, Literal, Sequence
 
 import numpy as np
 
+from schedules import binomial
 from schedules.errors import ScheduleViolation
 from schedules.graph import TrainingGraph
 from schedules.matrices import Matrices, to_instructions
@@ -178,12 +189,14 @@ def cut_points(graph: TrainingGraph) -> list[int]:
 
     In a DAG numbered in topological order these are the articulation points
     that split the forward pass into segments: every value a segment reads
-    from earlier comes through its first cut point.
+    from earlier comes through its first cut point.  The loss reading node 0
+    (an extracted graph's batch holds the targets) jumps over nothing: node 0
+    is always a cut point, kept until its last reader.
     """
     forward = [i for i in range(graph.size) if not graph.is_backward(i)]
     jumped = set()
     for u, v in graph.edges:
-        if not graph.is_backward(v):
+        if not graph.is_backward(v) and not (u == 0 and graph.nodes[v].kind == "loss"):
             jumped.update(range(u + 1, v))
     return [i for i in forward if i not in jumped]
 
@@ -204,15 +217,27 @@ def checkpointed(graph: TrainingGraph, checkpoints: set[int]) -> Matrices:
     R = np.eye(T, dtype=bool)
     recomputed: set[int] = set()
     for t in sorted(graph.backward_nodes):
-        pending = [p for p in graph.predecessors[t] if p in dropped and p not in recomputed]
-        while pending:
-            p = pending.pop()
-            if p in recomputed:
-                continue
-            R[t, p] = True
-            recomputed.add(p)
-            pending += [q for q in graph.predecessors[p] if q in dropped and q not in recomputed]
+        recompute_where_read(graph, R, t, graph.predecessors[t], dropped, recomputed)
     return keep_until_used(graph, R)
+
+
+def recompute_where_read(graph: TrainingGraph, R: np.ndarray, t: int, values: Sequence[int], dropped: AbstractSet[int],
+                         recomputed: set[int]) -> None:
+    """Recompute in stage ``t`` each of ``values`` that is ``dropped`` and not in ``recomputed``, with the
+    dropped values it needs in turn; add them to ``recomputed`` (Chen et al.'s rule, which Revolve's
+    recording of a step follows too).
+
+    Whatever reads them later is served by this computation (:func:`keep_until_used`), so each is kept
+    from here until its last reader.
+    """
+    pending = [p for p in values if p in dropped and p not in recomputed]
+    while pending:
+        p = pending.pop()
+        if p in recomputed:
+            continue
+        R[t, p] = True
+        recomputed.add(p)
+        pending += [q for q in graph.predecessors[p] if q in dropped and q not in recomputed]
 
 
 def checkpoint_all(problem: BaselineProblem) -> Matrices:
@@ -408,14 +433,157 @@ def _paging_ms(paging: tuple[Sequence[float], Sequence[float]], state: _GreedyPl
             + sum(pageout_ms[v] for v in {e.value for e in state.paged}))
 
 
+# -- revolve -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RevolveChain:
+    """A graph's forward pass as Revolve's chain of steps.
+
+    Step ``j`` is a *block*: a run of consecutive segments between cut points
+    (:func:`cut_points`), ending at the cut point ``ends[j]``, whose value is the
+    chain's state after the step and the only one of its values Revolve may
+    keep as a checkpoint.  Blocks are as fine as the backward pass allows:
+    each backward stage reverses one block (``stages[t]``), so the segments a
+    stage reads values of share a block.  A cut point it reads is a state (the
+    end of its own segment, or the input of the next), so it ties no segments
+    together; a segment that no stage reads on its own joins the block above
+    it (the loss, whose gradient the last layer's backward node computes; a
+    first node read only as the next one's input).  On a chain of ``n``
+    layers that makes ``n`` steps, the loss in the last.
+    """
+
+    blocks: tuple[frozenset[int], ...]
+    ends: tuple[int, ...]
+    stages: dict[int, int]
+
+    @property
+    def steps(self) -> int:
+        return len(self.blocks)
+
+
+def revolve_chain(graph: TrainingGraph) -> RevolveChain:
+    """The chain Revolve runs on for ``graph`` (see :class:`RevolveChain`)."""
+    cuts = cut_points(graph)
+    if not cuts:
+        return RevolveChain((), (), {})
+    segment = {v: bisect.bisect_left(cuts, v) for v in range(graph.size) if not graph.is_backward(v)}
+    spans = {t: _span(graph, t, segment, set(cuts)) for t in sorted(graph.backward_nodes)}
+    spans = {t: span for t, span in spans.items() if span is not None}
+    tops: list[int] = []  # the highest segment of each block
+    for low, high in sorted(set(spans.values())):
+        if tops and low <= tops[-1]:
+            tops[-1] = max(tops[-1], high)
+        else:
+            tops.append(high)
+    tops[-1:] = [len(cuts) - 1]  # segments above the highest one read are reversed with it (all: one block)
+    block = {v: bisect.bisect_left(tops, seg) for v, seg in segment.items()}
+    return RevolveChain(blocks=tuple(frozenset(v for v, b in block.items() if b == j) for j in range(len(tops))),
+                        ends=tuple(cuts[seg] for seg in tops),
+                        stages={t: bisect.bisect_left(tops, high) for t, (_, high) in spans.items()})
+
+
+def _span(graph: TrainingGraph, t: int, segment: dict[int, int], cuts: set[int]) -> tuple[int, int] | None:
+    """The segments stage ``t`` reads values of, lowest and highest; a cut point read counts as the next
+    segment's input unless nothing higher is read.  ``None`` when it reads no forward value."""
+    read = [p for p in graph.predecessors[t] if p in segment]
+    if not read:
+        return None
+    high = max(segment[p] for p in read)
+    return min(min(segment[p] + (p in cuts) for p in read), high), high
+
+
+def revolve_recomputations(graph: TrainingGraph, slots: int, chain: RevolveChain | None = None) -> np.ndarray:
+    """``R`` of Revolve's schedule with at most ``slots`` checkpoints in RAM (see :func:`revolve`).
+
+    Revolve's ``s`` snapshots count the chain's first state; here that is the
+    batch the first node reads, always at hand, so ``s = slots + 1``.
+    """
+    chain = chain or revolve_chain(graph)
+    R = np.eye(graph.size, dtype=bool)
+    last = chain.steps - 1
+    if last < 1:
+        return R
+    actions = iter(binomial.actions(chain.steps, slots + 1))
+    for kind, _ in actions:  # the forward pass is Revolve's first sweep, up to the last block's reversal
+        if kind == "reverse":
+            break
+    reversed_ = {last}
+    recorded: list[set[int]] = [set() for _ in chain.blocks]
+    for t in sorted(chain.stages):
+        block = chain.stages[t]
+        if block not in reversed_:
+            _advance_to_reversal(graph, R, t, chain, actions, block, reversed_)
+        if block < last:  # record the block for its backward: its values where first read, as checkpointed() does
+            recompute_where_read(graph, R, t, graph.predecessors[t], chain.blocks[block] - {chain.ends[block]},
+                                 recorded[block])
+    return R
+
+
+def _advance_to_reversal(graph: TrainingGraph, R: np.ndarray, t: int, chain: RevolveChain,
+                         actions: Iterator[binomial.Action], block: int, reversed_: set[int]) -> None:
+    """Take Revolve's actions up to ``block``'s reversal, each advance (from a checkpoint towards the block's
+    input, keeping the ends the later reversals restart from) in stage ``t``, the first to need the block."""
+    for kind, step in actions:
+        if kind == "advance":
+            recompute_where_read(graph, R, t, [chain.ends[step]], chain.blocks[step], set())
+            continue
+        reversed_.add(step)
+        if step == block:
+            return
+
+
+def revolve_schedule(graph: TrainingGraph, slots: int) -> Matrices:
+    """Revolve's schedule for ``graph`` with at most ``slots`` checkpoints in RAM, whatever it costs."""
+    return keep_until_used(graph, revolve_recomputations(graph, slots))
+
+
+def revolve(problem: BaselineProblem) -> Matrices | None:
+    """Binomial checkpointing (Griewank & Walther's Revolve) over the chain of cut points, sized to the budgets.
+
+    The forward pass is a chain of steps (:class:`RevolveChain`); a step's
+    end value may be kept as a checkpoint.  With ``slots`` checkpoints,
+    Revolve (:mod:`schedules.binomial`) reverses the chain with the fewest
+    forward steps possible: during the forward pass it keeps the ends of the
+    steps at the binomial split points; to reverse a step, a backward stage
+    restores the nearest checkpoint before it and advances from there,
+    keeping new checkpoints at the split points of the subchain as it goes,
+    each freed once its subchain has been reversed (every advance happens in
+    the stage that needs its result).  A step's own values are recomputed
+    for its backward as :func:`checkpointed` recomputes a segment: each where
+    it is first read, then kept until its last reader; the last step's stay
+    from the forward pass.  The end of a step stays in RAM from the reversal
+    of the step after it (which reads it as input) to its own.
+
+    More checkpoints, fewer recomputations: it takes the most ``slots`` whose
+    schedule fits the memory budget (the MILP's accounting; nothing is paged,
+    so the replay agrees) and the runtime budget, and returns ``None`` when
+    none does.  With every slot it recomputes what :func:`checkpoint_all` does
+    but the last step's values (on a chain, nothing: store-all); with none,
+    every reversal advances from the batch again.
+    """
+    graph = problem.graph
+    chain = revolve_chain(graph)
+    for slots in range(max(chain.steps - 2, 0), -1, -1):  # l - 2 slots leave nothing to recompute on the chain
+        R = revolve_recomputations(graph, slots, chain)
+        if not _within_runtime(problem, _GreedyPlan(R)):
+            continue
+        matrices = keep_until_used(graph, R)
+        if problem.memory_budget is None or milp_peak_bytes(graph, matrices) <= problem.memory_budget:
+            return matrices
+    return None
+
+
 HEURISTIC_BASELINES: dict[str, Callable[[BaselineProblem], Matrices | None]] = {
     "store-all": store_all,
     "checkpoint-all": checkpoint_all,
     "sqrt-n": sqrt_n,
     "capuchin": capuchin,
+    "revolve": revolve,
 }
 
 __all__ = [
-    "BaselineProblem", "HEURISTIC_BASELINES", "capuchin", "checkpoint_all", "checkpointed", "cut_points",
-    "keep_until_used", "milp_peak_bytes", "milp_stage_peaks", "simulated_stage_peaks", "sqrt_n", "store_all",
+    "BaselineProblem", "HEURISTIC_BASELINES", "RevolveChain", "capuchin", "checkpoint_all", "checkpointed",
+    "cut_points", "keep_until_used", "milp_peak_bytes", "milp_stage_peaks", "recompute_where_read", "revolve",
+    "revolve_chain", "revolve_recomputations", "revolve_schedule", "simulated_stage_peaks", "sqrt_n", "store_all",
 ]

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
 from schedules.budgets import SweepPoint
 from schedules.graph import TrainingGraph
 from schedules.matrices import Instruction
+from schedules.plan import METHODS
 from schedules.schedule import Schedule
 from schedules.simulate import simulate
 from common.units import short_bytes
@@ -322,7 +323,7 @@ def plot_pareto(points: Sequence[SweepPoint], path: str | Path, *, title: str = 
     energy_ax, extra_ax = axes[:2]
     poet = dict(zip(*curves["poet"])) if curves.get("poet") else {}
     notes, offsets = identical_to(points), dodge_offsets(points)
-    styles = {method: _curve_style(method, k) for k, method in enumerate(curves)}
+    styles = curve_styles(curves)
     for method, curve in curves.items():
         style = styles[method]
         if curve is None:
@@ -410,8 +411,20 @@ def _curves(points: Sequence[SweepPoint]) -> dict[str, tuple[list[int], list[flo
 
 # Baseline curves: default colour cycle, each with its own marker and dash pattern.
 _COLOURS = ("#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
-_MARKERS = "osD^vP<>h"
+_MARKERS = "osD^vP<*h"
 _DASHES = ("-", "--", "-.", ":")
+
+
+def curve_styles(methods: Iterable[str]) -> dict[str, dict]:
+    """matplotlib styles for each method's curve (POET's a wide band underneath the others).
+
+    A method's place in :data:`METHODS` picks its colour, marker and dash, so that it looks the same in
+    every plot whichever other methods are drawn; methods not in it come after, in the order given.
+    """
+    methods = list(methods)
+    unknown = [m for m in methods if m not in METHODS]
+    return {m: _curve_style(m, METHODS.index(m) if m in METHODS else len(METHODS) + unknown.index(m))
+            for m in methods}
 
 
 def _curve_style(method: str, index: int) -> dict:

@@ -1,4 +1,4 @@
-"""Synthetic training graphs for tests: Checkmate-style linear chains, U-Nets, random DAGs.
+"""Synthetic training graphs for tests: Checkmate-style linear chains, U-Nets, residual chains, random DAGs.
 
 Every generator builds a forward DAG and lets :func:`training_graph` add the
 loss and the mirrored backward pass with POET's dependency pattern: the
@@ -110,6 +110,22 @@ def unet_graph(depth: int) -> TrainingGraph:
     sizes = [400 // (1 + min(v, n - 1 - v) % 3) for v in range(n)]
     times = [1.0 + (v % 3) for v in range(n)]
     return training_graph(preds, sizes, times, model=f"unet{depth}")
+
+
+def residual_graph(blocks: int) -> TrainingGraph:
+    """A ResNet in miniature: a stem, then residual blocks of two layers and a sum that also reads the block's input.
+
+    The skips leave the stem and the sums as the only cut points, so each segment holds two values no
+    checkpoint covers: recomputing a segment recomputes them too.
+    """
+    preds: list[list[int]] = [[]]  # the stem
+    for _ in range(blocks):
+        start = len(preds) - 1
+        preds += [[start], [start + 1], [start, start + 2]]
+    n = len(preds)
+    sizes = [100 * (1 + (5 * v) % 4) for v in range(n)]
+    times = [0.5 + (3 * v) % 4 for v in range(n)]
+    return training_graph(preds, sizes, times, model=f"residual{blocks}")
 
 
 def resident_peak(graph: TrainingGraph) -> int:

@@ -11,20 +11,30 @@ from schedules.baselines import (
     HEURISTIC_BASELINES,
     BaselineProblem,
     capuchin,
+    checkpoint_all,
     cut_points,
     milp_peak_bytes,
     milp_stage_peaks,
+    revolve,
+    revolve_chain,
+    revolve_recomputations,
+    revolve_schedule,
     simulated_stage_peaks,
     sqrt_n,
     store_all,
 )
+from schedules.graph import TrainingGraph
 from schedules.matrices import to_instructions
+from schedules.milp import PoetFormulation, solve_poet_milp
+from schedules.plan import plan
 from schedules.simulate import simulate
+from tests.conftest import reference_graph_dir
 from tests.schedules.graphs import (
     linear_graph,
     milp_constraint_violations,
     required_bytes,
     resident_peak,
+    residual_graph,
     training_dags,
     training_graph,
     unet_graph,
@@ -32,6 +42,8 @@ from tests.schedules.graphs import (
 )
 
 FIXED = ("store-all", "checkpoint-all", "sqrt-n")
+ADAPTIVE = ("capuchin", "revolve")  # they fit the budgets they are given, or answer None
+NEVER_PAGE = (*FIXED, "revolve")
 SWEEP = [1, 2, 3, 5, 8, 13, 21, 34]
 # A graph where paging a value right after it is computed is what makes tight budgets feasible (see
 # test_capuchin_respects_the_milp_accounting_unless_told_otherwise): g3 (884 B) is computed at stage 5
@@ -43,17 +55,18 @@ def check_baseline(graph, name, budget=None, runtime_ms=None, **problem):
     """Run one baseline; when it answers, the answer must be a valid, MILP-consistent schedule within budget."""
     m = HEURISTIC_BASELINES[name](BaselineProblem(graph, budget, runtime_ms, **problem))
     if m is None:
-        assert name == "capuchin", f"{name} is a fixed policy and always answers"
+        assert name in ADAPTIVE, f"{name} is a fixed policy and always answers"
         return None, None
     assert milp_constraint_violations(graph, m) == []
     report = simulate(graph, to_instructions(graph, m))  # raises ScheduleViolation if inconsistent
     assert report.peak_bytes <= milp_peak_bytes(graph, m)
-    if name in FIXED:  # no paging: the MILP's accounting and the replay agree exactly
+    if name in NEVER_PAGE:  # no paging: the MILP's accounting and the replay agree exactly
+        assert not m.MOut.any() and not m.MIn.any() and report.bytes_paged_out == 0
         assert milp_stage_peaks(graph, m) == simulated_stage_peaks(graph, m)
     # Page-outs sit right after a computation, where the MILP's reduced formulation has its MOut columns,
     # so the matrices stay a valid warm start.
     assert all(m.R[t - 1, i] for t, i in zip(*np.nonzero(m.MOut)))
-    if name == "capuchin" and budget is not None:
+    if name in ADAPTIVE and budget is not None:
         assert milp_peak_bytes(graph, m) <= budget
         simulate(graph, to_instructions(graph, m), memory_budget=budget, runtime_budget_ms=runtime_ms)
     return m, report
@@ -254,3 +267,214 @@ def test_milp_peak_bytes_is_the_published_formulations_memory(graph, fraction):
         peak = milp_peak_bytes(graph, m)
         assert fixed_in_reference_milp(graph, m, peak) == "optimal"
         assert fixed_in_reference_milp(graph, m, peak - 1) == "infeasible"
+
+
+# -- revolve ----------------------------------------------------------------------------
+
+
+def griewank_forward_steps(steps: int, snapshots: int) -> int:
+    """Griewank's ``t(l, s) = r l - C(s + r, s + 1)``, ``r`` the least with ``l <= C(s + r, s)``, written out here."""
+    r = 0
+    while math.comb(snapshots + r, snapshots) < steps:
+        r += 1
+    return r * steps - (math.comb(snapshots + r, snapshots + 1) if r else 0)
+
+
+def recomputations(graph, m) -> int:
+    """Computations beyond each node's own one."""
+    return int(m.R.sum()) - graph.size
+
+
+def held_checkpoints(graph, m) -> list[int]:
+    """Per stage, the step ends (Revolve's states) resident at its start besides the two the step in flight works on.
+
+    The step in flight is the block of a forward stage, or the block a backward stage reverses: its input
+    state (Revolve's current state, which its first sweep or an advance brings there) and its own end (which
+    a backward node reads as its output) are not checkpoints; every other end kept is.
+    """
+    chain = revolve_chain(graph)
+    ends = set(chain.ends)
+    held = []
+    for t in range(graph.size):
+        if graph.is_backward(t):
+            if t not in chain.stages:
+                continue
+            j = chain.stages[t]
+        else:
+            j = next(b for b, block in enumerate(chain.blocks) if t in block)
+        working = {chain.ends[j]} | ({chain.ends[j - 1]} if j else set())
+        held.append(len({e for e in ends if m.SRam[t, e]} - working))
+    return held
+
+
+def least_revolve_peak(graph) -> int:
+    """The least peak over every slot count Revolve can use (the last step's input is never a checkpoint)."""
+    steps = revolve_chain(graph).steps
+    return min(milp_peak_bytes(graph, revolve_schedule(graph, slots)) for slots in range(max(steps - 1, 1)))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 12, 20])
+def test_revolve_on_a_chain_recomputes_what_the_binomial_formula_predicts(n):
+    graph = linear_graph(n)
+    assert revolve_chain(graph).steps == n  # one step per layer, the loss in the last
+    for slots in range(0, 6):
+        m = revolve_schedule(graph, slots)
+        # The batch is a free first snapshot (s = slots + 1), and the first sweep's n - 1 advances are the
+        # forward pass itself: the rest are recomputations.
+        expected = griewank_forward_steps(n, slots + 1) - (n - 1)
+        assert recomputations(graph, m) == expected
+        assert (revolve_recomputations(graph, slots) == m.R).all()
+        m2, report = check_baseline(graph, "revolve", milp_peak_bytes(graph, m))
+        assert report.recomputed_nodes == recomputations(graph, m2)
+        # Forced through the budget: it takes at least these slots, so it recomputes no more.
+        assert recomputations(graph, m2) <= expected
+    if n > 2:  # with no slot, reversing step j advances j steps from the batch again
+        assert recomputations(graph, revolve_schedule(graph, 0)) == (n - 1) * (n - 2) // 2
+
+
+@pytest.mark.parametrize("graph", [linear_graph(4), linear_graph(12), linear_graph(30), residual_graph(3),
+                                   residual_graph(6), residual_graph(12)], ids=lambda g: g.model)
+def test_revolve_keeps_no_more_checkpoints_than_its_slots(graph):
+    steps = revolve_chain(graph).steps
+    for slots in range(0, 8):
+        held = held_checkpoints(graph, revolve_schedule(graph, slots))
+        # Never more than its slots, and all of them once the chain is long enough to use them: the ends of
+        # the first l - 2 steps (the last step's input is Revolve's current state, not a checkpoint).
+        assert max(held) == min(slots, steps - 2)
+
+
+def test_revolve_with_every_slot_is_store_all_on_a_chain_and_like_checkpoint_all_with_skips():
+    chain = linear_graph(10)
+    m, report = check_baseline(chain, "revolve")
+    assert (m.R == np.eye(chain.size, dtype=bool)).all()
+    assert report.peak_bytes == resident_peak(chain)
+
+    graph = residual_graph(5)  # stem f0; block b's layers f(3b+1), f(3b+2) and sum f(3b+3); the loss f16
+    m, _ = check_baseline(graph, "revolve")
+    every = checkpoint_all(BaselineProblem(graph, None, None))
+    assert not (m.R & ~every.R).any()  # never recomputes what checkpoint-all does not
+    # ... and differs only where Revolve keeps the last block's layers (not its sum) from the forward pass.
+    last_layers = [3 * 5 - 2, 3 * 5 - 1]
+    assert sorted(set(np.nonzero(m.R != every.R)[1].tolist())) == last_layers
+    assert recomputations(graph, m) == recomputations(graph, every) - len(last_layers)
+
+
+@pytest.mark.parametrize("graph", [linear_graph(12), residual_graph(6)], ids=lambda g: g.model)
+def test_revolve_peak_falls_with_the_budget_and_it_answers_none_below_its_least(graph):
+    top, least = resident_peak(graph), least_revolve_peak(graph)
+    assert required_bytes(graph) <= least < top
+    budgets = sorted({*range(top, least, -max(1, (top - least) // 25)), least}, reverse=True)
+    peaks, recomputed = [], []
+    for budget in budgets:
+        m, report = check_baseline(graph, "revolve", budget)
+        assert m is not None, f"no plan at {budget} B though Revolve fits {least} B"
+        assert report.peak_memory_bytes <= budget and milp_peak_bytes(graph, m) <= budget
+        peaks.append(report.peak_memory_bytes)
+        recomputed.append(recomputations(graph, m))
+    # The store-all peak leaves room for every slot: what it does with no budget (on a chain, store-all).
+    assert (check_baseline(graph, "revolve", budgets[0])[0].R == revolve(BaselineProblem(graph, None, None)).R).all()
+    assert peaks[-1] == least and recomputed[-1] > 0
+    assert all(later <= earlier for earlier, later in zip(peaks, peaks[1:]))
+    if graph.model.startswith("linear"):  # on a chain fewer slots always cost recomputations
+        assert recomputed[0] == 0
+        assert all(later >= earlier for earlier, later in zip(recomputed, recomputed[1:]))
+    assert revolve(BaselineProblem(graph, least - 1, None)) is None
+    assert revolve(BaselineProblem(graph, required_bytes(graph) - 1, None)) is None
+
+
+def test_revolve_stays_within_the_runtime_budget():
+    graph = linear_graph(12)
+    times = np.array([n.compute_ms for n in graph.nodes])
+    budget = math.ceil(0.6 * resident_peak(graph))
+    free = revolve(BaselineProblem(graph, budget, None))
+    assert free is not None
+    needed = float((free.R * times).sum())
+    assert needed > graph.total_compute_ms  # it recomputes at this budget
+    same, _ = check_baseline(graph, "revolve", budget, needed)
+    assert (same.R == free.R).all()
+    # One plain step's time leaves no room to recompute, and below the store-all peak nothing else fits.
+    assert revolve(BaselineProblem(graph, budget, graph.total_compute_ms)) is None
+    assert revolve(BaselineProblem(graph, budget, needed * (1 - 1e-6))) is None  # more slots would not fit
+    for factor in (1.0, 1.2, 1.5, 2.0, 4.0):
+        runtime_ms = factor * graph.total_compute_ms
+        m, report = check_baseline(graph, "revolve", None, runtime_ms)
+        assert m is not None and float((m.R * times).sum()) <= runtime_ms and report.runtime_ms <= runtime_ms
+
+
+def replay(graph, instructions):
+    """Walk the instructions: every input of a computation resident, each backward node once, no paging.
+
+    Returns (peak of resident bytes plus the computing node's workspace, compute energy, compute time).
+    """
+    resident: set[int] = set()
+    peak, energy, runtime = 0, 0.0, 0.0
+    backward_done = []
+    for op, k in instructions:
+        assert op in ("compute", "free"), f"revolve never pages, but {op} {k}"
+        if op == "free":
+            assert k in resident
+            resident.remove(k)
+            continue
+        missing = [p for p in graph.predecessors[k] if p not in resident]
+        assert not missing, f"compute {k} without its inputs {missing}"
+        assert k not in resident
+        resident.add(k)
+        node = graph.nodes[k]
+        energy += node.compute_j
+        runtime += node.compute_ms
+        peak = max(peak, sum(graph.nodes[i].bytes for i in resident) + node.workspace_bytes)
+        if graph.is_backward(k):
+            backward_done.append(k)
+    assert sorted(backward_done) == sorted(graph.backward_nodes)
+    return peak, energy, runtime
+
+
+def check_replayed(graph, budget, runtime=None):
+    runtime_ms = None if runtime is None else runtime * graph.total_compute_ms
+    result = plan(graph, memory_budget=budget, runtime_budget=runtime, method="revolve")
+    assert result.feasible, result.message
+    schedule = result.schedule
+    m = revolve(BaselineProblem(graph, budget, runtime_ms))
+    assert tuple(to_instructions(graph, m)) == tuple(schedule.instructions)
+    peak, energy, runtime_used = replay(graph, schedule.instructions)
+    assert peak <= budget
+    report = simulate(graph, schedule)
+    assert report.peak_memory_bytes == peak == schedule.predicted_peak_bytes
+    assert report.energy_j == pytest.approx(energy) == schedule.predicted_energy_j
+    assert report.runtime_ms == pytest.approx(runtime_used) == schedule.predicted_runtime_ms
+    assert report.recomputed_nodes == recomputations(graph, m) > 0  # the budget made it recompute
+    return result
+
+
+@pytest.mark.parametrize("graph, fraction", [(linear_graph(10), 0.5), (residual_graph(3), 0.75)],
+                         ids=lambda x: getattr(x, "model", str(x)))
+def test_revolve_schedule_replayed_by_the_simulator(graph, fraction):
+    check_replayed(graph, math.ceil(fraction * resident_peak(graph)))
+    check_replayed(graph, least_revolve_peak(graph), runtime=10.0)
+
+
+def test_revolve_schedule_replayed_by_the_simulator_on_resnet18():
+    graph = TrainingGraph.load(reference_graph_dir() / "resnet18_cifar_a72.json")
+    steps = revolve_chain(graph).steps
+    assert steps > 4
+    budget = math.ceil(0.33 * resident_peak(graph))  # below what every slot needs: fewer slots, more recomputation
+    assert milp_peak_bytes(graph, revolve_schedule(graph, steps - 2)) > budget
+    result = check_replayed(graph, budget)
+    assert result.simulation.recomputed_nodes > recomputations(graph, revolve(BaselineProblem(graph, None, None)))
+
+
+@pytest.mark.parametrize("graph, fraction", [(linear_graph(8), 0.75), (residual_graph(3), 0.75), (unet_graph(3), 1.0)],
+                         ids=lambda x: getattr(x, "model", str(x)))
+def test_revolve_is_a_feasible_point_of_poets_milp(graph, fraction):
+    budget = math.ceil(fraction * resident_peak(graph))
+    m, report = check_baseline(graph, "revolve", budget)
+    assert m is not None
+    form = PoetFormulation(graph, memory_budget=budget, runtime_budget_ms=None)
+    assert form.model.is_feasible(form.encode(m))
+    tight = PoetFormulation(graph, memory_budget=milp_peak_bytes(graph, m) - 1, runtime_budget_ms=None)
+    assert not tight.model.is_feasible(tight.encode(m))  # the check can fail: memory is accounted
+    energy = sum(graph.nodes[i].compute_j * int(m.R[:, i].sum()) for i in range(graph.size))
+    assert report.energy_j == pytest.approx(energy)
+    poet = solve_poet_milp(graph, memory_budget=budget, runtime_budget_ms=None, gap=1e-6, time_limit=60)
+    assert poet.matrices is not None
+    assert poet.objective_j <= energy * (1 + 1e-6)

@@ -48,7 +48,7 @@ def test_anchors_match_independent_figures(graph):
 
 @pytest.mark.parametrize("graph", GRAPHS, ids=lambda g: g.model)
 @pytest.mark.parametrize("method, runtime", [("poet", 1.2), ("remat-only", 1.5), ("checkpoint-all", None),
-                                             ("capuchin", 1.5)])
+                                             ("capuchin", 1.5), ("revolve", 1.5)])
 def test_smallest_budget_is_feasible_and_tight(graph, method, runtime):
     probe = probe_for(graph, method, runtime)
     search = smallest_feasible_budget(graph, probe, rel_tolerance=0.0)

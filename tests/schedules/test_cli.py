@@ -81,6 +81,21 @@ def test_solve_with_a_baseline(graph_file, tmp_path, capsys):
     assert Schedule.load(out).solver.method == "store-all"
 
 
+def test_solve_with_revolve_fits_a_budget_store_all_cannot(graph_file, tmp_path, capsys):
+    graph = TrainingGraph.load(graph_file)
+    budget = tight_budget(graph_file)
+    out = tmp_path / "s.json"
+    code, stdout, _ = run(["solve", graph_file, "--baseline", "revolve", "--memory", budget, "-o", out], capsys)
+    assert code == ExitCode.OK
+    schedule = Schedule.load(out)
+    assert schedule.solver.method == "revolve" and schedule.solver.solver == "heuristic"
+    report = simulate(graph, schedule)
+    assert report.peak_memory_bytes <= budget < store_all_peak(graph) and report.recomputed_nodes > 0
+    for command in ("solve", "pareto"):  # both list it among the methods they take
+        code, out, _ = run([command, "--help"], capsys)
+        assert code == ExitCode.OK and "revolve" in out
+
+
 def test_signed_schedule_verifies_and_replays(graph_file, tmp_path, keys, capsys):
     out = tmp_path / "s.json"
     assert run(["solve", graph_file, "--memory", tight_budget(graph_file), "--sign", keys[0], "-o", out], capsys)[0] == ExitCode.OK

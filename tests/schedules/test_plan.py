@@ -302,7 +302,8 @@ def test_unknown_method_is_refused():
 
 def test_every_heuristic_is_a_plan_method():
     assert set(HEURISTIC_BASELINES) <= set(METHODS)
-    assert {"poet", "remat-only", "paging-only", "store-all", "checkpoint-all", "sqrt-n", "capuchin"} <= set(METHODS)
+    assert {"poet", "remat-only", "paging-only", "store-all", "checkpoint-all", "sqrt-n", "capuchin",
+            "revolve"} <= set(METHODS)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from schedules import plan
+from schedules import METHODS, plan
 from schedules.budgets import SweepPoint, memory_lower_bound
 from schedules.plot import (
     COMPUTE,
@@ -12,6 +12,7 @@ from schedules.plot import (
     PAGE_OUT,
     RECOMPUTE,
     RESIDENT,
+    curve_styles,
     dodge_offsets,
     flash_intervals,
     identical_to,
@@ -147,3 +148,17 @@ def test_missing_points_say_why():
 def test_pareto_plot_draws_a_store_all_peak_beyond_the_axis_and_a_method_never_feasible(tmp_path):
     points = _sweep() + [SweepPoint("never", b, False, None, "infeasible", 0.0) for b in (262_144, 2_453_760)]
     assert plot_pareto(points, tmp_path / "p.png", store_all_peak=5_000_000).read_bytes()[:8] == PNG
+
+
+def test_every_method_has_its_own_colour_and_marker_whichever_others_are_drawn(tmp_path):
+    every = curve_styles(METHODS)
+    baselines = {m: style for m, style in every.items() if m != "poet"}
+    assert "revolve" in baselines
+    assert len({style["color"] for style in baselines.values()}) == len(baselines)
+    assert len({style["marker"] for style in baselines.values()}) == len(baselines)
+    some = curve_styles(["poet", "revolve", "mine"])
+    assert some["revolve"] == every["revolve"] and some["poet"] == every["poet"]
+    assert some["mine"]["color"] not in {baselines[m]["color"] for m in ("remat-only", "revolve")}
+    points = _sweep() + [SweepPoint("revolve", b, e is not None, e, "feasible" if e else "infeasible", 0.1)
+                         for b, e in ((262_144, None), (1_360_000, 8.9), (2_453_760, 7.8895))]
+    assert plot_pareto(points, tmp_path / "p.png").read_bytes()[:8] == PNG
