@@ -34,9 +34,10 @@ plain's memory at no more than 1.5x its time, at most 0.5 at no more than
 1.15x, below ``torch.utils.checkpoint``'s memory at equal or lower time).
 
 ``python -m benchmarks.memory [--models resnet18,vgg11_bn,bert,gpt2,llama,vit] [--json F]`` (the first three by
-default).  The profile cuts each model finer where its floor is set (:func:`agent.extract.extract`'s
-``refine``); its floor and operator-level bound are printed, and ``python -m benchmarks.floor`` measures them
-against the default cut for every family.
+default).  Each model is profiled on its default cut (a step's whole memory is mostly gradients and optimizer
+state); ``--refine`` cuts it finer where its activation floor is set, as ``poet-edge profile`` does.  The
+floor and the operator-level bound are printed; ``python -m benchmarks.floor`` measures them on both cuts for
+every family.
 """
 
 from __future__ import annotations
@@ -279,7 +280,7 @@ class Row:
     paged_state: int = 0
 
 
-def bench_model(name: str, workdir: Path, plan_time: float, rounds: int) -> dict[str, Any]:
+def bench_model(name: str, workdir: Path, plan_time: float, rounds: int, refine: bool = False) -> dict[str, Any]:
     """Profile ``name``, plan its budgets, measure every configuration's memory in a process of its own and
     their step times interleaved in one."""
     import torch
@@ -296,7 +297,7 @@ def bench_model(name: str, workdir: Path, plan_time: float, rounds: int) -> dict
     work = load_workload(name, parse_shape(shape_text), seed=0)
     print(f"\n== {name} {shape_text}, {optimizer['optimizer']}: profiling this machine ...", flush=True)
     profile, _ = profile_workload(work.model, work.example, work.loss_fn, folder / "swap", name=name, repeats=3,
-                                  segments=work.segments)
+                                  segments=work.segments, refine=refine)
     graph, device = profile.graph, profile.device
     print(f"   {graph.size} nodes; activation floor {floor_text(graph)} (python -m benchmarks.floor: the "
           "floor against the default cut)", flush=True)
@@ -496,6 +497,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=6,
                         help="steps of every configuration, interleaved in one process: the median is its step time "
                              "(default 6)")
+    parser.add_argument("--refine", action="store_true",
+                        help="profile with the refined cut (poet-edge profile's default) instead of the default cut: "
+                             "a lower activation floor, a larger graph to plan")
     parser.add_argument("--json", metavar="FILE", help="write every figure here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child-times", action="store_true", help=argparse.SUPPRESS)
@@ -518,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown models {unknown}; choose from {', '.join(MODELS)}")
     with tempfile.TemporaryDirectory(prefix="poet-memory-", dir="/var/tmp") as scratch:
         workdir = Path(args.workdir or scratch)
-        results = [bench_model(name, workdir, args.plan_time, args.rounds) for name in models]
+        results = [bench_model(name, workdir, args.plan_time, args.rounds, args.refine) for name in models]
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0 if report(results) else 1

@@ -37,7 +37,7 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--devices", type=positive_int, default=20, help="virtual devices (default 20)")
     p.add_argument("--classes", type=parse_classes, metavar="PROFILE:FRACTION,...",
                    help="device classes: a built-in profile and the memory budget as a fraction of a plain "
-                        "step's whole memory (default rpi4:0.5,rpi5:0.7,jetson-orin-nano:1)")
+                        "step's whole memory (default rpi4:0.55,rpi5:0.7,jetson-orin-nano:1)")
     p.add_argument("--rounds", type=positive_int, default=5, help="federated rounds (default 5)")
     p.add_argument("--local-steps", type=positive_int, default=10, help="steps per device per round (default 10)")
     p.add_argument("--finetune-steps", type=int, default=30, help="personalization steps per device (default 30)")

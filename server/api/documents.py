@@ -65,6 +65,9 @@ TRAINING_GRAPH = {
         "nodes": {"type": "array", "minItems": 1, "items": object_schema(Node, "Node")},
         "edges": _EDGES,
         "parameters": {"type": "array", "items": object_schema(Parameter, "Parameter")},
+        "cut": {"type": "array", "items": {"type": "string"},
+                "description": "the modules extraction cut the model at (`name:ops`: its own code as operations)"},
+        "operator_bound_bytes": _COUNT,
     },
 }
 REFERENCE_GRAPH = {

@@ -25,7 +25,7 @@ def test_strategies_are_held_against_local_only_global_and_centralized_on_the_sa
     assert code == 0
     text = capsys.readouterr().out
     assert "on 3 of 3 devices" in text and "best strategy" in text
-    # ditto holds the global model beside its personal model's step: at half a plain step, the small class has
+    # ditto holds the global model beside its personal model's step: at 0.55 of a plain step, the small class has
     # no room for both; the strategy is left out, saying why, and the others are compared
     assert "ditto failed, left out of the comparison: 1 of 3 devices failed (small-000: " in text
     assert "ditto holds the global model" in text
