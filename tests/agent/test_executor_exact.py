@@ -280,3 +280,15 @@ def test_a_module_cut_into_its_operations_trains_exactly(schedule, tmp_path):
     names = [n.name for n in ex.graph.nodes if n.kind == "forward"]
     assert names[:3] == ["input", "0", "1:mul"] and "1:pow" in names and "1:tanh" in names and names[-1] == "2"
     assert ex.graph.cut == ("0", "1:ops", "2")
+
+
+TORCHVISION_FAMILIES = ["squeezenet1_0", "shufflenet_v2_x0_5", "efficientnet_b0", "convnext_tiny", "densenet121",
+                        "regnet_x_400mf", "mnasnet0_5"]
+
+
+@pytest.mark.parametrize("arch", TORCHVISION_FAMILIES)
+def test_torchvision_families_exact_under_recomputation(arch, tmp_path):
+    # fire modules and concatenations, channel shuffles, squeeze-excitation and stochastic depth, layer scale,
+    # dense concatenations, grouped convolutions: each recomputed from scratch for its backward
+    assert_exact(lambda: getattr(torchvision.models, arch)(num_classes=10), image_example, cross_entropy,
+                 SCHEDULES["recompute"], tmp_path, steps=2)
