@@ -158,7 +158,11 @@ def extract(
         graph, cut = _extract_once(model, names, inputs, targets, loss_fn, max_nodes, repeats, following)
         if repeats:
             state.rollback()
-            graph = replace(graph, operator_bound_bytes=operator_bound(model, inputs, targets, loss_fn))
+            aside = ModelState(model)  # the caller's gradients set aside again: the bound's backward adds into .grad
+            try:
+                graph = replace(graph, operator_bound_bytes=operator_bound(model, inputs, targets, loss_fn))
+            finally:
+                aside.rollback()
     finally:
         state.rollback()
     return graph, cut

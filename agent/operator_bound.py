@@ -37,8 +37,10 @@ def operator_bound(model: nn.Module, inputs: Any, targets: Any, loss_fn: Callabl
     saved: dict[torch.autograd.graph.Node, dict[int, int]] = {}
     largest = 0
 
+    toward_parameters = _parameter_side(loss.grad_fn)
+
     def after(node: Any) -> Callable[[tuple, tuple], None]:
-        activation_inputs = [not _accumulates(edge[0]) for edge in node.next_functions]
+        activation_inputs = [edge[0] is not None and edge[0] not in toward_parameters for edge in node.next_functions]
 
         def hook(grad_inputs: tuple, grad_outputs: tuple) -> None:
             nonlocal largest
@@ -51,6 +53,8 @@ def operator_bound(model: nn.Module, inputs: Any, targets: Any, loss_fn: Callabl
         return hook
 
     for node in _nodes(loss.grad_fn):
+        if node in toward_parameters:
+            continue  # a weight's transpose or view on its way to .grad: parameter side, not activations
         saved[node] = {}
         for tensor in _saved_tensors(node):
             _add(saved[node], tensor, fixed)
@@ -70,6 +74,27 @@ def _nodes(root: Any) -> list[Any]:
         out.append(node)
         stack.extend(edge[0] for edge in node.next_functions)
     return out
+
+
+def _parameter_side(root: Any) -> set[Any]:
+    """The nodes that only carry parameters' gradients to ``.grad``: the AccumulateGrad nodes, and those (a
+    linear layer's ``weight.t()``) whose every input is a parameter or such a node."""
+    side: dict[Any, bool] = {}
+    stack = [root]
+    while stack:  # post-order without recursion (graphs are deep): a node once all its inputs are decided
+        node = stack[-1]
+        if node in side:
+            stack.pop()
+            continue
+        nexts = [edge[0] for edge in node.next_functions]
+        pending = [n for n in nexts if n is not None and n not in side]
+        if pending:
+            stack.extend(pending)
+            continue
+        # an input without a gradient (None: the batch, a buffer) is an activation's, not a parameter's
+        side[node] = _accumulates(node) or (bool(nexts) and all(n is not None and side[n] for n in nexts))
+        stack.pop()
+    return {node for node, only in side.items() if only}
 
 
 def _accumulates(node: Any) -> bool:

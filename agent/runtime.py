@@ -193,7 +193,7 @@ class Runtime:
             self._seeds = {}
         fvalue.roots = [None] * len(fvalue.roots)  # autograd freed that graph: it cannot run twice
         fvalue.entries = {}
-        if light and not fvalue.resident:
+        if light and not fvalue.resident and self.store.values.get(forward) is fvalue:
             self.store.forget(forward)  # released before its backward: nothing of it is needed any more
 
     # -- helpers -----------------------------------------------------------------

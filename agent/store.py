@@ -184,8 +184,8 @@ class Store:
         for storage in value.storages:
             self._owner.pop(storage.data_ptr(), None)
         self.resident_bytes -= value.nbytes
-        if keep_slots:
-            value.kept = {slot: value.storages[slot] for slot in value.saved_slots}
+        if keep_slots:  # copies: a paged-in value's slots share one mapping, which a kept view would hold whole
+            value.kept = {slot: value.storages[slot].clone() for slot in value.saved_slots}
             self.kept_bytes += sum(s.nbytes() for s in value.kept.values())
         value.storages = []
         value.resident = False

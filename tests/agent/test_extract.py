@@ -417,3 +417,13 @@ def test_refining_the_cut_brings_the_floor_to_the_operator_bound(tmp_path):
     assert again.cut == graph.cut and again.operator_bound_bytes == bound
     same, _ = extract(copy.deepcopy(reference), example, cross_entropy, repeats=0, segments=list(again.cut))
     assert same.fingerprint == graph.fingerprint
+
+
+def test_extraction_leaves_gradients_the_caller_accumulated_as_they_were():
+    torch.manual_seed(0)
+    model = _norm_mlp().train()
+    example = (torch.randn(64, 16), torch.randint(0, 4, (64,)))
+    cross_entropy(model(example[0]), example[1]).backward()  # a step of gradient accumulation before extracting
+    before = [p.grad.clone() for p in model.parameters()]
+    extract(model, example, cross_entropy, repeats=1)  # measures the operator-level bound with a backward of its own
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), before))
