@@ -213,17 +213,18 @@ def next_token_cross_entropy(output: Any, targets: torch.Tensor) -> torch.Tensor
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def _decoder(kind: str) -> Callable[[tuple[int, ...]], Workload]:
-    def build(shape: tuple[int, ...]) -> Workload:
-        _need_rank(kind, shape, 2, "batch x sequence length, e.g. 8x128")
-        if shape[1] > 512:
-            raise ZooError(f"{kind} takes sequences of at most 512 tokens, got {shape[1]}")
-        model = decoder_lm(kind)
-        tokens = torch.randint(0, DECODER_VOCAB, (shape[0], shape[1] + 1))  # B, L + 1: inputs and next tokens
-        return Workload(kind, model, tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous(),
-                        next_token_cross_entropy)
+def decoder_workload(kind: str, shape: tuple[int, ...], vocab: int = DECODER_VOCAB) -> Workload:
+    """The ``gpt2`` or ``llama`` zoo workload at batch x sequence ``shape``, with a vocabulary of ``vocab``."""
+    _need_rank(kind, shape, 2, "batch x sequence length, e.g. 8x128")
+    if shape[1] > 512:
+        raise ZooError(f"{kind} takes sequences of at most 512 tokens, got {shape[1]}")
+    model = decoder_lm(kind, vocab=vocab)
+    tokens = torch.randint(0, vocab, (shape[0], shape[1] + 1))  # B, L + 1: inputs and next tokens
+    return Workload(kind, model, tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous(), next_token_cross_entropy)
 
-    return build
+
+def _decoder(kind: str) -> Callable[[tuple[int, ...]], Workload]:
+    return lambda shape: decoder_workload(kind, shape)
 
 
 def token_vocabulary(model: nn.Module) -> int | None:

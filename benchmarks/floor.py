@@ -44,16 +44,14 @@ def workload(name: str) -> Any:
     """The benchmark's workload ``name``: a zoo model, or GPT-2-style at a 32,768-token vocabulary."""
     import torch
 
-    from agent.zoo import Workload, decoder_lm, load_workload, next_token_cross_entropy, parse_shape
+    from agent.zoo import decoder_workload, load_workload, parse_shape
 
     model, shape_text, vocab = FLOOR_MODELS[name]
     shape = parse_shape(shape_text)
     if vocab is None:
         return load_workload(model, shape, seed=0)
     torch.manual_seed(0)
-    tokens = torch.randint(0, vocab, (shape[0], shape[1] + 1))
-    return Workload(name, decoder_lm(model, vocab=vocab), tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous(),
-                    next_token_cross_entropy)
+    return decoder_workload(model, shape, vocab)
 
 
 def smallest_budget(graph: Any, search_time: float) -> tuple[int | None, bool]:
