@@ -51,6 +51,11 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
                    help="merge cheap segments until the graph has at most N nodes; the model, --input, --seed and "
                         "--max-nodes of profile and validate must be the same for the graph to match")
     p.add_argument("--threads", type=positive_int, metavar="N", help="torch compute threads (default torch's)")
+    p.add_argument("--chunked-loss", action="store_true",
+                   help="language models: compute the next-token loss a few tokens at a time, never holding all "
+                        "the logits (for large vocabularies). NOT bit-identical to plain cross-entropy: the same "
+                        "math summed in another order; the model's name in the graph says '(chunked loss)'. "
+                        "Give it to profile and validate alike")
 
 
 def _add_meter_options(p: argparse.ArgumentParser) -> None:
@@ -159,7 +164,7 @@ def _workload(args: argparse.Namespace) -> Any:
     if args.threads:
         torch.set_num_threads(args.threads)
     shape = parse_shape(args.input) if args.input else None
-    return load_workload(args.model or args.module, shape, seed=args.seed)
+    return load_workload(args.model or args.module, shape, seed=args.seed, chunked_loss=args.chunked_loss)
 
 
 def _meter_config(args: argparse.Namespace) -> Any:

@@ -256,9 +256,11 @@ def segments_matching(workload: Any, graph: TrainingGraph, max_nodes: int | None
     fresh, segments = extract(workload.model, workload.example, workload.loss_fn, max_nodes,
                               segments=list(graph.cut) or workload.segments, repeats=0)
     if fresh.fingerprint != graph.fingerprint:
+        named = f"; it is of {graph.model!r}, this is {workload.name!r}" if graph.model != workload.name else ""
         raise ScheduleRefusedError(
             f"{source} was not extracted from this model and input ({fresh.size} nodes here, {graph.size} in the "
-            "graph, or different bytes): use the model, input, seed and node bound the profile was made with")
+            f"graph, or different bytes{named}): use the model, input, seed, loss and node bound the profile "
+            "was made with")
     return segments
 
 

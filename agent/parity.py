@@ -30,10 +30,12 @@ _INTS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 @dataclass(frozen=True)
 class ParityReport:
-    """What :func:`check_parity` compared: how many tensors, and the names of those that differ."""
+    """What :func:`check_parity` compared: how many tensors, the names of those that differ, and what the
+    comparison is of where the loss itself is not plain (``loss_note``: the chunked loss's label)."""
 
     compared: int
     mismatched: tuple[str, ...]
+    loss_note: str = ""
 
     @property
     def exact(self) -> bool:
@@ -43,7 +45,8 @@ class ParityReport:
     def summary(self) -> str:
         """One line for a report."""
         if self.exact:
-            return f"bit-identical to plain autograd ({self.compared} tensors: loss, gradients, buffers, RNG state)"
+            return (f"bit-identical to plain autograd ({self.compared} tensors: loss, gradients, buffers, RNG "
+                    f"state){self.loss_note}")
         shown = ", ".join(self.mismatched[:5]) + (" ..." if len(self.mismatched) > 5 else "")
         return f"DIFFERENT from plain autograd in {len(self.mismatched)} of {self.compared} tensors: {shown}"
 
@@ -77,7 +80,10 @@ def check_parity(executor: Any, workload: Any) -> ParityReport:
     reference = copy.deepcopy(model)
     rng = torch.get_rng_state()
     args = workload.inputs if isinstance(workload.inputs, tuple) else (workload.inputs,)
-    reference_loss = workload.loss_fn(reference(*args), workload.targets)
+    loss_fn = workload.loss_fn
+    if hasattr(loss_fn, "for_model"):  # a loss bound to the model's parameters (agent.chunked_loss)
+        loss_fn = loss_fn.for_model(reference)
+    reference_loss = loss_fn(reference(*args), workload.targets)
     reference_loss.backward()
     reference_rng = torch.get_rng_state()
     torch.set_rng_state(rng)
@@ -86,4 +92,5 @@ def check_parity(executor: Any, workload: Any) -> ParityReport:
         ("loss", loss.detach(), reference_loss.detach()), ("RNG state", torch.get_rng_state(), reference_rng)]
     pairs += [(f"{name}.grad", p.grad, q.grad) for (name, p), q in zip(model.named_parameters(), reference.parameters())]
     pairs += [(name, b, c) for (name, b), c in zip(model.named_buffers(), reference.buffers())]
-    return ParityReport(len(pairs), tuple(name for name, a, b in pairs if not bits_equal(a, b)))
+    return ParityReport(len(pairs), tuple(name for name, a, b in pairs if not bits_equal(a, b)),
+                        getattr(loss_fn, "parity_note", ""))

@@ -65,7 +65,9 @@ class Workload:
     targets:
         What ``loss_fn`` compares the output with.
     loss_fn:
-        ``loss_fn(model(*inputs), targets)`` is the scalar loss.
+        ``loss_fn(model(*inputs), targets)`` is the scalar loss.  A loss that uses the model's parameters
+        itself (:class:`agent.chunked_loss.ChunkedNextTokenLoss`) has ``for_model(copy)``, the same loss for a
+        copy of the model.
     segments:
         Qualified module names extraction cuts at, or ``None`` for its default rule.
     """
@@ -321,7 +323,8 @@ ZOO: dict[str, ZooEntry] = {
 
 
 # -- entry point ---------------------------------------------------------------------
-def load_workload(spec: str, shape: tuple[int, ...] | None = None, seed: int = 0) -> Workload:
+def load_workload(spec: str, shape: tuple[int, ...] | None = None, seed: int = 0,
+                  chunked_loss: bool = False) -> Workload:
     """Build the workload named ``spec`` (a zoo name or ``package.module:factory``).
 
     Parameters
@@ -332,20 +335,33 @@ def load_workload(spec: str, shape: tuple[int, ...] | None = None, seed: int = 0
         Input shape, batch first; ``None`` takes the zoo model's default.
     seed:
         Seeds weights and batch, so two processes build the same workload.
+    chunked_loss:
+        For a causal language model: compute the next-token loss a few tokens at a time, never holding all
+        the logits (:mod:`agent.chunked_loss`; not bit-identical to plain cross-entropy, and named so).
 
     Raises
     ------
     ZooError
-        Unknown name, unimportable module, or a shape the model cannot take.
+        Unknown name, unimportable module, a shape the model cannot take, or a chunked loss asked of a model
+        that is not a causal language model.
     """
     torch.manual_seed(seed)
     if ":" in spec:
-        return _from_module(spec, shape)
-    entry = ZOO.get(spec.strip().lower())
-    if entry is None:
-        raise ZooError(f"unknown model {spec!r}; zoo models: {', '.join(ZOO)} "
-                       "(or --module package.module:factory for your own)")
-    return entry.build(shape or entry.default_input)
+        workload = _from_module(spec, shape)
+    else:
+        entry = ZOO.get(spec.strip().lower())
+        if entry is None:
+            raise ZooError(f"unknown model {spec!r}; zoo models: {', '.join(ZOO)} "
+                           "(or --module package.module:factory for your own)")
+        workload = entry.build(shape or entry.default_input)
+    if not chunked_loss:
+        return workload
+    from agent.chunked_loss import chunk_loss
+
+    try:
+        return chunk_loss(workload)
+    except ValueError as exc:
+        raise ZooError(f"chunked loss for {spec}: {exc}") from exc
 
 
 def _from_module(spec: str, shape: tuple[int, ...] | None) -> Workload:

@@ -16,6 +16,8 @@ ZOO_INPUTS: dict[str, tuple[int, str]] = {
     "llama": (2, "8x128"),
     "vit": (4, "16x3x64x64"),
 }
+LANGUAGE_MODELS = frozenset({"gpt2", "llama"})
+"""Zoo models with a next-token loss: the ones ``workload.chunked_loss`` applies to."""
 FACTORY_SPEC = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 
 
@@ -32,4 +34,14 @@ def model_problems(model: str, input: str | None) -> list[str]:
     rank, example = entry
     if input and len(input.lower().split("x")) != rank:
         return [f"workload.input = {input!r}: {model} takes a {rank}-dimensional input, batch first, e.g. {example}"]
+    return []
+
+
+def chunked_loss_problems(model: str, chunked_loss: bool) -> list[str]:
+    """``workload.chunked_loss`` asked of a zoo model that is not a language model (a factory's model is
+    checked when it is built)."""
+    name = model.strip().lower()
+    if chunked_loss and ":" not in model and name in ZOO_INPUTS and name not in LANGUAGE_MODELS:
+        return [f"workload.chunked_loss = true: {model} is not a language model; the chunked loss takes "
+                f"{', '.join(sorted(LANGUAGE_MODELS))} or a transformers causal LM of your own"]
     return []

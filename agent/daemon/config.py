@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from agent.energy.detect import MeterConfig
 from agent.errors import ConfigError
 from agent.monitors.quiet import parse_window
-from agent.zoo_names import model_problems
+from agent.zoo_names import chunked_loss_problems, model_problems
 from common.units import parse_bytes
 
 if TYPE_CHECKING:
@@ -49,6 +49,7 @@ class WorkloadSection:
     max_nodes: int | None = None
     threads: int = 1
     profile_repeats: int = 5
+    chunked_loss: bool = False  # language models: the next-token loss without all logits (not bit-identical)
 
 
 @dataclass(frozen=True)
@@ -352,6 +353,7 @@ def _check(c: AgentConfig) -> list[str]:
         found.append(f"workload.input = {c.workload.input!r}: expected a batch shape such as 8x3x32x32")
     elif c.workload.model:
         found += model_problems(c.workload.model, c.workload.input)
+        found += chunked_loss_problems(c.workload.model, c.workload.chunked_loss)
     if c.workload.max_nodes is not None and c.workload.max_nodes < 2:
         found.append("workload.max_nodes must be at least 2")
     found += _data_problems(c)

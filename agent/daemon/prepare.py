@@ -52,14 +52,18 @@ class Prepared:
 def workload_key(config: AgentConfig) -> str:
     """Names the prepared workload: what changes the graph changes the key."""
     w = config.workload
-    text = json.dumps([w.model, w.input, w.seed, w.max_nodes, torch.__version__])
+    parts = [w.model, w.input, w.seed, w.max_nodes, torch.__version__]
+    if w.chunked_loss:  # added only when set: a device that does not chunk keeps its prepared workload
+        parts.append("chunked loss")
+    text = json.dumps(parts)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def build_workload(config: AgentConfig) -> Workload:
     """The model at its initial weights (seeded: every process builds the same)."""
     shape = parse_shape(config.workload.input) if config.workload.input else None
-    return load_workload(config.workload.model, shape, seed=config.workload.seed)
+    return load_workload(config.workload.model, shape, seed=config.workload.seed,
+                         chunked_loss=config.workload.chunked_loss)
 
 
 def training_spec(config: AgentConfig) -> TrainingSpec:

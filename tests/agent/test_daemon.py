@@ -465,6 +465,7 @@ def test_config_problems_are_reported_all_at_once(tmp_path: Path) -> None:
     ({"eligibility_idle_seconds": -0.5}, "idle_seconds must be >= 0"),
     ({"data_path": "corpus.txt"}, "corpus.txt' is text: set data.tokenizer to the tokenizer that splits it"),
     ({"data_tokenizer": "missing/tokenizer.json"}, "missing/tokenizer.json': no such file or folder"),
+    ({"workload_chunked_loss": True}, "resnet18 is not a language model"),
 ])
 def test_a_config_the_device_could_not_run_is_refused_at_start(tmp_path: Path, change: dict, expected: str) -> None:
     written = {"workload_model": "resnet18", "workload_input": "8x3x64x64", **change}

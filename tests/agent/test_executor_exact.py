@@ -10,10 +10,12 @@ import torch
 import torchvision
 
 from agent.errors import InputMismatchError
+from agent.chunked_loss import ChunkedNextTokenLoss, defer_head
 from agent.executor import Executor
 from agent.parity import bits_equal
 from agent.extract import extract
-from schedules.budgets import smallest_feasible_budget
+from agent.zoo import decoder_lm
+from schedules.budgets import memory_lower_bound, node_lower_bounds, smallest_feasible_budget
 from schedules.plan import plan
 from tests.agent.models import (
     FanIn, FrozenBackbone, MixedPrecision, TinyUNet, bert_classifier, bert_example, cross_entropy, fan_in_example, image_example,
@@ -50,11 +52,19 @@ SCHEDULES = {"store-all": _store_all, "checkpoint-all": _checkpoint_all, "sqrt-n
 
 def assert_exact(model_fn: Callable, example_fn: Callable, loss_fn: Callable, make_schedule: Callable,
                  swap_dir, steps: int = 3, optimizer: str = "sgd", refine: bool = False,
-                 segments: list[str] | None = None) -> Executor:
-    """Train a model and its copy side by side, one through the executor; everything must be equal."""
+                 segments: list[str] | None = None, loss_of: Callable | None = None) -> Executor:
+    """Train a model and its copy side by side, one through the executor; everything must be equal.
+
+    ``loss_of(model)``, where given, makes the model's loss (a loss bound to the model's parameters; the copy
+    gets its ``for_model``); ``loss_fn`` is then unused."""
     torch.manual_seed(0)
     model = model_fn().train()
     reference = copy.deepcopy(model)
+    if loss_of is not None:
+        loss_fn = loss_of(model)
+        ref_loss_fn = loss_fn.for_model(reference)
+    else:
+        ref_loss_fn = loss_fn
     graph, segments = extract(model, example_fn(), loss_fn, repeats=1, refine=refine, segments=segments)
     _assert_same_model(model, reference)  # extraction leaves the model untouched
     opt, ref_opt = (_optimizer(optimizer, m) for m in (model, reference))
@@ -63,7 +73,7 @@ def assert_exact(model_fn: Callable, example_fn: Callable, loss_fn: Callable, ma
             inputs, targets = example_fn()
             rng = torch.get_rng_state()
             ref_opt.zero_grad()
-            ref_loss = loss_fn(reference(*_args(inputs)), targets)
+            ref_loss = ref_loss_fn(reference(*_args(inputs)), targets)
             ref_loss.backward()
             ref_rng = torch.get_rng_state()
             torch.set_rng_state(rng)
@@ -280,6 +290,25 @@ def test_a_module_cut_into_its_operations_trains_exactly(schedule, tmp_path):
     names = [n.name for n in ex.graph.nodes if n.kind == "forward"]
     assert names[:3] == ["input", "0", "1:mul"] and "1:pow" in names and "1:tanh" in names and names[-1] == "2"
     assert ex.graph.cut == ("0", "1:ops", "2")
+
+
+def test_chunked_loss_decoder_exact_at_its_floor_and_its_floor_below_the_logits(tmp_path):
+    """The chunked loss is not bit-identical to plain cross-entropy, but the executor is bit-identical to plain
+    autograd on it; and with a vocabulary larger than the model, its floor falls below the logits'."""
+    pytest.importorskip("transformers")
+    vocab = 8192
+    model_fn = lambda: decoder_lm("gpt2", layers=2, hidden=64, heads=4, vocab=vocab, positions=32)
+    example = lambda: next_token_example(8, 16, vocab=vocab)
+    ex = assert_exact(lambda: defer_head(model_fn()), example, None, _at_floor, tmp_path, optimizer="adam",
+                      loss_of=lambda m: ChunkedNextTokenLoss.of(m, chunk_bytes=4 * vocab * 8))
+    torch.manual_seed(0)
+    plain = model_fn().train()
+    plain_graph, _ = extract(plain, example(), next_token_cross_entropy, repeats=1)
+    logits = 8 * 16 * vocab * 4
+    assert memory_lower_bound(plain_graph) >= 2 * logits  # the logits and their gradient at once
+    assert memory_lower_bound(ex.graph) < memory_lower_bound(plain_graph) / 2
+    needs = node_lower_bounds(ex.graph)
+    assert all(needs[i] < logits for i, node in enumerate(ex.graph.nodes) if "loss" in node.name)
 
 
 TORCHVISION_FAMILIES = ["squeezenet1_0", "shufflenet_v2_x0_5", "efficientnet_b0", "convnext_tiny", "densenet121",

@@ -25,7 +25,7 @@ from agent.validate import (
 )
 from schedules.timeline import timeline_step_ms
 from agent.zoo import Workload, cross_entropy
-from schedules import DeviceProfile
+from schedules import DeviceProfile, TrainingGraph
 from common.cli import main
 from common.exit_codes import ExitCode
 from agent.extract import extract
@@ -222,6 +222,23 @@ def test_validate_refuses_a_graph_of_another_input_shape(tmp_path, capsys):
                  "--graph", str(graph_path), "--steps", "1"])
     assert code == ExitCode.REJECTED
     assert "was not extracted from this model and input" in capsys.readouterr().err
+
+
+def test_a_chunked_loss_profile_validates_exact_on_its_loss_and_only_with_it(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    graph_path, schedule_path = tmp_path / "g.json", tmp_path / "s.json"
+    model = ["--model", "gpt2", "--input", "2x16", "--swap-dir", str(tmp_path / "swap")]
+    assert main(["profile", *model, "--chunked-loss", "--no-refine", "-o", str(graph_path),
+                 "--device-out", str(tmp_path / "d.json"), "--repeats", "1"]) == ExitCode.OK
+    assert TrainingGraph.load(graph_path).model == "gpt2 (chunked loss)"
+    assert main(["solve", str(graph_path), "--baseline", "checkpoint-all", "-o", str(schedule_path)]) == ExitCode.OK
+    capsys.readouterr()
+    run = ["validate", *model, "--schedule", str(schedule_path), "--graph", str(graph_path), "--steps", "1"]
+    assert main([*run, "--chunked-loss", "--check-exact"]) == ExitCode.OK
+    assert ("bit-identical to plain autograd (" in (out := capsys.readouterr().out)
+            and "on the chunked loss, which is not bit-identical to plain cross-entropy" in out)
+    assert main(run) == ExitCode.REJECTED
+    assert "it is of 'gpt2 (chunked loss)', this is 'gpt2'" in capsys.readouterr().err
 
 
 # -- the I/O timeline model ------------------------------------------------------------
