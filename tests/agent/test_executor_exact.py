@@ -311,6 +311,25 @@ def test_chunked_loss_decoder_exact_at_its_floor_and_its_floor_below_the_logits(
     assert all(needs[i] < logits for i, node in enumerate(ex.graph.nodes) if "loss" in node.name)
 
 
+@pytest.mark.parametrize("schedule", FAST_SCHEDULES)
+def test_multi_head_attention_cut_into_its_operations_trains_exactly(schedule, tmp_path):
+    """nn.MultiheadAttention's forward is one torch function call; cut into operations, its own operations
+    (projections, attention, output projection) are units that a schedule frees, pages and recomputes."""
+    layer = "encoder.layers.encoder_layer_0"
+    cut = ["conv_proj", "encoder.dropout", f"{layer}.ln_1", f"{layer}.self_attention:ops", f"{layer}.dropout",
+           f"{layer}.ln_2", f"{layer}.mlp", f"{layer}:ops", "encoder.layers.encoder_layer_1", "encoder.ln",
+           "encoder:ops", "heads.head"]
+    dropping = lambda: torchvision.models.VisionTransformer(  # attention dropout: its masks replayed too
+        image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64, num_classes=10,
+        dropout=0.1, attention_dropout=0.1)
+    ex = assert_exact(dropping, image_example, cross_entropy, SCHEDULES[schedule], tmp_path, segments=cut,
+                      optimizer="adam")
+    names = [n.name for n in ex.graph.nodes if n.kind == "forward"]
+    attention = [n for n in names if "self_attention:" in n]
+    assert len(attention) >= 3  # in-projection, attention, out-projection at least
+    assert any("scaled_dot_product_attention" in n for n in attention)
+
+
 TORCHVISION_FAMILIES = ["squeezenet1_0", "shufflenet_v2_x0_5", "efficientnet_b0", "convnext_tiny", "densenet121",
                         "regnet_x_400mf", "mnasnet0_5"]
 
