@@ -1,6 +1,7 @@
 """Executor benchmark: POET schedules run for real, against PyTorch's own remedies, in one run.
 
-For each model (resnet18 at 32x3x64x64, the BERT encoder at 8x128 by default)
+For each model (resnet18 at 32x3x64x64, the BERT encoder at 8x128 by default; ``--models
+gpt2:8x128,llama:8x128,vit:16x3x64x64`` the decoders and the ViT, ``--refine`` on the refined cut)
 and each budget as a fraction of M, the memory plain backpropagation needs: the
 store-all peak of activation values plus the workspace of the node computing
 at that moment (what the planner's budget bounds; the values-only peak is
@@ -54,7 +55,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn as nn
-from torch.utils.checkpoint import checkpoint_sequential
+from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 from agent import rss
 from agent.executor import Executor
@@ -147,6 +148,11 @@ def checkpoint_variants(work: Workload) -> list[tuple[str, nn.Module, Callable[[
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return [("per layer", model, lambda: work.loss_fn(model(work.inputs), work.targets).backward())]
+    if hasattr(work.model, "encoder") and hasattr(work.model.encoder, "layers"):  # torchvision's ViT
+        model = copy.deepcopy(work.model)
+        for layer in model.encoder.layers:
+            layer.forward = lambda x, _forward=layer.forward: checkpoint(_forward, x, use_reentrant=False)
         return [("per layer", model, lambda: work.loss_fn(model(work.inputs), work.targets).backward())]
     model = _out_of_place(work.model)
     blocks = _as_sequence(model)
@@ -259,23 +265,25 @@ class ProfiledModel:
     values_peak: int
 
 
-def profile_model(name: str, shape: tuple[int, ...], swap: Path, default_cut: bool) -> ProfiledModel:
-    """Build zoo model ``name`` at ``shape``, profile this machine with it, extract and price its graph."""
+def profile_model(name: str, shape: tuple[int, ...], swap: Path, default_cut: bool,
+                  refine: bool = False) -> ProfiledModel:
+    """Build zoo model ``name`` at ``shape``, profile this machine with it, extract and price its graph (on the
+    refined cut with ``refine``, as ``poet-edge profile`` cuts by default)."""
     work = load_workload(name, shape)
     segments = None if default_cut else work.segments
     print(f"\n== {name} {'x'.join(map(str, shape))}: profiling this machine and extracting ...", flush=True)
     profile, _ = profile_workload(work.model, work.example, work.loss_fn, swap, name=name, repeats=3,
-                                  segments=segments)
+                                  segments=segments, refine=False)  # the device's figures; the graph follows
     device: DeviceProfile = profile.device
-    graph, cut = extract(work.model, work.example, work.loss_fn, segments=segments, repeats=5)
+    graph, cut = extract(work.model, work.example, work.loss_fn, segments=segments, repeats=5, refine=refine)
     graph = price_graph(graph, device)
     replay = simulate(graph, plan(graph, device, method="store-all").schedule)
     return ProfiledModel(work, graph, cut, device, replay.peak_memory_bytes, replay.peak_bytes)
 
 
 def bench_model(name: str, shape: tuple[int, ...], fractions: list[float], repeats: int, swap: Path,
-                time_limit: float, default_cut: bool) -> dict[str, Any]:
-    profiled = profile_model(name, shape, swap, default_cut)
+                time_limit: float, default_cut: bool, refine: bool = False) -> dict[str, Any]:
+    profiled = profile_model(name, shape, swap, default_cut, refine)
     work, graph, cut, device = profiled.work, profiled.graph, profiled.cut, profiled.device
     M, values_peak = profiled.M, profiled.values_peak
     print(f"   {graph.size} nodes, M = {M / MB:.1f} MB (values alone {values_peak / MB:.1f} MB), "
@@ -444,6 +452,16 @@ def print_report(result: dict[str, Any]) -> None:
               f"{_ratio(r['pageout_bps'], row_w):>8} {_ratio(r['pagein_bps'], row_r):>7} | "
               f"{_ratio(r['pagein_kept_bps'], row_r):>7} {_ratio(r['pagein_fresh_bps'], row_r):>8} | "
               f"{row_w / MB:>5.0f} / {row_r / MB:<4.0f}")
+    for fraction, key in ((0.5, "time_at_50"), (0.3, "time_at_30")):
+        row = next((r for r in result["rows"] if abs(r["fraction"] - fraction) < 1e-9), None)
+        if row is None:
+            continue
+        text = f"step time at {fraction:.0%} of M at most {TARGETS[key]}x plain's: "
+        if not row["seconds"]:
+            print(f"  MISSED  {text}no schedule ({row['status']})")
+            continue
+        ratio = row["seconds"] / row["plain_seconds"]
+        print(f"  {'met   ' if ratio <= TARGETS[key] else 'MISSED'}  {text}{ratio:.2f}x")
 
 
 def _mb(value: float | None) -> str:
@@ -483,6 +501,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--default-cut", action="store_true",
                         help="cut by extraction's default rule, not the zoo's segments (BERT's zoo entry cuts each "
                              "layer into self-attention / attention output / intermediate / output)")
+    parser.add_argument("--refine", action="store_true",
+                        help="extract the refined cut (poet-edge profile's default): finer where the activation "
+                             "floor is set, so lower fractions of M are feasible; a larger graph to plan")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch compute threads (default 1: on a small shared machine, OpenMP threads that "
                              "spin-wait for a busy core make step times vary fivefold; 1 leaves a core to paging)")
@@ -500,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
         with throttled(swap, args.throttle):
             for name, shape in parse_models(args.models):
                 results.append(bench_model(name, shape, parse_budgets(args.budgets), args.repeats,
-                                           swap, args.time_limit, args.default_cut))
+                                           swap, args.time_limit, args.default_cut, args.refine))
                 print_report(results[-1])
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))

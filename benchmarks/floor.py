@@ -15,7 +15,11 @@ For each model each figure is measured in this process, one model after the othe
 Printed: floor / M and floor / bound beside the targets (floor at most 0.35 of M for resnet18 and 0.25 for the
 others, within 1.15x of the bound on all).  Where a language model's logits set the floor, the row says so.
 
-``python -m benchmarks.floor [--models resnet18,bert,gpt2,gpt2-32k,llama,vit] [--search-time S] [--json F]``
+``gpt2-32k-chunked`` is the 32,768-token GPT-2 with the opt-in chunked loss (:mod:`agent.chunked_loss`: not
+bit-identical to plain cross-entropy); its M is the plain loss's.
+
+``python -m benchmarks.floor [--models resnet18,bert,gpt2,gpt2-32k,gpt2-32k-chunked,llama,vit] [--search-time S]
+[--json F]``
 """
 
 from __future__ import annotations
@@ -27,31 +31,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-FLOOR_MODELS = {  # name: (zoo model, input, vocabulary for decoders or None)
-    "resnet18": ("resnet18", "32x3x64x64", None),
-    "bert": ("bert", "8x128", None),
-    "gpt2": ("gpt2", "8x128", None),
-    "gpt2-32k": ("gpt2", "8x128", 32768),
-    "llama": ("llama", "8x128", None),
-    "vit": ("vit", "16x3x64x64", None),
-}
+from benchmarks.workloads import BENCH_MODELS
+
+FLOOR_MODELS = ("resnet18", "bert", "gpt2", "gpt2-32k", "gpt2-32k-chunked", "llama", "vit")  # of BENCH_MODELS
 FLOOR_TARGET = {"resnet18": 0.35}  # floor over M; every other model 0.25
 DEFAULT_FLOOR_TARGET = 0.25
 BOUND_TARGET = 1.15
-
-
-def workload(name: str) -> Any:
-    """The benchmark's workload ``name``: a zoo model, or GPT-2-style at a 32,768-token vocabulary."""
-    import torch
-
-    from agent.zoo import decoder_workload, load_workload, parse_shape
-
-    model, shape_text, vocab = FLOOR_MODELS[name]
-    shape = parse_shape(shape_text)
-    if vocab is None:
-        return load_workload(model, shape, seed=0)
-    torch.manual_seed(0)
-    return decoder_workload(model, shape, vocab)
 
 
 def smallest_budget(graph: Any, search_time: float) -> tuple[int | None, bool]:
@@ -74,64 +59,71 @@ def measure(name: str, search_time: float) -> dict[str, Any]:
     from schedules.budgets import node_lower_bounds, store_all_peak
 
     torch.set_num_threads(1)
-    work = workload(name)
-    coarse, _ = extract(work.model, work.example, work.loss_fn, segments=work.segments, repeats=2)
-    work = workload(name)
+    model = BENCH_MODELS[name]
+    work = model.plain.build()  # M is plain training's, with or without a chunked loss
+    plain, _ = extract(work.model, work.example, work.loss_fn, segments=work.segments, repeats=2)
+    coarse = plain
+    if model.chunked_loss:
+        work = model.build()
+        coarse, _ = extract(work.model, work.example, work.loss_fn, segments=work.segments, repeats=2)
+    work = model.build()
     started = time.perf_counter()
     refined, _ = extract(work.model, work.example, work.loss_fn, segments=work.segments, repeats=2, refine=True)
     extract_s = time.perf_counter() - started
-    peak = store_all_peak(coarse)
+    peak = store_all_peak(plain)
     coarse_floor, _ = smallest_budget(coarse, search_time)
     started = time.perf_counter()
     floor, exact = smallest_budget(refined, search_time)
     needs = node_lower_bounds(refined)
     setting = refined.nodes[max(range(refined.size), key=needs.__getitem__)]
-    return {"model": name, "input": FLOOR_MODELS[name][1], "M": peak, "coarse_nodes": coarse.size,
-            "coarse_floor": coarse_floor, "nodes": refined.size, "floor": floor, "floor_exact": exact,
+    return {"model": name, "input": model.input, "chunked_loss": model.chunked_loss, "M": peak,
+            "coarse_nodes": coarse.size, "coarse_floor": coarse_floor, "nodes": refined.size, "floor": floor, "floor_exact": exact,
             "bound": refined.operator_bound_bytes, "setting_node": setting.name, "extract_s": extract_s,
             "search_s": time.perf_counter() - started}
 
 
 def report(rows: list[dict[str, Any]]) -> bool:
     """Print the table and the targets; whether every target was met."""
-    print(f"\n{'model':<10} {'input':<11} {'M MB':>7} {'coarse':>13} {'floor MB':>9} {'nodes':>5} "
+    print(f"\n{'model':<16} {'input':<11} {'M MB':>7} {'coarse':>13} {'floor MB':>9} {'nodes':>5} "
           f"{'floor/M':>7} {'target':>6} {'bound MB':>8} {'floor/bound':>11}  floor set by")
     met = True
     for r in rows:
         target = FLOOR_TARGET.get(r["model"], DEFAULT_FLOOR_TARGET)
         coarse = f"{r['coarse_floor'] / r['M']:.2f} ({r['coarse_nodes']})" if r["coarse_floor"] else "none"
         if r["floor"] is None:
-            print(f"{r['model']:<10} {r['input']:<11} {r['M'] / 1e6:>7.1f} {coarse:>13}  no schedule found")
+            print(f"{r['model']:<16} {r['input']:<11} {r['M'] / 1e6:>7.1f} {coarse:>13}  no schedule found")
             met = False
             continue
         over_m, over_bound = r["floor"] / r["M"], r["floor"] / r["bound"]
         ok = over_m <= target and over_bound <= BOUND_TARGET
         met &= ok
-        logits = " (the logits)" if "loss" in r["setting_node"] or "lm_head" in r["setting_node"] else ""
-        print(f"{r['model']:<10} {r['input']:<11} {r['M'] / 1e6:>7.1f} {coarse:>13} {r['floor'] / 1e6:>9.2f} "
+        at_loss = "loss" in r["setting_node"] or "lm_head" in r["setting_node"]
+        logits = (" (the chunked loss)" if r.get("chunked_loss") else " (the logits)") if at_loss else ""
+        print(f"{r['model']:<16} {r['input']:<11} {r['M'] / 1e6:>7.1f} {coarse:>13} {r['floor'] / 1e6:>9.2f} "
               f"{r['nodes']:>5} {over_m:>7.2f} {target:>6.2f} {r['bound'] / 1e6:>8.2f} {over_bound:>10.2f}x  "
               f"{r['setting_node']}{logits}{'' if r['floor_exact'] else ' (search not proved)'}"
               f"{'' if ok else '  <- misses a target'}")
     print(f"targets: floor/M at most {FLOOR_TARGET['resnet18']} for resnet18 and {DEFAULT_FLOOR_TARGET} for the "
           f"others; floor within {BOUND_TARGET}x of the operator-level bound.  'coarse': floor/M on the default "
-          "cut (its node count)")
+          "cut (its node count).  '-chunked': the opt-in chunked loss, NOT bit-identical to plain cross-entropy "
+          "(M is the plain loss's)")
     return met
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.floor", description=__doc__.split("\n")[0])
-    parser.add_argument("--models", default=",".join(FLOOR_MODELS), help=f"comma-separated, of {', '.join(FLOOR_MODELS)}")
+    parser.add_argument("--models", default=",".join(FLOOR_MODELS), help=f"comma-separated, of {', '.join(BENCH_MODELS)}")
     parser.add_argument("--search-time", type=float, default=240.0,
                         help="seconds for each search of the smallest feasible budget (default 240)")
     parser.add_argument("--json", metavar="FILE", help="write every figure here")
     args = parser.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = [m for m in models if m not in FLOOR_MODELS]
+    unknown = [m for m in models if m not in BENCH_MODELS]
     if unknown:
-        parser.error(f"unknown models {unknown}; choose from {', '.join(FLOOR_MODELS)}")
+        parser.error(f"unknown models {unknown}; choose from {', '.join(BENCH_MODELS)}")
     rows = []
     for name in models:
-        print(f"== {name} {FLOOR_MODELS[name][1]}: extracting (default and refined cuts), searching the floors ...",
+        print(f"== {name} {BENCH_MODELS[name].input}: extracting (default and refined cuts), searching the floors ...",
               flush=True)
         rows.append(measure(name, args.search_time))
     if args.json:

@@ -33,9 +33,11 @@ rows side by side with their ratios to plain, and the targets (at most 0.33 of
 plain's memory at no more than 1.5x its time, at most 0.5 at no more than
 1.15x, below ``torch.utils.checkpoint``'s memory at equal or lower time).
 
-``python -m benchmarks.memory [--models resnet18,vgg11_bn,bert,gpt2,llama,vit] [--json F]`` (the first three by
-default).  Each model is profiled on its default cut (a step's whole memory is mostly gradients and optimizer
-state); ``--refine`` cuts it finer where its activation floor is set, as ``poet-edge profile`` does.  The
+``python -m benchmarks.memory [--models resnet18,vgg11_bn,bert,gpt2,gpt2-32k,gpt2-32k-chunked,llama,vit] [--json F]``
+(the first three by default; ``gpt2-32k`` is GPT-2 at a 32,768-token vocabulary, ``-chunked`` with the opt-in
+chunked loss in every row, plain included: :mod:`agent.chunked_loss`, not bit-identical to plain cross-entropy).
+Each model is profiled on its default cut (a step's whole memory is mostly gradients and optimizer state);
+``--refine`` cuts it finer where its activation floor is set, as ``poet-edge profile`` does.  The
 floor and the operator-level bound are printed; ``python -m benchmarks.floor`` measures them on both cuts for
 every family.
 """
@@ -56,16 +58,21 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.workloads import BENCH_MODELS
+
 MODELS = {  # name: (input, optimizer settings)
     "resnet18": ("32x3x64x64", {"optimizer": "sgd", "learning_rate": 0.01, "momentum": 0.9}),
     "vgg11_bn": ("16x3x64x64", {"optimizer": "sgd", "learning_rate": 0.01, "momentum": 0.9}),
     "bert": ("8x128", {"optimizer": "adamw", "learning_rate": 1e-4, "weight_decay": 0.01}),
     "gpt2": ("8x128", {"optimizer": "adamw", "learning_rate": 1e-4, "weight_decay": 0.01}),
+    "gpt2-32k": ("8x128", {"optimizer": "adamw", "learning_rate": 1e-4, "weight_decay": 0.01}),
+    "gpt2-32k-chunked": ("8x128", {"optimizer": "adamw", "learning_rate": 1e-4, "weight_decay": 0.01}),
     "llama": ("8x128", {"optimizer": "adamw", "learning_rate": 1e-4, "weight_decay": 0.01}),
     "vit": ("16x3x64x64", {"optimizer": "adamw", "learning_rate": 1e-4, "weight_decay": 0.01}),
 }
 DEFAULT_MODELS = ("resnet18", "vgg11_bn", "bert")
-LAYER_CHECKPOINTS = {"bert": "checkpoint:layers", "gpt2": "checkpoint:layers", "llama": "checkpoint:layers",
+LAYER_CHECKPOINTS = {"bert": "checkpoint:layers", "gpt2": "checkpoint:layers", "gpt2-32k": "checkpoint:layers",
+                     "gpt2-32k-chunked": "checkpoint:layers", "llama": "checkpoint:layers",
                      "vit": "checkpoint:vit-layers"}  # per-layer torch.utils.checkpoint for the transformers
 STEPS = 5
 HASH_AFTER = 3
@@ -84,13 +91,13 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
 
     from agent import rss
     from agent.training import OptimizerSettings
-    from agent.zoo import load_workload, parse_shape
+    from agent.zoo import parse_shape
 
     torch.set_num_threads(1)
     rss.return_freed_memory()
     shape = parse_shape(args.input or MODELS[args.model][0])
     settings = OptimizerSettings(**MODELS[args.model][1])
-    work = load_workload(args.model, shape, seed=0)
+    work = BENCH_MODELS[args.model].build(shape)
     batches = [_batch(work, shape, step) for step in range(STEPS)]
     step, optimizer_state = _method(args, work, settings)
     times, peaks, digest = [], [], ""
@@ -114,7 +121,7 @@ def run_timing_child(args: argparse.Namespace) -> dict[str, list[float]]:
 
     from agent import rss
     from agent.training import OptimizerSettings
-    from agent.zoo import load_workload, parse_shape
+    from agent.zoo import parse_shape
 
     torch.set_num_threads(1)
     rss.return_freed_memory()
@@ -122,7 +129,7 @@ def run_timing_child(args: argparse.Namespace) -> dict[str, list[float]]:
     settings = OptimizerSettings(**MODELS[args.model][1])
     steps, batches = {}, None
     for run in args.runs.split(","):
-        work = load_workload(args.model, shape, seed=0)
+        work = BENCH_MODELS[args.model].build(shape)
         batches = batches or [_batch(work, shape, step) for step in range(STEPS)]
         args.run = run
         steps[run], _ = _method(args, work, settings)
@@ -287,14 +294,14 @@ def bench_model(name: str, workdir: Path, plan_time: float, rounds: int, refine:
 
     from agent.profile import profile_workload
     from agent.training import OptimizerSettings
-    from agent.zoo import load_workload, parse_shape
+    from agent.zoo import parse_shape
     from schedules.budgets import floor_text, store_all_peak
 
     shape_text, optimizer = MODELS[name]
     folder = workdir / name
     folder.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
-    work = load_workload(name, parse_shape(shape_text), seed=0)
+    work = BENCH_MODELS[name].build(parse_shape(shape_text))
     print(f"\n== {name} {shape_text}, {optimizer['optimizer']}: profiling this machine ...", flush=True)
     profile, _ = profile_workload(work.model, work.example, work.loss_fn, folder / "swap", name=name, repeats=3,
                                   segments=work.segments, refine=refine)
@@ -445,7 +452,9 @@ def report(results: list[dict[str, Any]]) -> bool:
         checkpoints = [r for r in rows if r.label.startswith("checkpoint")]
         best_checkpoint = min(checkpoints, key=lambda r: r.memory) if checkpoints else None
         ours = [r for r in rows if r.label.startswith("ours")]
-        print(f"\n{result['model']} {result['input']}, {result['optimizer']}: parameters "
+        chunked = " (the chunked loss in every row, NOT bit-identical to plain cross-entropy)" \
+            if BENCH_MODELS[result["model"]].chunked_loss else ""
+        print(f"\n{result['model']}{chunked} {result['input']}, {result['optimizer']}: parameters "
               f"{result['parameters'] / MB:.1f} MB; plain step {plain.seconds:.3f} s, training memory "
               f"{plain.memory / MB:.1f} MB")
         print(f"  {'configuration':<22} {'budget':>9} {'memory':>9} {'/plain':>7} {'time':>8} {'/plain':>7} "
