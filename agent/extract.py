@@ -81,9 +81,9 @@ from __future__ import annotations
 
 import statistics
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
@@ -92,6 +92,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 from agent import rss
+from agent.composites import composite_body
 from agent.errors import ExtractionError, ScheduleRefusedError
 from agent.optim.chunks import Chunking, column_unit_bytes
 from agent.optim.rows import row_updatable
@@ -337,25 +338,6 @@ _TO_PYTHON = frozenset({"__bool__", "__int__", "__float__", "__index__", "__comp
                         "__array__", "equal", "is_nonzero"})
 
 
-# Torch functions written in Python as many operations, which a TorchFunctionMode sees as one call: inside a
-# region their own operations are recorded instead (nn.MultiheadAttention's whole forward is one such call).
-_COMPOSITES = frozenset({torch.nn.functional.multi_head_attention_forward})
-
-
-@contextmanager
-def _composite_body() -> Iterator[None]:
-    """Let a composite of :data:`_COMPOSITES` run its own body under an active mode: its first check
-    (``has_torch_function``, looked up in ``torch.nn.functional``) would otherwise hand the call back to the
-    mode whole."""
-    functional = torch.nn.functional
-    check = functional.has_torch_function
-    functional.has_torch_function = lambda *args: False
-    try:
-        yield
-    finally:
-        functional.has_torch_function = check
-
-
 class _Recorder(TorchFunctionMode):
     """Writes every tensor operation made outside segment modules into an fx graph.
 
@@ -381,9 +363,10 @@ class _Recorder(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self.depth == 0 and self.regions and func in _COMPOSITES:
-            with _composite_body(), self:  # its operations come back here one by one
-                return func(*args, **kwargs)
+        body = composite_body(func, args, kwargs) if self.depth == 0 and self.regions else None
+        if body is not None:
+            with self:  # its operations come back here one by one
+                return body()
         if self.depth > 0:
             self.check_visible(args, kwargs)
         out = func(*args, **kwargs)

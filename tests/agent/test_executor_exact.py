@@ -327,7 +327,25 @@ def test_multi_head_attention_cut_into_its_operations_trains_exactly(schedule, t
     names = [n.name for n in ex.graph.nodes if n.kind == "forward"]
     attention = [n for n in names if "self_attention:" in n]
     assert len(attention) >= 3  # in-projection, attention, out-projection at least
-    assert any("scaled_dot_product_attention" in n for n in attention)
+    assert any("_safe_softmax" in n for n in attention)  # with dropout, attention is opened up too
+
+
+@pytest.mark.parametrize("schedule", FAST_SCHEDULES)
+def test_attention_with_dropout_cut_into_its_operations_trains_exactly(schedule, tmp_path):
+    """scaled_dot_product_attention with dropout is one call; cut into operations, its math backend's product,
+    softmax, dropout and product are units of their own, their dropout masks replayed."""
+    pytest.importorskip("transformers")
+    from agent.zoo import bert_sublayers
+
+    attention = "bert.encoder.layer.0.attention.self"
+    cut = [entry for name in bert_sublayers(bert_classifier()) for entry in (
+        [f"{attention}.query", f"{attention}.key", f"{attention}.value", f"{attention}:ops"]
+        if name == attention else [name])]
+    ex = assert_exact(bert_classifier, bert_example, logits_cross_entropy, SCHEDULES[schedule], tmp_path,
+                      segments=cut, optimizer="adam")
+    names = [n.name for n in ex.graph.nodes if n.kind == "forward" and f"{attention}:" in n.name]
+    assert any("_safe_softmax" in n for n in names) and any("dropout" in n for n in names)
+    assert not any("scaled_dot_product_attention" in n for n in names)
 
 
 TORCHVISION_FAMILIES = ["squeezenet1_0", "shufflenet_v2_x0_5", "efficientnet_b0", "convnext_tiny", "densenet121",
