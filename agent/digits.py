@@ -19,7 +19,6 @@ every device builds the same initial weights and the same split.
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path

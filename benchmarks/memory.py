@@ -45,7 +45,6 @@ every family.
 from __future__ import annotations
 
 import argparse
-import copy
 import hashlib
 import json
 import os
@@ -167,8 +166,6 @@ def _baseline(args: argparse.Namespace) -> int:
 
 def _method(args: argparse.Namespace, work: Any, settings: Any) -> tuple[Any, Any]:
     """``(step(batch), optimizer_state())`` for the configuration ``args.run`` names."""
-    import torch
-
     from agent import rss
 
     if args.run.startswith("ours:"):

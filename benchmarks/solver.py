@@ -29,7 +29,6 @@ import sys
 import time
 from dataclasses import dataclass
 
-import numpy as np
 
 from benchmarks import reference_graph_dir
 from benchmarks.reference_milp import solve_reference

@@ -30,7 +30,7 @@ from server.keys import load_or_create  # noqa: E402
 from server.model_versions import list_versions, load_version  # noqa: E402
 from server.federated.rounds import open_store, round_rows  # noqa: E402
 from simulation.engine import run_on_engine  # noqa: E402
-from simulation.fleet import DEFAULT_CLASSES, classes_config, fleet_node_configs  # noqa: E402
+from simulation.fleet import DEFAULT_CLASSES, fleet_node_configs  # noqa: E402
 
 SUPERLINK_NODE_ID = 0  # the source of every instruction a SuperNode receives
 
@@ -305,8 +305,6 @@ def load_config_of(path: Path):
 
 def _plain_steps(weights: dict, config_path: Path, steps: int) -> dict:
     """``steps`` steps of the agent's configured optimizer in plain PyTorch on the agent's data, in data order."""
-    import torch
-
     from agent.daemon.config import load_config
     from agent.daemon.prepare import build_workload
     from agent.data import open_dataset
@@ -520,8 +518,6 @@ def test_ditto_trains_a_personal_model_beside_the_global_one_and_never_sends_it(
 
 
 def test_a_device_absent_from_a_round_says_why_and_is_recorded_but_not_averaged() -> None:
-    from flwr.app import Array, MetricRecord
-
     from server.federated.serverapp import DeviceSampler, RecordingFedAvg
 
     # device 0 of 2 keeps UTC: round 13 starts at 12:00, when a device on the night trace is unplugged

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.daemon import checkpoint_file
-from agent.daemon.checkpoint_file import MAGIC, DamagedError
+from agent.daemon.checkpoint_file import DamagedError
 from agent.errors import CheckpointError
 
 KEEP = 2

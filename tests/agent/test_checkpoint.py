@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent.daemon.checkpoint import MAGIC, CheckpointStore
+from agent.daemon.checkpoint import CheckpointStore
+from agent.daemon.checkpoint_file import MAGIC
 from agent.errors import CheckpointError
 
 

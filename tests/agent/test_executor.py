@@ -191,12 +191,14 @@ def test_full_swap_directory_fails_before_any_work(tmp_path):
     model, _, ex = _sabotaged(tmp_path)
     ex.pager.free_space = lambda path: 4096
     state = copy.deepcopy(model.state_dict())
+    batch = mlp_example()
     rng = torch.get_rng_state()
     with pytest.raises(SwapSpaceError) as info:
-        ex.step(*mlp_example())
+        ex.step(*batch)
     needed = info.value.needed
     assert f"{needed:,}" in str(info.value) and "4,096 bytes free" in str(info.value)
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())  # no forward ran
+    assert torch.equal(torch.get_rng_state(), rng)
     assert all(p.grad is None for p in model.parameters())
     ex.close()
 

@@ -373,7 +373,6 @@ def test_the_operator_bound_is_the_largest_backward_working_set_autograd_makes()
     torch.manual_seed(0)
     batch, width = 64, 256
     model, x, y = _norm_mlp(width).train(), torch.randn(batch, 16), torch.randint(0, 4, (batch,))
-    before = copy.deepcopy(model.state_dict())
     bound = operator_bound(model, x, y, cross_entropy)
     activation = batch * width * 4
     # BatchNorm's backward: its input, the gradient of its output and of its input, and its batch statistics

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from agent.energy import Activity, EstimatedMeter, NominalPowers
+from agent.energy import EstimatedMeter, NominalPowers
 from agent.executor import Executor
 from agent.zoo import Workload, cross_entropy, load_workload
 from agent.pagefile import OperatingSystem
