@@ -94,6 +94,7 @@ from torch.utils._pytree import tree_flatten
 from agent import rss
 from agent.composites import composite_body
 from agent.errors import ExtractionError, ScheduleRefusedError
+from agent.lean_backward import lean_version
 from agent.optim.chunks import Chunking, column_unit_bytes
 from agent.optim.rows import row_updatable
 from agent.optim.streamed import streamable, streaming
@@ -106,6 +107,7 @@ from schedules.graph import Node, Parameter, TrainingGraph
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 _REGION = "poet_region"  # fx node meta: the expanded module whose own code made this operation
+_OP_NAME = "poet_op"  # fx node meta: the name of the torch function the recorded operation called
 
 
 
@@ -374,7 +376,9 @@ class _Recorder(TorchFunctionMode):
             self.guard(func, out, args, kwargs)
         if self.depth == 0 and any(isinstance(x, torch.Tensor) for x in tree_flatten(out)[0]):
             name = getattr(func, "__name__", "op")
-            node = self.graph.call_function(func, self.lift(args, name), self.lift(kwargs, name))
+            target = lean_version(func, args, kwargs) or func  # the same bits, less scratch in backward
+            node = self.graph.call_function(target, self.lift(args, name), self.lift(kwargs, name))
+            node.meta[_OP_NAME] = name
             mark_modes(node)
             if self.regions:
                 node.meta[_REGION] = self.regions[-1]
@@ -665,10 +669,15 @@ def _segments(rec: _Recording, ops: list[fx.Node], starts: list[int], inputs: An
     )
 
 
+def _op_name(node: fx.Node) -> str:
+    """The name of the torch function a recorded operation called (a lean replacement keeps it)."""
+    return node.meta.get(_OP_NAME) or getattr(node.target, "__name__", "op")
+
+
 def _named(unit: Unit, earlier: list[Unit]) -> Unit:
-    mods = [n.target if n.op == "call_module" else f"{n.meta[_REGION]}:{getattr(n.target, '__name__', 'op')}"
+    mods = [n.target if n.op == "call_module" else f"{n.meta[_REGION]}:{_op_name(n)}"
             for n in unit.nodes if n.op == "call_module" or _is_region_op(n)]
-    mods = mods or [getattr(unit.nodes[0].target, "__name__", "op")]  # glue before a region's first operation
+    mods = mods or [_op_name(unit.nodes[0])]  # glue before a region's first operation
     name = mods[0] if len(mods) == 1 else (f"{mods[0]}+{mods[1]}" if len(mods) == 2 else f"{mods[0]}..{mods[-1]}")
     name = name or "model"
     taken = {u.name for u in earlier}

@@ -12,6 +12,7 @@ import torchvision
 from agent.errors import InputMismatchError
 from agent.chunked_loss import ChunkedNextTokenLoss, defer_head
 from agent.executor import Executor
+from agent.lean_backward import lean_pow
 from agent.parity import bits_equal
 from agent.extract import extract
 from agent.zoo import decoder_lm
@@ -289,6 +290,8 @@ def test_a_module_cut_into_its_operations_trains_exactly(schedule, tmp_path):
     ex = assert_exact(_gelu_mlp, mlp_example, cross_entropy, SCHEDULES[schedule], tmp_path, segments=["0", "1:ops", "2"])
     names = [n.name for n in ex.graph.nodes if n.kind == "forward"]
     assert names[:3] == ["input", "0", "1:mul"] and "1:pow" in names and "1:tanh" in names and names[-1] == "2"
+    # its cube runs the lean backward (one scratch buffer), and the gradients above are still PyTorch's bits
+    assert any(node.target is lean_pow for unit in ex.runtime.segments.units for node in unit.nodes)
     assert ex.graph.cut == ("0", "1:ops", "2")
 
 
