@@ -26,6 +26,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator, TextIO
 
+from agent.zoo_names import ZOO_INPUTS
 from common.cli import positive_int
 from schedules.cli import check_writable, load_device, load_schedule
 from common.errors import CommandError
@@ -41,7 +42,7 @@ def add_commands(subparsers: Any) -> None:
 def _add_model_options(p: argparse.ArgumentParser) -> None:
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--model", metavar="NAME",
-                       help="zoo model: resnet18, mobilenet_v2, vgg11_bn, bert, unet, gpt2, llama")
+                       help=f"zoo model: {', '.join(ZOO_INPUTS)}")
     which.add_argument("--module", metavar="PKG.MOD:FACTORY",
                        help="your own model: FACTORY() returns an nn.Module or an agent.zoo.Workload")
     p.add_argument("--input", metavar="SHAPE", help="batch shape, batch first: 32x3x64x64, or 8x128 for bert "

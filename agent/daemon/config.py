@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from agent.energy.detect import MeterConfig
 from agent.errors import ConfigError
 from agent.monitors.quiet import parse_window
-from agent.zoo_names import chunked_loss_problems, model_problems
+from agent.zoo_names import ZOO_INPUTS, chunked_loss_problems, model_problems
 from common.units import parse_bytes
 
 if TYPE_CHECKING:
@@ -347,8 +347,7 @@ def _check(c: AgentConfig) -> list[str]:
     if not c.device.name:
         found.append("device.name is required (how the fleet knows this device)")
     if not c.workload.model:
-        found.append("workload.model is required: a zoo name (resnet18, mobilenet_v2, vgg11_bn, bert, unet, gpt2, "
-                     "llama) or package.module:factory")
+        found.append(f"workload.model is required: a zoo name ({', '.join(ZOO_INPUTS)}) or package.module:factory")
     if c.workload.input and not re.fullmatch(r"\d+(x\d+)*", c.workload.input.lower()):
         found.append(f"workload.input = {c.workload.input!r}: expected a batch shape such as 8x3x32x32")
     elif c.workload.model:
