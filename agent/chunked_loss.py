@@ -41,6 +41,11 @@ CHUNKED_LABEL = " (chunked loss)"
 """Appended to a chunked workload's name: the label that travels with its graphs and schedules."""
 
 
+def _loss_dtype(hidden: torch.Tensor) -> torch.dtype:
+    """Logits are reduced in at least float32 (half and bfloat16 hidden states are upcast, float64 kept)."""
+    return torch.promote_types(hidden.dtype, torch.float32)
+
+
 class ChunkedCrossEntropy(torch.autograd.Function):
     """``F.cross_entropy(hidden @ weight.T, targets)`` (mean over the targets not ignored), chunk by chunk.
 
@@ -53,9 +58,9 @@ class ChunkedCrossEntropy(torch.autograd.Function):
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                 chunk: int) -> torch.Tensor:
         count = (targets != IGNORE_INDEX).sum()
-        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        total = torch.zeros((), dtype=_loss_dtype(hidden), device=hidden.device)
         for start in range(0, hidden.shape[0], chunk):
-            logits = (hidden[start:start + chunk] @ weight.t()).float()
+            logits = (hidden[start:start + chunk] @ weight.t()).to(_loss_dtype(hidden))
             total += F.cross_entropy(logits, targets[start:start + chunk], reduction="sum",
                                      ignore_index=IGNORE_INDEX)
         ctx.save_for_backward(hidden, weight, targets)
@@ -66,13 +71,13 @@ class ChunkedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[Any, ...]:
         hidden, weight, targets = ctx.saved_tensors
-        scale = grad_loss.float() / ctx.count
+        scale = grad_loss.to(_loss_dtype(hidden)) / ctx.count.clamp(min=1)  # all ignored: zero gradients
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
         for start in range(0, hidden.shape[0], ctx.chunk):
             rows = hidden[start:start + ctx.chunk]
             wanted = targets[start:start + ctx.chunk]
-            grad_logits = torch.softmax((rows @ weight.t()).float(), dim=-1)
+            grad_logits = torch.softmax((rows @ weight.t()).to(_loss_dtype(hidden)), dim=-1)
             kept = wanted != IGNORE_INDEX
             picked = torch.arange(len(wanted), device=wanted.device)[kept]
             grad_logits[picked, wanted[kept]] -= 1.0
@@ -167,9 +172,28 @@ def defer_head(model: nn.Module) -> nn.Module:
     return model
 
 
+CHUNKABLE_MODELS = frozenset({"GPT2LMHeadModel", "LlamaForCausalLM"})
+"""transformers causal LMs whose logits are their head's product as it is: others scale or cap them after the
+head (Cohere, Granite, Gemma 2), which a deferred head would apply to the hidden states instead."""
+
+
 def chunk_loss(workload: Any, chunk_bytes: int = CHUNK_LOGITS_BYTES) -> Any:
     """``workload`` (an :class:`agent.zoo.Workload` of a causal language model) with its head deferred
-    (:func:`defer_head`), its loss :class:`ChunkedNextTokenLoss` and :data:`CHUNKED_LABEL` added to its name."""
+    (:func:`defer_head`), its loss :class:`ChunkedNextTokenLoss` and :data:`CHUNKED_LABEL` added to its name.
+
+    Raises
+    ------
+    ValueError
+        The workload's loss is not the zoo's next-token loss (targets shifted already, logits straight from
+        the head), or its model is not one of :data:`CHUNKABLE_MODELS`.
+    """
+    from agent.zoo import next_token_cross_entropy
+
+    kind = type(workload.model).__name__
+    if workload.loss_fn is not next_token_cross_entropy or kind not in CHUNKABLE_MODELS:
+        raise ValueError(f"{kind} with its loss cannot be chunked: the chunked loss replaces the zoo's next-token "
+                         f"loss (agent.zoo.next_token_cross_entropy) on {', '.join(sorted(CHUNKABLE_MODELS))}, "
+                         "whose logits are their head's product as it is")
     defer_head(workload.model)
     return replace(workload, name=workload.name + CHUNKED_LABEL,
                    loss_fn=ChunkedNextTokenLoss.of(workload.model, chunk_bytes))

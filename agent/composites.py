@@ -14,8 +14,8 @@ one call computes (the tests hold the two bit for bit against each other).
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+import types
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -35,20 +35,22 @@ def composite_body(func: Callable, args: tuple, kwargs: dict) -> Callable[[], An
 
 def _own_body(func: Callable, args: tuple, kwargs: dict) -> Any:
     """Run a ``torch.nn.functional`` function written in Python past its first check (``has_torch_function``),
-    which under an active mode would hand the whole call back to the mode."""
-    with _no_torch_function_check():
-        return func(*args, **kwargs)
+    which under an active mode would hand the whole call back to the mode: a copy of the function whose
+    globals answer that check with False (the module itself is left alone, for other threads)."""
+    body = types.FunctionType(func.__code__, {**func.__globals__, "has_torch_function": lambda *args: False},
+                              func.__name__, func.__defaults__, func.__closure__)
+    body.__kwdefaults__ = func.__kwdefaults__
+    return body(*args, **kwargs)
 
 
-@contextmanager
-def _no_torch_function_check() -> Iterator[None]:
-    functional = torch.nn.functional
-    check = functional.has_torch_function
-    functional.has_torch_function = lambda *args: False
+def _mask_fits(mask: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> bool:
+    """Whether ``mask`` adds onto the scores as ATen's in-place add does: boolean or the query's dtype, and
+    broadcasting to the scores' shape without growing it."""
+    scores = torch.Size((*query.shape[:-1], key.shape[-2]))
     try:
-        yield
-    finally:
-        functional.has_torch_function = check
+        return mask.dtype in (torch.bool, query.dtype) and torch.broadcast_shapes(mask.shape, scores) == scores
+    except RuntimeError:
+        return False
 
 
 def _attention_math(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -56,8 +58,14 @@ def _attention_math(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     scale: float | None = None, enable_gqa: bool = False) -> Callable[[], torch.Tensor] | None:
     """``scaled_dot_product_attention`` as the operations of ATen's math backend
     (``_scaled_dot_product_attention_math``), where PyTorch picks that backend for these arguments (on CPU: with
-    dropout); ``None`` where it picks a fused kernel, or for grouped-query and negative-scale calls."""
-    if enable_gqa or (scale is not None and scale < 0) or query.dim() < 2:
+    dropout); ``None`` where it picks a fused kernel, and for the calls whose math this does not repeat bit
+    for bit: grouped-query, negative scale, half precision (upcast inside), under autocast, a causal call
+    with a mask (an error there), a mask that broadcasts beyond the scores."""
+    if (enable_gqa or (scale is not None and scale < 0) or query.dim() < 2
+            or query.dtype not in (torch.float32, torch.float64)
+            or torch.is_autocast_enabled(query.device.type) or (is_causal and attn_mask is not None)):
+        return None
+    if attn_mask is not None and not _mask_fits(attn_mask, query, key):
         return None
     if torch._fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale=scale) != _MATH:
         return None

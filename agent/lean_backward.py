@@ -48,11 +48,12 @@ _POW = frozenset({torch.pow, torch.Tensor.pow, torch.Tensor.__pow__})
 
 def lean_version(func: Callable, args: tuple, kwargs: dict) -> Callable | None:
     """The lean replacement for the call ``func(*args, **kwargs)``, taking the same arguments, or ``None``
-    where there is none (another operation, another form of it, or no gradient to make)."""
+    where there is none (another operation, another form of it, no gradient to make, or autocast, which
+    computes PyTorch's backward in another precision)."""
     if func in _POW and not kwargs and len(args) == 2:
         base, exponent = args
         if (isinstance(base, torch.Tensor) and base.requires_grad and base.dtype.is_floating_point
                 and not base.is_complex() and isinstance(exponent, numbers.Real) and not isinstance(exponent, bool)
-                and exponent != 0):
+                and exponent != 0 and not torch.is_autocast_enabled(base.device.type)):  # autocast: fp32 inside
             return lean_pow
     return None

@@ -92,5 +92,21 @@ def test_a_chunked_workload_is_named_so_and_evaluates_on_real_logits(tmp_path):
 
 
 def test_a_chunked_loss_for_a_model_without_a_language_head_is_refused():
-    with pytest.raises(ZooError, match="chunked loss for resnet18: ResNet has no bias-free linear output embedding"):
+    with pytest.raises(ZooError, match="chunked loss for resnet18: ResNet with its loss cannot be chunked"):
         load_workload("resnet18", (2, 3, 32, 32), chunked_loss=True)
+
+
+def test_a_batch_of_ignored_targets_gives_zero_gradients_as_plain_cross_entropy_does():
+    hidden, weight = torch.randn(2, 5, 8, requires_grad=True), torch.randn(30, 8, requires_grad=True)
+    loss = chunked_cross_entropy(hidden, weight, torch.full((2, 5), IGNORE_INDEX), chunk_bytes=4 * 30 * 3)
+    loss.backward()
+    assert torch.isnan(loss)  # as F.cross_entropy's mean over no targets
+    assert torch.equal(hidden.grad, torch.zeros_like(hidden)) and torch.equal(weight.grad, torch.zeros_like(weight))
+
+
+def test_float64_hidden_states_are_reduced_in_float64():
+    torch.manual_seed(0)
+    hidden, weight = torch.randn(6, 4, dtype=torch.float64), torch.randn(9, 4, dtype=torch.float64)
+    targets = torch.randint(0, 9, (6,))
+    assert torch.autograd.gradcheck(lambda h, w: chunked_cross_entropy(h, w, targets, chunk_bytes=4 * 9 * 2),
+                                    (hidden.requires_grad_(), weight.requires_grad_()))

@@ -48,10 +48,18 @@ def test_attention_with_dropout_runs_as_the_math_backends_operations(case):
     _same_values_and_gradients(lambda: F.scaled_dot_product_attention(q, k, v, **kwargs), body, (q, k, v))
 
 
-def test_attention_on_a_fused_kernel_stays_one_call():
+def test_attention_on_a_fused_kernel_or_with_math_it_does_not_repeat_stays_one_call():
     q, k, v = _qkv()
-    assert composite_body(F.scaled_dot_product_attention, (q, k, v), {}) is None  # no dropout: a fused kernel
-    assert composite_body(F.scaled_dot_product_attention, (q, k, v), {"dropout_p": 0.1, "enable_gqa": True}) is None
+    sdpa = F.scaled_dot_product_attention
+    assert composite_body(sdpa, (q, k, v), {}) is None  # no dropout: a fused kernel
+    assert composite_body(sdpa, (q, k, v), {"dropout_p": 0.1, "enable_gqa": True}) is None
+    half = tuple(t.detach().bfloat16() for t in (q, k, v))
+    assert composite_body(sdpa, half, {"dropout_p": 0.1}) is None  # the math backend upcasts half precision
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert composite_body(sdpa, (q, k, v), {"dropout_p": 0.1}) is None
+    causal_with_mask = {"dropout_p": 0.1, "is_causal": True, "attn_mask": torch.zeros(12, 12)}
+    assert composite_body(sdpa, (q, k, v), causal_with_mask) is None  # the one call raises, as it should
+    assert composite_body(sdpa, (q[0], k[0], v[0]), {"dropout_p": 0.1, "attn_mask": torch.zeros(5, 12, 12)}) is None
     assert composite_body(torch.matmul, (q, k), {}) is None
 
 

@@ -51,3 +51,5 @@ def test_only_a_real_power_of_a_tensor_that_needs_a_gradient_is_replaced():
     assert lean_version(torch.pow, (x, torch.tensor(3.0)), {}) is None  # a tensor exponent has a gradient too
     assert lean_version(torch.pow, (2.0, x), {}) is None
     assert lean_version(torch.mul, (x, 3.0), {}) is None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert lean_version(torch.pow, (x, 3.0), {}) is None  # autocast computes the backward in float32
