@@ -148,9 +148,9 @@ class ChunkedNextTokenLoss:
 
     def __call__(self, output: Any, targets: torch.Tensor) -> torch.Tensor:
         if not self.head.training:  # eval mode: the head made the logits
-            logits = output.logits
-            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                                   ignore_index=IGNORE_INDEX)
+            from agent.zoo import next_token_cross_entropy
+
+            return next_token_cross_entropy(output, targets)
         return chunked_cross_entropy(output.logits, self.head.weight, targets, self.chunk_bytes)
 
 

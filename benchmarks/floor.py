@@ -77,7 +77,8 @@ def measure(name: str, search_time: float) -> dict[str, Any]:
     needs = node_lower_bounds(refined)
     setting = refined.nodes[max(range(refined.size), key=needs.__getitem__)]
     return {"model": name, "input": model.input, "chunked_loss": model.chunked_loss, "M": peak,
-            "coarse_nodes": coarse.size, "coarse_floor": coarse_floor, "nodes": refined.size, "floor": floor, "floor_exact": exact,
+            "coarse_nodes": coarse.size, "coarse_floor": coarse_floor, "nodes": refined.size, "floor": floor,
+            "floor_exact": exact,
             "bound": refined.operator_bound_bytes, "setting_node": setting.name, "extract_s": extract_s,
             "search_s": time.perf_counter() - started}
 

@@ -59,16 +59,10 @@ from typing import Any
 
 from benchmarks.workloads import BENCH_MODELS
 
-MODELS = {  # name: (input, optimizer settings)
-    "resnet18": ("32x3x64x64", {"optimizer": "sgd", "learning_rate": 0.01, "momentum": 0.9}),
-    "vgg11_bn": ("16x3x64x64", {"optimizer": "sgd", "learning_rate": 0.01, "momentum": 0.9}),
-    "bert": ("8x128", {"optimizer": "adamw", "learning_rate": 1e-4, "weight_decay": 0.01}),
-    "gpt2": ("8x128", {"optimizer": "adamw", "learning_rate": 1e-4, "weight_decay": 0.01}),
-    "gpt2-32k": ("8x128", {"optimizer": "adamw", "learning_rate": 1e-4, "weight_decay": 0.01}),
-    "gpt2-32k-chunked": ("8x128", {"optimizer": "adamw", "learning_rate": 1e-4, "weight_decay": 0.01}),
-    "llama": ("8x128", {"optimizer": "adamw", "learning_rate": 1e-4, "weight_decay": 0.01}),
-    "vit": ("16x3x64x64", {"optimizer": "adamw", "learning_rate": 1e-4, "weight_decay": 0.01}),
-}
+SGD = {"optimizer": "sgd", "learning_rate": 0.01, "momentum": 0.9}
+ADAMW = {"optimizer": "adamw", "learning_rate": 1e-4, "weight_decay": 0.01}
+MODELS = {"resnet18": SGD, "vgg11_bn": SGD, "bert": ADAMW, "gpt2": ADAMW, "gpt2-32k": ADAMW,  # name: optimizer
+          "gpt2-32k-chunked": ADAMW, "llama": ADAMW, "vit": ADAMW}  # (the input: BENCH_MODELS')
 DEFAULT_MODELS = ("resnet18", "vgg11_bn", "bert")
 LAYER_CHECKPOINTS = {"bert": "checkpoint:layers", "gpt2": "checkpoint:layers", "gpt2-32k": "checkpoint:layers",
                      "gpt2-32k-chunked": "checkpoint:layers", "llama": "checkpoint:layers",
@@ -94,8 +88,8 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     rss.return_freed_memory()
-    shape = parse_shape(args.input or MODELS[args.model][0])
-    settings = OptimizerSettings(**MODELS[args.model][1])
+    shape = parse_shape(args.input or BENCH_MODELS[args.model].input)
+    settings = OptimizerSettings(**MODELS[args.model])
     work = BENCH_MODELS[args.model].build(shape)
     batches = [_batch(work, shape, step) for step in range(STEPS)]
     step, optimizer_state = _method(args, work, settings)
@@ -124,8 +118,8 @@ def run_timing_child(args: argparse.Namespace) -> dict[str, list[float]]:
 
     torch.set_num_threads(1)
     rss.return_freed_memory()
-    shape = parse_shape(MODELS[args.model][0])
-    settings = OptimizerSettings(**MODELS[args.model][1])
+    shape = parse_shape(BENCH_MODELS[args.model].input)
+    settings = OptimizerSettings(**MODELS[args.model])
     steps, batches = {}, None
     for run in args.runs.split(","):
         work = BENCH_MODELS[args.model].build(shape)
@@ -294,7 +288,7 @@ def bench_model(name: str, workdir: Path, plan_time: float, rounds: int, refine:
     from agent.zoo import parse_shape
     from schedules.budgets import floor_text, store_all_peak
 
-    shape_text, optimizer = MODELS[name]
+    shape_text, optimizer = BENCH_MODELS[name].input, MODELS[name]
     folder = workdir / name
     folder.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
