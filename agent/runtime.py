@@ -45,7 +45,7 @@ from torch.autograd.graph import GradientEdge, get_gradient_edge
 from agent.errors import ExecutorError
 from agent.replay import Replay, RngState
 from agent.segments import Boundary, Port, Segments, run_unit
-from agent.store import Store, Value
+from agent.store import Handle, Store, Value
 
 
 class Runtime:
@@ -180,8 +180,7 @@ class Runtime:
             for port, edge in fvalue.entries.items():
                 holder = self._holder.get(port)
                 if holder is not None:
-                    self._seeds[port] = self.store.tensor(self.store.value(holder).grads[port])
-                    self.reads[node].add(holder)
+                    self._seeds[port] = self._read_grad(node, holder, port)
                     roots.append(edge)
                     grads.append(self._seeds[port])
         self._filling = value
@@ -216,8 +215,8 @@ class Runtime:
         if seed is not None and grad.untyped_storage().data_ptr() == seed.untyped_storage().data_ptr() \
                 and grad.storage_offset() == seed.storage_offset():
             return  # the unit added nothing: the running sum stays with the consumer that holds it
-        if self.store.owner_of(grad) not in (None, value.node):
-            grad = grad.clone()  # a gradient passed straight through must not alias another node's value
+        # A gradient passed straight through (an addition's) stays in the node that made it: this value holds a
+        # reference, and whoever reads it reads that node too (:meth:`_read_grad`), as plain autograd shares it.
         value.grads[port] = self.store.adopt(value, grad)
         self._deposited[value.node].add(port)
         self._holder[port] = value.node
@@ -232,8 +231,18 @@ class Runtime:
         holder = self._holder.get(port)
         if holder is None:
             return None
-        self.reads.setdefault(self.segments.backward_of(forward), set()).add(holder)
-        return self.store.tensor(self.store.value(holder).grads[port])
+        return self._read_grad(self.segments.backward_of(forward), holder, port)
+
+    def _read_grad(self, reader: int, holder: int, port: Port) -> torch.Tensor:
+        """The running gradient sum of ``port`` that ``holder`` keeps, read by backward node ``reader``; the read
+        is recorded for the holder and, where the sum is another node's gradient passed straight through, for
+        that node too (its storage is the one read)."""
+        ref = self.store.value(holder).grads[port]
+        reads = self.reads.setdefault(reader, set())
+        reads.add(holder)
+        if isinstance(ref, Handle):
+            reads.add(ref.node)
+        return self.store.tensor(ref)
 
     def _set_outputs(self, value: Value, outputs: list[Any], name: str) -> None:
         for out in outputs:

@@ -42,6 +42,31 @@ class FanIn(nn.Module):
         return self.head((x1 + x2) * y)
 
 
+class Join(nn.Module):
+    """``x + y`` as a module of its own: cut into operations (``join:ops``) the add is a unit whose backward
+    passes the gradient of its output straight through, to both inputs."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x + y
+
+
+class PassThrough(nn.Module):
+    """``head(a(x) + b(a(x)))`` with the add a unit of its own (segments :data:`PASS_THROUGH_CUT`)."""
+
+    def __init__(self, width: int = 8, classes: int = 3) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(width, width), nn.Linear(width, width)
+        self.join = Join()
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x1 = self.a(x)
+        return self.head(self.join(x1, self.b(x1)))
+
+
+PASS_THROUGH_CUT = ["a", "b", "join:ops", "head"]
+
+
 def fan_in_example(batch: int = 4, width: int = 8, classes: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(batch, width), torch.randint(0, classes, (batch,))
 

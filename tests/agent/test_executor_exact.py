@@ -19,7 +19,7 @@ from agent.zoo import decoder_lm
 from schedules.budgets import memory_lower_bound, node_lower_bounds, smallest_feasible_budget
 from schedules.plan import plan
 from tests.agent.models import (
-    FanIn, FrozenBackbone, MixedPrecision, TinyUNet, bert_classifier, bert_example, cross_entropy, fan_in_example, image_example,
+    PASS_THROUGH_CUT, FanIn, FrozenBackbone, PassThrough, MixedPrecision, TinyUNet, bert_classifier, bert_example, cross_entropy, fan_in_example, image_example,
     logits_cross_entropy, mlp, mlp_example, padded_bert_example, page_everything, recompute_everything, schedule_for, unet_example,
     gpt2_decoder, llama_decoder, next_token_cross_entropy, next_token_example, small_vit,
 )
@@ -131,6 +131,12 @@ def test_mlp_dropout_masks_replayed_exactly(schedule, tmp_path):
 @pytest.mark.parametrize("schedule", ["store-all", "paging"])
 def test_gradient_sums_exact_where_one_gradient_feeds_two_ports(schedule, tmp_path):
     assert_exact(FanIn, fan_in_example, cross_entropy, SCHEDULES[schedule], tmp_path)
+
+
+@pytest.mark.parametrize("schedule", [*FAST_SCHEDULES, "sqrt-n"])
+def test_gradients_passed_straight_through_exact_while_their_maker_is_paged_or_freed(schedule, tmp_path):
+    assert_exact(PassThrough, fan_in_example, cross_entropy, SCHEDULES[schedule], tmp_path,
+                 segments=PASS_THROUGH_CUT)
 
 
 @pytest.mark.parametrize("schedule", FAST_SCHEDULES)

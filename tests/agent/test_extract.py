@@ -12,7 +12,8 @@ import torchvision
 
 from agent.extract import ExtractionError, default_segments, extract
 from schedules.graph import TrainingGraph
-from tests.agent.models import TinyUNet, cross_entropy, image_example, mlp, mlp_example, unet_example
+from tests.agent.models import (PASS_THROUGH_CUT, PassThrough, TinyUNet, cross_entropy, fan_in_example, image_example,
+                                mlp, mlp_example, unet_example)
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +143,19 @@ def test_skip_connections_cross_segments():
     assert grad_pool in graph.predecessors[grad_enc1] and grad_dec1 not in graph.predecessors[grad_enc1]
     assert grad_dec1 in graph.predecessors[grad_pool]
     assert names.count("pool") == 1 and names.count("pool#2") == 1  # one module called twice
+
+
+def test_a_gradient_passed_straight_through_stays_with_the_node_that_made_it():
+    torch.manual_seed(0)
+    graph, segments = extract(PassThrough().train(), fan_in_example(), cross_entropy, repeats=1,
+                              segments=PASS_THROUGH_CUT)
+    names = [n.name for n in graph.nodes]
+    b, add, head = (names.index(n) for n in ("b", "join:add", "head"))
+    grad_b, grad_add, grad_head = (segments.backward_of(n) for n in (b, add, head))
+    # the add's backward hands head's gradient on to both its inputs: it holds no copy of it ...
+    assert graph.nodes[grad_add].bytes == 0 and graph.nodes[grad_head].bytes > 0
+    # ... so b's backward, which reads it (through the add's backward), needs head's backward resident too
+    assert {grad_add, grad_head} <= set(graph.predecessors[grad_b])
 
 
 def test_max_nodes_merges_cheap_neighbours():
