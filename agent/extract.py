@@ -564,24 +564,64 @@ def _cut(model: nn.Module, rec: _Recording, inputs: Any, targets: Any, loss_fn: 
     paged on its own.  Merged, resnet18's stem BatchNorm+ReLU backward needs
     53% of the step's memory at once; apart, 44%.
     """
-    ops = rec.ops
+    ops = _views_beside_their_use(rec.ops)
     starts = _initial_starts(ops)
     out_of_place: list[str] = []
     while True:
         segs = _segments(rec, ops, starts, inputs, targets, loss_fn, out_of_place)
-        bad, seconds = _probe(model, segs, inputs, targets)
+        bad, why, seconds = _probe(model, segs, inputs, targets)
         if bad is None:
             break
-        module = _lone_inplace_module(model, segs.units[bad - 1])
+        module = _lone_inplace_module(model, segs.units[bad - 1]) if why == "in place" else None
         if module is not None:
             out_of_place.append(module)
             model.get_submodule(module).inplace = False
         else:
-            starts = _merge(starts, bad, segs)
+            starts = _merge(starts, bad, segs, forward=why == "view" and _feeds_next(segs, bad))
     if max_nodes is not None:
         starts = _bound(starts, seconds, max_nodes)
         segs = _segments(rec, ops, starts, inputs, targets, loss_fn, out_of_place)
     return segs
+
+
+_VIEWS = frozenset({torch.Tensor.view, torch.Tensor.view_as, torch.Tensor.transpose, torch.Tensor.permute,
+                    torch.Tensor.unsqueeze, torch.Tensor.squeeze, torch.Tensor.expand, torch.Tensor.t,
+                    torch.transpose, torch.permute, torch.unsqueeze, torch.squeeze, torch.t})
+"""Operations that always return a view of their first argument and compute nothing."""
+
+
+def _views_beside_their_use(ops: list[fx.Node]) -> list[fx.Node]:
+    """``ops`` with each view a module's own code takes moved down to right before the operation that first
+    uses it, where nothing in between reads the viewed tensor (so nothing can change it in place).
+
+    A view is its own unit in a region and returns memory of its input, so it is merged with a neighbour
+    (:func:`_merge`); moved beside its use it joins that use, instead of chaining the units between (an
+    attention's query, key and value projections) into one.  Views compute nothing: values and gradients
+    are the same bits wherever they are taken.
+    """
+    ops = list(ops)
+    moved = True
+    while moved:
+        moved = False
+        position = {n: i for i, n in enumerate(ops)}
+        for i in range(len(ops) - 1, -1, -1):
+            node = ops[i]
+            if not (_is_region_op(node) and node.target in _VIEWS and node.users):
+                continue
+            uses = [position[u] for u in node.users if u in position]
+            if len(uses) != len(node.users):
+                continue  # also read by the model's output or the loss
+            first = min(uses)
+            base = node.args[0] if node.args else None
+            between = ops[i + 1:first]
+            if all(_is_region_op(n) and n.target in _VIEWS for n in between):
+                continue  # beside its use already, or only other views in between (two views of one operation)
+            if any(base in n.all_input_nodes for n in between):
+                continue
+            ops.insert(first - 1, ops.pop(i))
+            moved = True
+            break
+    return ops
 
 
 def _lone_inplace_module(model: nn.Module, unit: Unit) -> str | None:
@@ -615,15 +655,35 @@ def _is_region_op(node: fx.Node) -> bool:
     return _REGION in node.meta and node.target not in (pytree_leaf, same_path)
 
 
-def _merge(starts: list[int], bad: int, segs: Segments) -> list[int]:
-    """Merge unit ``bad`` (1-based) into its predecessor, or its successor when it is the first."""
+def _merge(starts: list[int], bad: int, segs: Segments, forward: bool = False) -> list[int]:
+    """Merge unit ``bad`` (1-based) into its predecessor, or its successor when it is the first.
+
+    With ``forward`` (the unit returns a view of a value it reads, changes nothing, and its successor uses
+    it) it joins its successor instead: the view is then taken inside the unit that uses it, and the unit
+    that made the value stays as it was.  Joined with its predecessor, a lone ``transpose`` of a key
+    projection would pull every unit back to the projection into one (BERT's key, value and query scaling).
+    """
     if len(starts) == 1:
         unit = segs.units[0]
         raise ExtractionError(
             f"segment {unit.name!r} modifies the model's input in place or returns a view of it, and there is "
             "no other segment to merge it with; pass explicit segments= that include more of the model")
-    drop = bad - 1 if bad > 1 else 1  # index into starts of the cut to remove
+    if forward and bad < len(starts):
+        drop = bad  # the successor's start
+    else:
+        drop = bad - 1 if bad > 1 else 1  # index into starts of the cut to remove
     return starts[:drop] + starts[drop + 1:]
+
+
+def _feeds_next(segs: Segments, unit: int) -> bool:
+    """Whether a unit after unit ``unit`` (1-based) reads one of its outputs with nothing but views between
+    (views moved beside one operation that uses several of them: an attention's query and transposed key)."""
+    for after in segs.units[unit:]:
+        if any(port.node == unit for _, port in after.inputs):
+            return True
+        if not all(_is_region_op(n) and n.target in _VIEWS for n in after.nodes):
+            return False
+    return False
 
 
 def _bound(starts: list[int], seconds: list[float], max_nodes: int) -> list[int]:
@@ -687,8 +747,9 @@ def _named(unit: Unit, earlier: list[Unit]) -> Unit:
     return Unit(name, unit.nodes, unit.inputs, unit.outputs, unit.modules)
 
 
-def _probe(model: nn.Module, segs: Segments, inputs: Any, targets: Any) -> tuple[int | None, list[float]]:
-    """Run the units once without grad; the first that writes into or returns a view of an input, and times."""
+def _probe(model: nn.Module, segs: Segments, inputs: Any, targets: Any) -> tuple[int | None, str, list[float]]:
+    """Run the units once without grad; the first that writes into (``"in place"``) or returns a view of
+    (``"view"``) an input, and times."""
     modules = dict(model.named_modules())
     node0 = segs.flatten_example(inputs, targets)
     values: dict[Port, torch.Tensor] = {Port(0, j): t for j, t in enumerate(node0)}
@@ -702,10 +763,12 @@ def _probe(model: nn.Module, segs: Segments, inputs: Any, targets: Any) -> tuple
             seconds.append(time.perf_counter() - started)
             shared = {t.untyped_storage().data_ptr() for t in env.values() if t.untyped_storage().nbytes()}
             aliased = any(isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() in shared for o in outputs)
-            if aliased or [t._version for t in env.values()] != versions:
-                return u, seconds
+            if [t._version for t in env.values()] != versions:
+                return u, "in place", seconds
+            if aliased:
+                return u, "view", seconds
             values.update({Port(u, j): o for j, o in enumerate(outputs)})
-    return None, seconds
+    return None, "", seconds
 
 
 # -- 4. measuring -------------------------------------------------------------------

@@ -67,6 +67,34 @@ class PassThrough(nn.Module):
 PASS_THROUGH_CUT = ["a", "b", "join:ops", "head"]
 
 
+class Heads(nn.Module):
+    """Attention written out: the key's transpose is taken after the value projection, where it is used."""
+
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.q, self.k, self.v = (nn.Linear(width, width) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (f(x).view(x.shape[0], 2, -1).transpose(0, 1) for f in (self.q, self.k, self.v))
+        weights = torch.softmax(q @ k.transpose(-1, -2), dim=-1)
+        return (weights @ v).transpose(0, 1).reshape(x.shape)
+
+
+class Attending(nn.Module):
+    """:class:`Heads` and a classifier; cut with :data:`ATTENDING_CUT` the attention's own code runs as
+    operations."""
+
+    def __init__(self, width: int = 8, classes: int = 3) -> None:
+        super().__init__()
+        self.attn, self.head = Heads(width), nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.attn(x))
+
+
+ATTENDING_CUT = ["attn.q", "attn.k", "attn.v", "attn:ops", "head"]
+
+
 def fan_in_example(batch: int = 4, width: int = 8, classes: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(batch, width), torch.randint(0, classes, (batch,))
 

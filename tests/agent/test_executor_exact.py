@@ -19,7 +19,7 @@ from agent.zoo import decoder_lm
 from schedules.budgets import memory_lower_bound, node_lower_bounds, smallest_feasible_budget
 from schedules.plan import plan
 from tests.agent.models import (
-    PASS_THROUGH_CUT, FanIn, FrozenBackbone, PassThrough, MixedPrecision, TinyUNet, bert_classifier, bert_example, cross_entropy, fan_in_example, image_example,
+    ATTENDING_CUT, PASS_THROUGH_CUT, Attending, FanIn, FrozenBackbone, PassThrough, MixedPrecision, TinyUNet, bert_classifier, bert_example, cross_entropy, fan_in_example, image_example,
     logits_cross_entropy, mlp, mlp_example, padded_bert_example, page_everything, recompute_everything, schedule_for, unet_example,
     gpt2_decoder, llama_decoder, next_token_cross_entropy, next_token_example, small_vit,
 )
@@ -137,6 +137,11 @@ def test_gradient_sums_exact_where_one_gradient_feeds_two_ports(schedule, tmp_pa
 def test_gradients_passed_straight_through_exact_while_their_maker_is_paged_or_freed(schedule, tmp_path):
     assert_exact(PassThrough, fan_in_example, cross_entropy, SCHEDULES[schedule], tmp_path,
                  segments=PASS_THROUGH_CUT)
+
+
+@pytest.mark.parametrize("schedule", [*FAST_SCHEDULES, "sqrt-n"])
+def test_views_taken_beside_their_use_exact(schedule, tmp_path):
+    assert_exact(Attending, fan_in_example, cross_entropy, SCHEDULES[schedule], tmp_path, segments=ATTENDING_CUT)
 
 
 @pytest.mark.parametrize("schedule", FAST_SCHEDULES)

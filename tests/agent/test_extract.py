@@ -12,7 +12,7 @@ import torchvision
 
 from agent.extract import ExtractionError, default_segments, extract
 from schedules.graph import TrainingGraph
-from tests.agent.models import (PASS_THROUGH_CUT, PassThrough, TinyUNet, cross_entropy, fan_in_example, image_example,
+from tests.agent.models import (ATTENDING_CUT, PASS_THROUGH_CUT, Attending, PassThrough, TinyUNet, cross_entropy, fan_in_example, image_example,
                                 mlp, mlp_example, unet_example)
 
 
@@ -156,6 +156,17 @@ def test_a_gradient_passed_straight_through_stays_with_the_node_that_made_it():
     assert graph.nodes[grad_add].bytes == 0 and graph.nodes[grad_head].bytes > 0
     # ... so b's backward, which reads it (through the add's backward), needs head's backward resident too
     assert {grad_add, grad_head} <= set(graph.predecessors[grad_b])
+
+
+def test_a_view_is_taken_in_the_unit_that_uses_it_not_merged_back_into_its_maker():
+    torch.manual_seed(0)
+    _, segments = extract(Attending().train(), fan_in_example(), cross_entropy, repeats=1, segments=ATTENDING_CUT)
+    calls = [[n.target for n in unit.nodes if n.op == "call_module"] for unit in segments.units]
+    # the key's transpose joins the product that reads it: the projections stay units of their own
+    assert ["attn.q"] in calls and ["attn.k"] in calls and ["attn.v"] in calls
+    transposed_key = next(u for u in segments.units if any(n.target is torch.matmul or "matmul" in str(n.target)
+                                                            for n in u.nodes))
+    assert any("transpose" in str(n.target) for n in transposed_key.nodes)
 
 
 def test_max_nodes_merges_cheap_neighbours():
