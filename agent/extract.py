@@ -577,7 +577,8 @@ def _cut(model: nn.Module, rec: _Recording, inputs: Any, targets: Any, loss_fn: 
             out_of_place.append(module)
             model.get_submodule(module).inplace = False
         else:
-            starts = _merge(starts, bad, segs, forward=why == "view" and _feeds_next(segs, bad))
+            views_only = all(_is_region_op(n) and n.target in _VIEWS for n in segs.units[bad - 1].nodes)
+            starts = _merge(starts, bad, segs, forward=why == "view" and views_only and _feeds_next(segs, bad))
     if max_nodes is not None:
         starts = _bound(starts, seconds, max_nodes)
         segs = _segments(rec, ops, starts, inputs, targets, loss_fn, out_of_place)
@@ -658,9 +659,10 @@ def _is_region_op(node: fx.Node) -> bool:
 def _merge(starts: list[int], bad: int, segs: Segments, forward: bool = False) -> list[int]:
     """Merge unit ``bad`` (1-based) into its predecessor, or its successor when it is the first.
 
-    With ``forward`` (the unit returns a view of a value it reads, changes nothing, and its successor uses
-    it) it joins its successor instead: the view is then taken inside the unit that uses it, and the unit
-    that made the value stays as it was.  Joined with its predecessor, a lone ``transpose`` of a key
+    With ``forward`` (the unit is views a module's own code takes of a value it reads, and its successor uses
+    them) it joins its successor instead: the view is then taken inside the unit that uses it, and the unit
+    that made the value stays as it was.  (A module that hands its input back, a dropout of probability 0,
+    joins its predecessor: its output goes on to later units, which the successor would pull in.)  Joined with its predecessor, a lone ``transpose`` of a key
     projection would pull every unit back to the projection into one (BERT's key, value and query scaling).
     """
     if len(starts) == 1:

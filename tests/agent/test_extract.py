@@ -169,6 +169,26 @@ def test_a_view_is_taken_in_the_unit_that_uses_it_not_merged_back_into_its_maker
     assert any("transpose" in str(n.target) for n in transposed_key.nodes)
 
 
+class _HandsBack(nn.Module):
+    """A dropout of probability 0 hands its input back, and a later residual add reads it again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1, self.drop, self.l2, self.head = nn.Linear(8, 8), nn.Dropout(0.0), nn.Linear(8, 8), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        kept = self.drop(self.l1(x))
+        return self.head(self.l2(kept) + kept)
+
+
+def test_a_module_handing_its_input_back_joins_the_module_that_made_it():
+    torch.manual_seed(0)
+    _, segments = extract(_HandsBack().train(), fan_in_example(), cross_entropy, repeats=1)
+    calls = [[n.target for n in unit.nodes if n.op == "call_module"] for unit in segments.units]
+    # joined with l2 instead, the unit would still hand the value on to the add: l2 and head would follow it in
+    assert calls == [["l1", "drop"], ["l2"], ["head"]]
+
+
 def test_max_nodes_merges_cheap_neighbours():
     graph, segments = extract(mlp().train(), mlp_example(), cross_entropy, max_nodes=9, repeats=1)
     assert graph.size <= 9 and len(segments.units) == 3
