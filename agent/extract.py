@@ -36,7 +36,8 @@
 3. **Cut into units.**  Each segment call, with the glue before it, is a unit
    (a forward node).  A unit that modifies a value produced by another unit in
    place or returns a view of one (a ``flatten``) would corrupt or share that
-   value, so it is merged with its neighbour until no unit does -- except a
+   value, so it is merged with its neighbour until no unit does (a view a
+   region takes is first moved beside its use, and joins that unit) -- except a
    unit that is a single in-place module (an ``nn.ReLU(inplace=True)`` after a
    BatchNorm), which is set to ``inplace=False`` instead (same values; the
    executor does the same, see ``Segments.out_of_place``); ``max_nodes`` then
@@ -661,9 +662,10 @@ def _merge(starts: list[int], bad: int, segs: Segments, forward: bool = False) -
 
     With ``forward`` (the unit is views a module's own code takes of a value it reads, and its successor uses
     them) it joins its successor instead: the view is then taken inside the unit that uses it, and the unit
-    that made the value stays as it was.  (A module that hands its input back, a dropout of probability 0,
-    joins its predecessor: its output goes on to later units, which the successor would pull in.)  Joined with its predecessor, a lone ``transpose`` of a key
+    that made the value stays as it was.  Joined with its predecessor, a lone ``transpose`` of a key
     projection would pull every unit back to the projection into one (BERT's key, value and query scaling).
+    A module that hands its input back (a dropout of probability 0) joins its predecessor: its output goes
+    on to later units, which joining the successor would pull in one after another.
     """
     if len(starts) == 1:
         unit = segs.units[0]

@@ -19,7 +19,8 @@ from agent.zoo import decoder_lm
 from schedules.budgets import memory_lower_bound, node_lower_bounds, smallest_feasible_budget
 from schedules.plan import plan
 from tests.agent.models import (
-    ATTENDING_CUT, PASS_THROUGH_CUT, Attending, FanIn, FrozenBackbone, PassThrough, MixedPrecision, TinyUNet, bert_classifier, bert_example, cross_entropy, fan_in_example, image_example,
+    ATTENDING_CUT, PASS_THROUGH_CUT, Attending, FanIn, FrozenBackbone, PassThrough,
+    MixedPrecision, TinyUNet, bert_classifier, bert_example, cross_entropy, fan_in_example, image_example,
     logits_cross_entropy, mlp, mlp_example, padded_bert_example, page_everything, recompute_everything, schedule_for, unet_example,
     gpt2_decoder, llama_decoder, next_token_cross_entropy, next_token_example, small_vit,
 )

@@ -12,8 +12,8 @@ import torchvision
 
 from agent.extract import ExtractionError, default_segments, extract
 from schedules.graph import TrainingGraph
-from tests.agent.models import (ATTENDING_CUT, PASS_THROUGH_CUT, Attending, PassThrough, TinyUNet, cross_entropy, fan_in_example, image_example,
-                                mlp, mlp_example, unet_example)
+from tests.agent.models import (ATTENDING_CUT, PASS_THROUGH_CUT, Attending, PassThrough, TinyUNet, cross_entropy,
+                                fan_in_example, image_example, mlp, mlp_example, unet_example)
 
 
 @pytest.fixture(scope="module")
