@@ -578,7 +578,7 @@ def _cut(model: nn.Module, rec: _Recording, inputs: Any, targets: Any, loss_fn: 
             out_of_place.append(module)
             model.get_submodule(module).inplace = False
         else:
-            views_only = all(_is_region_op(n) and n.target in _VIEWS for n in segs.units[bad - 1].nodes)
+            views_only = all(_is_region_view(n) for n in segs.units[bad - 1].nodes)
             starts = _merge(starts, bad, segs, forward=why == "view" and views_only and _feeds_next(segs, bad))
     if max_nodes is not None:
         starts = _bound(starts, seconds, max_nodes)
@@ -599,30 +599,20 @@ def _views_beside_their_use(ops: list[fx.Node]) -> list[fx.Node]:
     A view is its own unit in a region and returns memory of its input, so it is merged with a neighbour
     (:func:`_merge`); moved beside its use it joins that use, instead of chaining the units between (an
     attention's query, key and value projections) into one.  Views compute nothing: values and gradients
-    are the same bits wherever they are taken.
+    are the same bits wherever they are taken.  Last views first, so that a view of a view follows it.
     """
     ops = list(ops)
-    moved = True
-    while moved:
-        moved = False
-        position = {n: i for i, n in enumerate(ops)}
-        for i in range(len(ops) - 1, -1, -1):
-            node = ops[i]
-            if not (_is_region_op(node) and node.target in _VIEWS and node.users):
-                continue
-            uses = [position[u] for u in node.users if u in position]
-            if len(uses) != len(node.users):
-                continue  # also read by the model's output or the loss
-            first = min(uses)
-            base = node.args[0] if node.args else None
-            between = ops[i + 1:first]
-            if all(_is_region_op(n) and n.target in _VIEWS for n in between):
-                continue  # beside its use already, or only other views in between (two views of one operation)
-            if any(base in n.all_input_nodes for n in between):
-                continue
-            ops.insert(first - 1, ops.pop(i))
-            moved = True
-            break
+    for view in [n for n in reversed(ops) if _is_region_view(n) and n.users]:
+        i = ops.index(view)
+        uses = [ops.index(u) for u in view.users if u in ops]
+        if len(uses) != len(view.users):
+            continue  # also read by the model's output or the loss
+        between = ops[i + 1:min(uses)]
+        if all(_is_region_view(n) for n in between):
+            continue  # beside its use already, or only other views in between (two views of one operation)
+        if any(view.args[0] in n.all_input_nodes for n in between):
+            continue
+        ops.insert(min(uses) - 1, ops.pop(i))
     return ops
 
 
@@ -657,6 +647,11 @@ def _is_region_op(node: fx.Node) -> bool:
     return _REGION in node.meta and node.target not in (pytree_leaf, same_path)
 
 
+def _is_region_view(node: fx.Node) -> bool:
+    """Whether ``node`` is a view (:data:`_VIEWS`) a module's own code takes."""
+    return _is_region_op(node) and node.target in _VIEWS
+
+
 def _merge(starts: list[int], bad: int, segs: Segments, forward: bool = False) -> list[int]:
     """Merge unit ``bad`` (1-based) into its predecessor, or its successor when it is the first.
 
@@ -685,7 +680,7 @@ def _feeds_next(segs: Segments, unit: int) -> bool:
     for after in segs.units[unit:]:
         if any(port.node == unit for _, port in after.inputs):
             return True
-        if not all(_is_region_op(n) and n.target in _VIEWS for n in after.nodes):
+        if not all(_is_region_view(n) for n in after.nodes):
             return False
     return False
 
