@@ -29,6 +29,10 @@ The heuristics:
   checkpoints once the stretch is reversed, so it recomputes least for its
   checkpoints (see :func:`revolve` and :mod:`schedules.binomial`).
 
+One more plan serves only as the MILP's warm start: :func:`page_every_gap`,
+which pages every value over every gap it can, the least memory without
+recomputation (near the floor, often the only schedule a heuristic finds).
+
 store-all, checkpoint-all and sqrt-n are fixed policies: they ignore the
 budgets and :func:`schedules.plan` reports them infeasible when they do not fit.
 capuchin and revolve adapt to them and return ``None`` where they find nothing.
@@ -433,6 +437,38 @@ def _paging_ms(paging: tuple[Sequence[float], Sequence[float]], state: _GreedyPl
             + sum(pageout_ms[v] for v in {e.value for e in state.paged}))
 
 
+def page_every_gap(problem: BaselineProblem) -> Matrices | None:
+    """The least-memory plan without recomputation: each value leaves RAM over every gap between its reads
+    that paging can bridge (capuchin's eviction, applied everywhere at once).
+
+    Each stage then holds its node's inputs and output, plus what the MILP's accounting charges for a
+    page-out (the value stays resident through the stage after it is computed) and for gaps too short to
+    page (a value read again two stages later).  That is at or near :func:`schedules.budgets.memory_lower_bound`
+    on extracted graphs, where capuchin's greedy can stall: it prefers recomputing a cheap value, and the
+    recomputation's inputs then hold the peak stage.  It is not a method of its own but a warm start, so
+    that the MILP has a schedule to improve on at budgets near the floor.  ``None`` when the plan breaks
+    the runtime budget (its transfers on the I/O thread, or counted paging time) or the memory budget.
+    """
+    graph = problem.graph
+    state = _GreedyPlan(np.eye(graph.size, dtype=bool))
+    evictions = []
+    for v in range(graph.size):
+        if graph.nodes[v].bytes == 0:
+            continue
+        uses = use_stages(graph, state.R, v)
+        for last, following in zip(uses, uses[1:]):
+            leave = last + 1 if last == v else last  # resident through the stage after its computation: its write
+            if leave + 1 < following:
+                evictions.append(_Eviction(v, v + 1, leave, following))
+    state = _GreedyPlan(state.R, tuple(evictions))
+    matrices = state.matrices(graph)
+    if not _within_runtime(problem, state):
+        return None
+    if problem.memory_budget is not None and milp_peak_bytes(graph, matrices) > problem.memory_budget:
+        return None
+    return matrices
+
+
 # -- revolve -------------------------------------------------------------------------
 
 
@@ -584,6 +620,7 @@ HEURISTIC_BASELINES: dict[str, Callable[[BaselineProblem], Matrices | None]] = {
 
 __all__ = [
     "BaselineProblem", "HEURISTIC_BASELINES", "RevolveChain", "capuchin", "checkpoint_all", "checkpointed",
-    "cut_points", "keep_until_used", "milp_peak_bytes", "milp_stage_peaks", "recompute_where_read", "revolve",
+    "cut_points", "keep_until_used", "milp_peak_bytes", "milp_stage_peaks", "page_every_gap", "recompute_where_read",
+    "revolve",
     "revolve_chain", "revolve_recomputations", "revolve_schedule", "simulated_stage_peaks", "sqrt_n", "store_all",
 ]

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from schedules.baselines import HEURISTIC_BASELINES, BaselineProblem
+from schedules.baselines import HEURISTIC_BASELINES, BaselineProblem, page_every_gap
 from schedules.device import DeviceProfile, paging_time_ms, price_graph
 from schedules.errors import PlannerError, ScheduleViolation, SolverError, UnknownNameError
 from schedules.graph import TrainingGraph
@@ -418,10 +418,11 @@ def _plan_heuristic(ctx: _Context, method: str) -> PlanResult:
 
 
 def _best_heuristic(ctx: _Context) -> Matrices | None:
-    """The heuristic schedule of least energy that fits the budgets: the MILP's warm start."""
+    """The heuristic schedule of least energy that fits the budgets: the MILP's warm start.  Beside the
+    baselines, :func:`~schedules.baselines.page_every_gap` is tried: near the floor it is often the only one."""
     best: tuple[float, Matrices] | None = None
     for on_flash, problem in ctx.heuristic_layouts():
-        for name, baseline in HEURISTIC_BASELINES.items():
+        for baseline in (*HEURISTIC_BASELINES.values(), page_every_gap):
             matrices = baseline(problem)
             if matrices is None:
                 continue

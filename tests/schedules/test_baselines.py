@@ -15,6 +15,7 @@ from schedules.baselines import (
     cut_points,
     milp_peak_bytes,
     milp_stage_peaks,
+    page_every_gap,
     revolve,
     revolve_chain,
     revolve_recomputations,
@@ -49,6 +50,9 @@ SWEEP = [1, 2, 3, 5, 8, 13, 21, 34]
 # test_capuchin_respects_the_milp_accounting_unless_told_otherwise): g3 (884 B) is computed at stage 5
 # and read only at stage 8, while stage 6 needs 1714 B of other values.
 SKIP_GRAPH = training_graph([[], [0], [0, 1], [0]], [229, 85, 692, 884], [1.0] * 4, loss_bytes=16)
+# A graph where capuchin's greedy stalls above what every stage must hold: f1 is cheap to recompute, so it is
+# recomputed for g2, and f0, its input, then holds g2's stage along with f1, g2 and g2's other inputs.
+STALL_GRAPH = training_graph([[], [0], [1], [0]], [300, 300, 300, 600], [1.0, 0.1, 1.0, 5.0])
 
 
 def check_baseline(graph, name, budget=None, runtime_ms=None, **problem):
@@ -221,6 +225,63 @@ def test_capuchin_respects_the_milp_accounting_unless_told_otherwise():
     report = simulate(graph, to_instructions(graph, loose), memory_budget=2119)
     assert report.peak_bytes == 2119
     assert milp_stage_peaks(graph, loose)[6] == 2598 > simulated_stage_peaks(graph, loose)[6]
+
+
+def least_capuchin_budget(graph):
+    """The smallest budget at which capuchin answers (it answers at every budget above that one)."""
+    low, high = required_bytes(graph) - 1, resident_peak(graph)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if capuchin(BaselineProblem(graph, middle, None)) is not None else (middle, high)
+    return high
+
+
+def check_page_every_gap(graph, budget=None, runtime_ms=None, **problem):
+    """A valid MILP point whose replay fits its MILP peak, pages out only right after computing, recomputes
+    nothing and fits the budgets it answers for."""
+    m = page_every_gap(BaselineProblem(graph, budget, runtime_ms, **problem))
+    if m is None:
+        return None
+    assert milp_constraint_violations(graph, m) == []
+    report = simulate(graph, to_instructions(graph, m), memory_budget=budget, runtime_budget_ms=runtime_ms)
+    assert report.peak_bytes <= milp_peak_bytes(graph, m) <= (budget or math.inf)
+    assert all(m.R[t - 1, i] for t, i in zip(*np.nonzero(m.MOut)))
+    assert report.recomputed_nodes == 0
+    return m
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=training_dags(max_forward=9))
+def test_page_every_gap_is_a_valid_warm_start_on_random_dags(graph):
+    m = check_page_every_gap(graph)
+    peak = milp_peak_bytes(graph, m)
+    assert check_page_every_gap(graph, peak) is not None and check_page_every_gap(graph, peak - 1) is None
+
+
+@pytest.mark.parametrize("n", SWEEP)
+def test_page_every_gap_on_a_chain_holds_only_what_each_stage_needs(n):
+    graph = linear_graph(n)
+    assert milp_peak_bytes(graph, check_page_every_gap(graph)) == required_bytes(graph)
+
+
+def test_page_every_gap_reaches_the_floor_where_capuchin_stalls():
+    graph = STALL_GRAPH
+    m = check_page_every_gap(graph, required_bytes(graph))
+    assert m is not None and milp_peak_bytes(graph, m) == required_bytes(graph) == 1504
+    assert least_capuchin_budget(graph) == 1804
+
+
+def test_page_every_gap_stays_within_the_runtime_budget():
+    graph = linear_graph(12)
+    step_ms = graph.total_compute_ms
+    slow = ([step_ms] * graph.size, [step_ms] * graph.size)  # each transfer takes a whole step
+    assert check_page_every_gap(graph, runtime_ms=step_ms, paging_ms=slow) is None  # the I/O thread falls behind
+    assert check_page_every_gap(graph, runtime_ms=step_ms * 2 * graph.size, paging_ms=slow) is not None
+    quick = ([0.01] * graph.size, [0.01] * graph.size)
+    assert check_page_every_gap(graph, runtime_ms=step_ms, paging_ms=quick) is not None
+    counted = dict(paging_ms=quick, counted_paging_ms=quick)  # counted, even quick paging overruns one plain step
+    assert check_page_every_gap(graph, runtime_ms=step_ms, **counted) is None
+    assert check_page_every_gap(graph, runtime_ms=step_ms + 0.01 * 2 * graph.size, **counted) is not None
 
 
 def test_stage_peaks_agree_with_the_replay_peak():

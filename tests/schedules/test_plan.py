@@ -16,7 +16,7 @@ from tests.schedules.graphs import (
     training_graph,
     unet_graph,
 )
-from tests.schedules.test_baselines import SKIP_GRAPH
+from tests.schedules.test_baselines import SKIP_GRAPH, STALL_GRAPH
 
 TIME_LIMIT = 20.0  # seconds; the graphs here solve in well under one
 GAP = 1e-4  # plan()'s default relative MIP gap: POET may sit this far above the optimum
@@ -126,6 +126,16 @@ def test_warm_start_does_not_change_the_optimum():
     warm = plan(graph, memory_budget=budget, warm_start=True, time_limit=TIME_LIMIT)
     assert cold.status == warm.status == "optimal"
     assert warm.objective_j == pytest.approx(cold.objective_j, rel=GAP)
+
+
+def test_at_the_floor_the_milp_starts_from_a_schedule_where_capuchin_has_none():
+    graph = STALL_GRAPH
+    floor = required_bytes(graph)
+    assert not plan(graph, memory_budget=floor, method="capuchin").feasible
+    seen = []
+    result = checked(graph, plan(graph, memory_budget=floor, progress=seen.append, time_limit=TIME_LIMIT))
+    assert result.feasible and result.schedule.predicted_peak_bytes <= floor
+    assert seen[0].incumbent_j is not None  # reported before the solver runs: the warm start
 
 
 def test_capuchin_uses_the_device_paging_times():
