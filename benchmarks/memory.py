@@ -22,7 +22,9 @@ gradients, optimizer state, workspaces, the runtime).  Step times come from
 one more process per configuration that runs it and plain, a step of each in
 turn (``--rounds`` times, after a warm-up step each): a slow minute of a
 shared machine then slows both alike; a row's time is its median over
-plain's beside it, in seconds of plain's median over all the pairs.  The rows
+plain's beside it, in seconds of plain's median over all the pairs.  Plain's step is also timed alone with
+glibc's default allocator, as its users run it (freed memory kept for reuse, no page fault to map it again),
+and printed on the model's line.  The rows
 "within 1.05x", "1.15x" and "1.5x" are found by measurement: the smallest budget whose
 schedule runs within that time beside plain (the tightest budget first, then a
 bisection towards plain's memory; each candidate planned within the runtime
@@ -117,7 +119,8 @@ def run_timing_child(args: argparse.Namespace) -> dict[str, list[float]]:
     from agent.zoo import parse_shape
 
     torch.set_num_threads(1)
-    rss.return_freed_memory()
+    if not args.default_allocator:
+        rss.return_freed_memory()
     shape = parse_shape(BENCH_MODELS[args.model].input)
     settings = OptimizerSettings(**MODELS[args.model])
     steps, batches = {}, None
@@ -322,6 +325,7 @@ def bench_model(name: str, workdir: Path, plan_time: float, rounds: int, refine:
     memory = {label: _child(name, run, folder) for label, run in configs.items()}
     print(f"   step times, each configuration beside plain, {rounds} rounds interleaved in a process ...", flush=True)
     seconds = _paired_seconds(name, [run for run in configs.values() if run != "plain"], folder, rounds)
+    default_plain = statistics.median(_times(name, ["plain"], folder, rounds, default_allocator=True)["plain"])
     rows = []
     for label, run in configs.items():
         row = Row(label, memory[label]["memory"], seconds[run], memory[label]["digest"])
@@ -330,7 +334,8 @@ def bench_model(name: str, workdir: Path, plan_time: float, rounds: int, refine:
                                                                 ("budget", "planned_runtime", "paged_state"))
         rows.append(row)
     return {"model": name, "input": shape_text, "optimizer": optimizer["optimizer"],
-            "parameters": graph.parameter_bytes, "whole_step_store_all": whole, "rows": [asdict(r) for r in rows]}
+            "parameters": graph.parameter_bytes, "whole_step_store_all": whole, "rows": [asdict(r) for r in rows],
+            "default_allocator_plain_seconds": default_plain}
 
 
 def _plan_tightest(graph: Any, device: Any, spec: Any, runtime: float | None, plan_time: float, whole: int) -> Any:
@@ -410,12 +415,18 @@ def _paired_seconds(model: str, runs: list[str], folder: Path, rounds: int) -> d
     return {"plain": reference, **{run: ratio * reference for run, ratio in ratios.items()}}
 
 
-def _times(model: str, runs: list[str], folder: Path, rounds: int) -> dict[str, list[float]]:
-    """Step times of ``runs`` interleaved in one fresh process."""
+def _times(model: str, runs: list[str], folder: Path, rounds: int,
+           default_allocator: bool = False) -> dict[str, list[float]]:
+    """Step times of ``runs`` interleaved in one fresh process; with ``default_allocator``, glibc's as plain
+    PyTorch's users run it (freed memory kept for reuse) instead of large tensors on mmap."""
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1")
+    flags = []
+    if default_allocator:
+        del env["MALLOC_MMAP_THRESHOLD_"]
+        flags = ["--default-allocator"]
     out = subprocess.run([sys.executable, "-m", "benchmarks.memory", "--child-times", "--model", model,
                           "--runs", ",".join(runs), "--rounds", str(rounds), "--workdir", str(folder),
-                          "--baseline-out", str(folder / "baseline-times.txt")],
+                          "--baseline-out", str(folder / "baseline-times.txt"), *flags],
                          capture_output=True, text=True, env=env, timeout=3600)
     if out.returncode != 0:
         raise SystemExit(f"timing {runs} failed:\n{out.stderr[-3000:]}")
@@ -448,6 +459,10 @@ def report(results: list[dict[str, Any]]) -> bool:
         print(f"\n{result['model']}{chunked} {result['input']}, {result['optimizer']}: parameters "
               f"{result['parameters'] / MB:.1f} MB; plain step {plain.seconds:.3f} s, training memory "
               f"{plain.memory / MB:.1f} MB")
+        default = result.get("default_allocator_plain_seconds")
+        if default:  # every time below is beside plain with freed memory returned to the system, as ours runs
+            print(f"  plain with glibc's default allocator (freed memory kept for reuse), in a process of its own: "
+                  f"{default:.3f} s, {plain.seconds / default:.2f}x faster than the plain step below")
         print(f"  {'configuration':<22} {'budget':>9} {'memory':>9} {'/plain':>7} {'time':>8} {'/plain':>7} "
               f"{'state on flash':>15} {'bits':>6}")
         for r in rows:
@@ -509,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", help=argparse.SUPPRESS)
     parser.add_argument("--baseline-out", help=argparse.SUPPRESS)
     parser.add_argument("--baseline-file", help=argparse.SUPPRESS)
+    parser.add_argument("--default-allocator", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(run_child(args)))
