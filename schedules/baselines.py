@@ -621,6 +621,6 @@ HEURISTIC_BASELINES: dict[str, Callable[[BaselineProblem], Matrices | None]] = {
 __all__ = [
     "BaselineProblem", "HEURISTIC_BASELINES", "RevolveChain", "capuchin", "checkpoint_all", "checkpointed",
     "cut_points", "keep_until_used", "milp_peak_bytes", "milp_stage_peaks", "page_every_gap", "recompute_where_read",
-    "revolve",
-    "revolve_chain", "revolve_recomputations", "revolve_schedule", "simulated_stage_peaks", "sqrt_n", "store_all",
+    "revolve", "revolve_chain", "revolve_recomputations", "revolve_schedule", "simulated_stage_peaks", "sqrt_n",
+    "store_all",
 ]
