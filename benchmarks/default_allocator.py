@@ -23,10 +23,15 @@ import time
 MMAP_VARIABLE = "MALLOC_MMAP_THRESHOLD_"
 
 
+def default_allocator_environment(**extra: str) -> dict[str, str]:
+    """This process's environment for a child that runs with glibc's default allocator, plus ``extra``."""
+    return {**{name: value for name, value in os.environ.items() if name != MMAP_VARIABLE}, **extra}
+
+
 def plain_seconds(zoo: str, shape: tuple[int, ...], threads: int, steps: int = 8) -> float:
     """The fastest of ``steps`` plain forward-and-backward steps of zoo model ``zoo`` at ``shape``, in a fresh
     process with glibc's default allocator and ``threads`` compute threads."""
-    env = {name: value for name, value in os.environ.items() if name != MMAP_VARIABLE}
+    env = default_allocator_environment()
     command = [sys.executable, "-m", "benchmarks.default_allocator", "--zoo", zoo,
                "--shape", "x".join(map(str, shape)), "--threads", str(threads), "--steps", str(steps)]
     out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)

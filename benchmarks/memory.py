@@ -59,6 +59,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.default_allocator import default_allocator_environment
 from benchmarks.workloads import BENCH_MODELS
 
 SGD = {"optimizer": "sgd", "learning_rate": 0.01, "momentum": 0.9}
@@ -422,8 +423,7 @@ def _times(model: str, runs: list[str], folder: Path, rounds: int,
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1")
     flags = []
     if default_allocator:
-        del env["MALLOC_MMAP_THRESHOLD_"]
-        flags = ["--default-allocator"]
+        env, flags = default_allocator_environment(OMP_NUM_THREADS="1"), ["--default-allocator"]
     out = subprocess.run([sys.executable, "-m", "benchmarks.memory", "--child-times", "--model", model,
                           "--runs", ",".join(runs), "--rounds", str(rounds), "--workdir", str(folder),
                           "--baseline-out", str(folder / "baseline-times.txt"), *flags],
