@@ -153,6 +153,9 @@ class SolveRequest(Base):
     schedule_id: Mapped[str | None] = mapped_column(ForeignKey("schedules.schedule_id"))
     requested_by: Mapped[int | None] = mapped_column(ForeignKey("devices.id", ondelete="SET NULL"))
 
+    # a device's waiting requests (its cap) and its rows when it is removed, read without a scan
+    __table_args__ = (Index("ix_solve_requests_requested_by_status", "requested_by", "status"),)
+
 
 class DeviceSchedule(Base):
     """The schedule a device downloaded last (or revalidated with ``If-None-Match``)."""

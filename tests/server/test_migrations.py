@@ -49,7 +49,7 @@ def database_at_0001(settings) -> tuple[Database, str]:
 def test_upgrading_from_0001_keeps_every_row_and_adds_the_operator_tables(settings) -> None:
     _, device_token = database_at_0001(settings)
     db = open_database(settings)  # what a new server does at start
-    assert current_revision(db) == "0009"
+    assert current_revision(db) == "0010"
     tables = {"operators", "operator_sessions", "rounds", "model_versions", "audit_log", "fleet_samples"}
     assert tables <= set(inspect(db.engine).get_table_names())
     with db.engine.connect() as connection:

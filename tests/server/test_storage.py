@@ -23,13 +23,13 @@ from tests.server.conftest import enrol, heartbeat, schedule_request, wait_for_s
 def test_migrations_on_an_empty_database_build_exactly_the_models_schema(settings) -> None:
     assert not settings.data_dir.exists()
     db = open_database(settings)
-    assert current_revision(db) == "0009"
+    assert current_revision(db) == "0010"
     assert set(inspect(db.engine).get_table_names()) == {*Base.metadata.tables, "alembic_version"}
     with db.engine.connect() as connection:
         differences = compare_metadata(MigrationContext.configure(connection, opts={"compare_type": True}),
                                        Base.metadata)
     assert differences == []
-    assert upgrade(db) == "0009"  # running again at the next start changes nothing
+    assert upgrade(db) == "0010"  # running again at the next start changes nothing
 
 
 def test_sqlite_runs_with_wal_foreign_keys_and_a_busy_timeout(settings) -> None:
@@ -72,3 +72,21 @@ def test_a_restarted_server_keeps_its_key_devices_and_schedules(settings) -> Non
     assert second.get(f"/api/v1/schedules/{status['schedule_id']}", headers=device.headers).content == document
     again = second.post("/api/v1/schedule-requests", json=schedule_request(), headers=device.headers).json()
     assert again == status  # the same request, the same whole status
+
+
+def test_a_devices_waiting_requests_are_counted_from_the_index_not_a_scan(settings) -> None:
+    from sqlalchemy import func, select
+
+    from server.db.models import SolveRequest
+    from server.solve_requests import QUEUED, SOLVING
+
+    db = open_database(settings)
+    cap = select(func.count()).select_from(SolveRequest).where(
+        SolveRequest.status.in_((QUEUED, SOLVING)), SolveRequest.requested_by == 7)  # the cap's query
+    with db.engine.connect() as connection:
+        sql = str(cap.compile(connection, compile_kwargs={"literal_binds": True}))
+        plan = " ".join(str(row[-1]) for row in connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}"))
+        cleared = " ".join(str(row[-1]) for row in connection.exec_driver_sql(
+            "EXPLAIN QUERY PLAN UPDATE solve_requests SET requested_by = NULL WHERE requested_by = 7"))  # a removal
+    assert "ix_solve_requests_requested_by_status" in plan, plan
+    assert "ix_solve_requests_requested_by_status" in cleared, cleared
