@@ -33,7 +33,7 @@ run on a thread (what the medium itself gives beside the step's compute).
 Every step, plain PyTorch's included, runs with large tensors on mmap, as the executor must (below); a user
 of plain PyTorch runs with glibc's default allocator, which keeps freed memory for reuse and pays no page
 fault for it.  That step is also timed, in a process of its own (:mod:`benchmarks.default_allocator`), and
-printed on the model's line and beside each target.
+printed on the model's line, with the RSS growth it holds for its speed, and beside each target.
 ``--json`` keeps every figure.
 
 Run ``python -m benchmarks.executor`` (re-executes itself with
@@ -64,7 +64,7 @@ from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 from agent import rss
 from agent.executor import Executor
 from agent.zoo import Workload, load_workload
-from benchmarks.default_allocator import plain_seconds
+from benchmarks.default_allocator import plain_step
 from benchmarks.paging import compute_load, raw_bandwidth, throttled
 from schedules.device import DeviceProfile, price_graph
 from schedules.errors import PlannerError
@@ -319,13 +319,14 @@ def bench_model(name: str, shape: tuple[int, ...], fractions: list[float], repea
             for f in fractions]
     raw_after = raw_bandwidth(swap)
     raw = (statistics.mean([raw_before[0], raw_after[0]]), statistics.mean([raw_before[1], raw_after[1]]))
-    default_plain = plain_seconds(name, shape, torch.get_num_threads(), steps=max(repeats, 3) * 2)
+    default_plain = plain_step(name, shape, torch.get_num_threads(), steps=max(repeats, 3) * 2)
     return {"model": name, "shape": shape, "nodes": graph.size, "threads": torch.get_num_threads(), "M": M,
             "values_peak": values_peak, "device": device.to_dict(),
             "raw_write_bps": raw[0], "raw_read_bps": raw[1], "raw_beside_step_bps": list(raw_beside),
             "plain_seconds": plain.seconds,
             "remedy_plain_seconds": remedy_plain,
-            "default_allocator_plain_seconds": default_plain,
+            "default_allocator_plain_seconds": default_plain.seconds,
+            "default_allocator_plain_growth": default_plain.growth_bytes,
             "plain_growth": plain.growth, "rows": [asdict(r) for r in rows]}
 
 
@@ -438,8 +439,10 @@ def print_report(result: dict[str, Any]) -> None:
           f"beside a plain step write {beside_w / MB:.0f} MB/s, read {beside_r / MB:.0f} MB/s")
     default = result.get("default_allocator_plain_seconds")
     if default:  # every ratio below is against plain with freed memory returned to the system, as POET runs
+        held = result.get("default_allocator_plain_growth")
         print(f"  plain PyTorch with glibc's default allocator (freed memory kept for reuse), in a process of its own: "
-              f"{default:.3f} s a step, {result['plain_seconds'] / default:.2f}x faster than the plain step above")
+              f"{default:.3f} s a step, {result['plain_seconds'] / default:.2f}x faster than the plain step above, "
+              f"holding {_mb(held)} ({_ratio(held, M)} of M) of RSS growth for it")
     # time: against plain PyTorch; /100%: against POET's own unconstrained schedule (the executor's cost divided out)
     unconstrained = next((r["seconds"] / r["plain_seconds"] for r in result["rows"]
                           if r["fraction"] >= 1.0 and r["seconds"]), None)
