@@ -64,7 +64,7 @@ from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 from agent import rss
 from agent.executor import Executor
 from agent.zoo import Workload, load_workload
-from benchmarks.default_allocator import plain_step
+from benchmarks.default_allocator import plain_step as default_allocator_step
 from benchmarks.paging import compute_load, raw_bandwidth, throttled
 from schedules.device import DeviceProfile, price_graph
 from schedules.errors import PlannerError
@@ -319,7 +319,7 @@ def bench_model(name: str, shape: tuple[int, ...], fractions: list[float], repea
             for f in fractions]
     raw_after = raw_bandwidth(swap)
     raw = (statistics.mean([raw_before[0], raw_after[0]]), statistics.mean([raw_before[1], raw_after[1]]))
-    default_plain = plain_step(name, shape, torch.get_num_threads(), steps=max(repeats, 3) * 2)
+    default_plain = default_allocator_step(name, shape, torch.get_num_threads(), steps=max(repeats, 3) * 2)
     return {"model": name, "shape": shape, "nodes": graph.size, "threads": torch.get_num_threads(), "M": M,
             "values_peak": values_peak, "device": device.to_dict(),
             "raw_write_bps": raw[0], "raw_read_bps": raw[1], "raw_beside_step_bps": list(raw_beside),
