@@ -23,12 +23,20 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
+from agent.rss import FREED_MEMORY_THRESHOLD
+
 MMAP_VARIABLE = "MALLOC_MMAP_THRESHOLD_"
 
 
 def default_allocator_environment(**extra: str) -> dict[str, str]:
     """This process's environment for a child that runs with glibc's default allocator, plus ``extra``."""
     return {**{name: value for name, value in os.environ.items() if name != MMAP_VARIABLE}, **extra}
+
+
+def returned_memory_environment(**extra: str) -> dict[str, str]:
+    """This process's environment for a child that runs as the executor's steps do, large tensors on mmap so
+    that freed memory leaves the process (:func:`agent.rss.return_freed_memory`), plus ``extra``."""
+    return {**os.environ, MMAP_VARIABLE: str(FREED_MEMORY_THRESHOLD), **extra}
 
 
 @dataclass(frozen=True)

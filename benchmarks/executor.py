@@ -64,7 +64,7 @@ from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 from agent import rss
 from agent.executor import Executor
 from agent.zoo import Workload, load_workload
-from benchmarks.default_allocator import plain_step as default_allocator_step
+from benchmarks.default_allocator import MMAP_VARIABLE, plain_step as default_allocator_step, returned_memory_environment
 from benchmarks.paging import compute_load, raw_bandwidth, throttled
 from schedules.device import DeviceProfile, price_graph
 from schedules.errors import PlannerError
@@ -544,6 +544,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if os.environ.get("MALLOC_MMAP_THRESHOLD_") != "65536":
-        os.execve(sys.executable, [sys.executable, "-m", "benchmarks.executor", *sys.argv[1:]], {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"})
+    environment = returned_memory_environment()
+    if os.environ.get(MMAP_VARIABLE) != environment[MMAP_VARIABLE]:
+        os.execve(sys.executable, [sys.executable, "-m", "benchmarks.executor", *sys.argv[1:]], environment)
     sys.exit(main())

@@ -49,7 +49,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -59,7 +58,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.default_allocator import default_allocator_environment
+from benchmarks.default_allocator import default_allocator_environment, returned_memory_environment
 from benchmarks.workloads import BENCH_MODELS
 
 SGD = {"optimizer": "sgd", "learning_rate": 0.01, "momentum": 0.9}
@@ -143,7 +142,7 @@ def run_timing_child(args: argparse.Namespace) -> dict[str, list[float]]:
 def plain_training_memory(model: str, input: str) -> int:
     """Plain PyTorch's training memory for zoo ``model`` at batch ``input`` with the benchmark's optimizer for it:
     the peak RSS of its steps above the same process with the model loaded, measured in a fresh process."""
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1")
+    env = returned_memory_environment(OMP_NUM_THREADS="1")
     with tempfile.TemporaryDirectory() as scratch:
         out = subprocess.run([sys.executable, "-m", "benchmarks.memory", "--child", "--model", model, "--input", input,
                               "--run", "plain", "--workdir", scratch, "--baseline-out", f"{scratch}/baseline.txt"],
@@ -420,10 +419,10 @@ def _times(model: str, runs: list[str], folder: Path, rounds: int,
            default_allocator: bool = False) -> dict[str, list[float]]:
     """Step times of ``runs`` interleaved in one fresh process; with ``default_allocator``, glibc's as plain
     PyTorch's users run it (freed memory kept for reuse) instead of large tensors on mmap."""
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1")
-    flags = []
     if default_allocator:
         env, flags = default_allocator_environment(OMP_NUM_THREADS="1"), ["--default-allocator"]
+    else:
+        env, flags = returned_memory_environment(OMP_NUM_THREADS="1"), []
     out = subprocess.run([sys.executable, "-m", "benchmarks.memory", "--child-times", "--model", model,
                           "--runs", ",".join(runs), "--rounds", str(rounds), "--workdir", str(folder),
                           "--baseline-out", str(folder / "baseline-times.txt"), *flags],
@@ -435,7 +434,7 @@ def _times(model: str, runs: list[str], folder: Path, rounds: int,
 
 def _child(model: str, run: str, folder: Path) -> dict[str, Any]:
     """One configuration in a fresh process."""
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1")
+    env = returned_memory_environment(OMP_NUM_THREADS="1")
     baseline = folder / "baseline.txt"
     out = subprocess.run([sys.executable, "-m", "benchmarks.memory", "--child", "--model", model, "--run", run,
                           "--workdir", str(folder), "--baseline-out", str(baseline)],
