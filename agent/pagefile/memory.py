@@ -144,6 +144,8 @@ def populate(view: memoryview, system: SystemCalls) -> None:
     if not len(view) or view.readonly:
         return
     pages = torch.frombuffer(view, dtype=torch.uint8)
-    start = pages.data_ptr() - pages.data_ptr() % mmap.PAGESIZE  # within the mapping: it starts on a page
+    page_size = system.page_size
+    start = pages.data_ptr() - pages.data_ptr() % page_size  # within the mapping: it starts on a page
     if not system.populate(start, pages.data_ptr() + len(view) - start):
-        pages[::mmap.PAGESIZE].fill_(0)
+        pages[-(pages.data_ptr() % -page_size)::page_size].fill_(0)  # the first byte of each page, from the first whole one
+        pages[:1].fill_(0)  # and the page the view starts in

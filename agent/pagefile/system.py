@@ -4,7 +4,8 @@
 in; :data:`SYSTEM` (an :class:`OperatingSystem`) is the real one and the default everywhere.  A test
 hands :func:`agent.pagefile.write`, :func:`agent.pagefile.read`, :func:`agent.pagefile.reserve` or
 :class:`agent.pager.Pager` a fake of its own: a filesystem that refuses O_DIRECT, a disk whose writes
-fail with ``EIO``, a slow read, a kernel without ``MADV_POPULATE_WRITE``.
+fail with ``EIO``, a slow read, a kernel without ``MADV_POPULATE_WRITE``, one that answers it without
+mapping anything in (qemu-user does), a kernel of 16 KiB or 64 KiB memory pages.
 
 Each call is one system call (a read or write may move fewer bytes than asked, as the OS's may);
 looping until a chunk is whole, spotting a truncated page and falling back from O_DIRECT are the
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import mmap
 import os
 import sys
 from pathlib import Path
@@ -25,24 +27,33 @@ O_DIRECT = getattr(os, "O_DIRECT", 0)  # 0 where the platform has none: every pa
 MADV_POPULATE_WRITE = 23  # linux/mman.h (Linux 5.14+)
 
 Madvise = Callable[[int, int, int], int]  # libc's madvise(address, length, advice): 0, or -1 on refusal
+# libc's mincore(address, length, vector): 0 with bit 0 of vector[i] set where page i is resident, or -1
+Mincore = Callable[[int, int, "ctypes.Array[ctypes.c_ubyte]"], int]
 
 
-def _libc_madvise() -> Madvise | None:
-    """libc's ``madvise``, or ``None`` where there is none (it releases the GIL, as every ctypes call)."""
+def _libc_function(name: str, *argtypes: type) -> Callable[..., int] | None:
+    """libc's ``name``, or ``None`` where there is none (it releases the GIL, as every ctypes call)."""
     try:
-        madvise = ctypes.CDLL(None).madvise
+        function = getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
         return None
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    madvise.restype = ctypes.c_int
-    return madvise
+    function.argtypes = list(argtypes)
+    function.restype = ctypes.c_int
+    return function
 
 
-LIBC_MADVISE = _libc_madvise() if sys.platform.startswith("linux") else None
+_LINUX = sys.platform.startswith("linux")
+LIBC_MADVISE: Madvise | None = _libc_function("madvise", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int) \
+    if _LINUX else None
+LIBC_MINCORE: Mincore | None = _libc_function("mincore", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p) \
+    if _LINUX else None
 
 
 class SystemCalls(Protocol):
     """Anything that stores pages: the file and memory calls a page-out, a page-in and a reservation make."""
+
+    page_size: int
+    """The kernel's memory page size: 4 KiB on x86_64; 4, 16 or 64 KiB on arm64 (the Pi 5's kernel: 16 KiB)."""
 
     def open(self, path: Path, flags: int, direct: bool) -> int:
         """Open ``path`` with ``flags`` (mode 0o600 if it is created), with ``O_DIRECT`` where ``direct``;
@@ -80,10 +91,20 @@ class OperatingSystem:
         libc's ``madvise`` (the default), or ``None`` where there is none.  After one refusal (a kernel
         before 5.14 has no ``MADV_POPULATE_WRITE``) it is not asked again: :meth:`populate` then says
         ``False`` at once instead of making a failing call per chunk.
+    mincore:
+        libc's ``mincore`` (the default): the first ``madvise`` that says yes is held against the pages it
+        should have mapped in.  An answer of 0 with nothing mapped (qemu-user takes the advice as a hint and
+        ignores it) counts as a refusal; so does a ``madvise`` that cannot be checked.
+    page_size:
+        The kernel's memory page size (the default: this kernel's).
     """
 
-    def __init__(self, madvise: Madvise | None = LIBC_MADVISE) -> None:
+    def __init__(self, madvise: Madvise | None = LIBC_MADVISE, mincore: Mincore | None = LIBC_MINCORE,
+                 page_size: int = mmap.PAGESIZE) -> None:
         self._madvise = madvise
+        self._mincore = mincore
+        self._checked = False  # whether a yes from madvise was seen to map pages in
+        self.page_size = page_size
 
     def open(self, path: Path, flags: int, direct: bool) -> int:
         if direct and not O_DIRECT:
@@ -112,10 +133,22 @@ class OperatingSystem:
         madvise = self._madvise
         if madvise is None:
             return False
-        if madvise(address, length, MADV_POPULATE_WRITE) == 0:
+        if madvise(address, length, MADV_POPULATE_WRITE) == 0 and (self._checked or self._mapped_in(address, length)):
+            self._checked = True
             return True
-        self._madvise = None  # refused: this kernel has no MADV_POPULATE_WRITE, so never ask again
+        self._madvise = None  # refused, or said yes and mapped nothing: never ask again, touch the pages instead
         return False
+
+    def _mapped_in(self, address: int, length: int) -> bool:
+        """Whether every page of ``address .. address + length`` is resident (``mincore``)."""
+        if self._mincore is None or length <= 0:
+            return False
+        unit = mmap.PAGESIZE  # mincore's vector has a byte per page of the running kernel, whatever page_size says
+        start = address - address % unit
+        vector = (ctypes.c_ubyte * -(-(address + length - start) // unit))()
+        if self._mincore(start, address + length - start, vector) != 0:
+            return False
+        return all(flag & 1 for flag in vector)
 
 
 SYSTEM: SystemCalls = OperatingSystem()

@@ -304,6 +304,54 @@ def test_fresh_memory_is_mapped_in_before_a_read_fills_it(kernel_refuses):
     assert asked == [MADV_POPULATE_WRITE] * (1 if kernel_refuses else 2)  # one refusal: pages are touched from then on
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="RSS needs Linux /proc")
+def test_a_kernel_that_says_yes_to_populate_write_and_maps_nothing_is_caught():
+    """qemu-user answers MADV_POPULATE_WRITE with 0 and maps nothing in: mincore shows it, and pages are touched."""
+    from agent import rss
+
+    asked: list[int] = []
+
+    def ignores_advice(start: int, length: int, advice: int) -> int:
+        asked.append(advice)
+        return 0
+
+    kernel = OperatingSystem(madvise=ignores_advice)
+    size = 16 << 20
+    memory = pagefile.PageMemory([size])
+    before = rss.current()
+    populate(memory.head(size), kernel)
+    assert rss.current() - before >= 0.9 * size  # mapped in all the same, by touching each page
+    populate(memory.head(size), kernel)
+    assert asked == [MADV_POPULATE_WRITE]  # not asked again once caught
+
+
+class _PageSizeKernel(OperatingSystem):
+    """A kernel of another memory page size (arm64's 16 KiB or 64 KiB), which records what populate asks."""
+
+    def __init__(self, page_size: int, answer: int) -> None:
+        super().__init__(madvise=self._madvise_call, page_size=page_size)
+        self.answer = answer
+        self.asked: list[tuple[int, int]] = []
+
+    def _madvise_call(self, start: int, length: int, advice: int) -> int:
+        self.asked.append((start, length))
+        return self.answer
+
+
+@pytest.mark.parametrize("page_size", [4096, 16384, 65536])
+@pytest.mark.parametrize("answer", [0, -1])  # says yes (and maps nothing: caught), refuses
+def test_pages_read_back_exactly_whatever_the_kernels_page_size(tmp_path, page_size, answer):
+    sizes = [3 * CHUNK + page_size + 5, page_size - 1, 2 * page_size, 7]  # slots that straddle pages of that size
+    slots = _storages(*sizes)
+    pagefile.write(tmp_path / "p.page", 1, slots)
+    kernel = _PageSizeKernel(page_size, answer)
+    assert _same(pagefile.read(tmp_path / "p.page", 1, sizes, system=kernel), slots)
+    assert kernel.asked  # the fresh memory was offered to madvise first, in ranges on that size's page boundaries
+    assert all(start % page_size == 0 for start, _ in kernel.asked)
+    assert _same(pagefile.read(tmp_path / "p.page", 1, sizes, system=kernel), slots)  # and again, with pages touched
+    assert len(kernel.asked) == 1
+
+
 def test_a_page_reads_back_on_a_kernel_without_populate_write(tmp_path):
     slots = _storages(3 * CHUNK, 4096 + 7)
     pagefile.write(tmp_path / "p.page", 1, slots)
