@@ -3,7 +3,8 @@
 #
 # What it puts where (PREFIX defaults to /opt/poet-agent; everything below goes under $DESTDIR when set):
 #   /usr/lib/sysusers.d/poet-agent.conf    the system user poet-agent (groups dialout, i2c, video), made by systemd-sysusers
-#   $PREFIX/venv                           a virtual environment with poet-edge[device] (none with --venv)
+#   $PREFIX/venv                           a virtual environment with poet-edge[device,zoo] (none with --venv); on
+#                                          aarch64 with the PyTorch build that runs on its CPU (deploy/torch_choice.py)
 #   /etc/poet-agent/agent.toml             copied from the template only when absent: an operator's config is never overwritten
 #   /var/lib/poet-agent, .../swap          the state directory and the default swap directory
 #   /etc/systemd/system/poet-agent.service deploy/poet-agent.service with ExecStart pointing at the venv's poet-edge; enabled
@@ -32,8 +33,9 @@ Options:
   --prefix DIR             where the virtual environment goes (default /opt/poet-agent; the venv is DIR/venv)
   --venv DIR               use this existing virtual environment (it must have bin/poet-edge, here or
                            under DESTDIR) instead of creating one; ExecStart gets DIR/bin/poet-edge
-  --source PATH            what to pip install with the [device] extra: a source tree or a wheel
+  --source PATH            what to pip install: a source tree or a wheel
                            (default: the repository this script lives in)
+  --extras LIST            its extras (default device,zoo: the agent and the zoo's models)
   --config-template FILE   the agent.toml to copy when /etc/poet-agent/agent.toml is absent
                            (default: deploy/agent.example.toml beside this script)
   --uninstall              remove the unit, the sysusers file and the venv this script created;
@@ -45,6 +47,12 @@ Options:
 Environment:
   DESTDIR                  a root to stage into (no service is started; systemctl --root enables it)
   PYTHON                   the interpreter for a new venv (default python3; 3.11 or newer)
+
+PyTorch: x86_64 gets the version constraints.txt pins. aarch64 gets PyTorch's CPU-only build from its
+wheel index, or where that is out of reach or does not run on the CPU, the last CPU-only build on the
+package index that runs on it (2.9.1 on an ARMv8.0 core such as the Pi 4's, 2.10.0 on newer ones); a
+Jetson whose python3 has NVIDIA's torch keeps it (the venv sees the system's packages). The torch is
+checked to run before anything else goes in. docs/deploying.md says more.
 
 Running it again changes nothing, except that pip reinstalls a source tree into the venv it made; the
 service is restarted only when its unit or the installed versions changed.
@@ -62,6 +70,7 @@ SCRIPT_DIR=$(cd "$SCRIPT_DIR" && pwd)
 PREFIX=/opt/poet-agent
 VENV=
 SOURCE=${SCRIPT_DIR%/*}
+EXTRAS=device,zoo
 TEMPLATE=$SCRIPT_DIR/agent.example.toml
 ACTION=install
 PURGE=0
@@ -69,13 +78,14 @@ PURGE=0
 parse_args() {
     while (($#)); do
         case $1 in
-            --prefix|--venv|--source|--config-template)
+            --prefix|--venv|--source|--config-template|--extras)
                 (($# >= 2)) && [[ -n $2 ]] || usage_error "$1 needs a value"
                 case $1 in
                     --prefix) PREFIX=$2 ;;
                     --venv) VENV=$2 ;;
                     --source) SOURCE=$2 ;;
                     --config-template) TEMPLATE=$2 ;;
+                    --extras) EXTRAS=$2 ;;
                 esac
                 shift 2 ;;
             --uninstall) ACTION=uninstall; shift ;;
@@ -88,6 +98,7 @@ parse_args() {
     [[ -z $VENV || $VENV == /* ]] || usage_error "--venv must be an absolute path: $VENV"
     ((PURGE == 0)) || [[ $ACTION == uninstall ]] || usage_error "--purge goes with --uninstall"
     [[ $PREFIX$VENV != *[[:space:]\#\&]* ]] || usage_error "--prefix and --venv cannot hold spaces, '#' or '&' (they go into ExecStart=)"
+    [[ $EXTRAS =~ ^[A-Za-z0-9_,-]+$ ]] || usage_error "--extras takes names separated by commas: $EXTRAS"
     PREFIX=${PREFIX%/}
     VENV=${VENV%/}
 }
@@ -167,23 +178,82 @@ own() {
 
 pip_state() { "$1/bin/python" -m pip freeze --all 2>/dev/null || true; }
 
+# Which torch this machine gets (deploy/torch_choice.py, run by the interpreter that makes the venv):
+# sets TORCH_KIND, TORCH_SPEC, TORCH_INDEX, TORCH_FALLBACK and TORCH_REASON.
+choose_torch() {
+    local python=$1 pinned=() answer key value
+    if [[ -d $SOURCE && -f $SOURCE/constraints.txt ]]; then
+        pinned=(--pinned "$(sed -n 's/^torch==\([^ ;]*\).*/\1/p' "$SOURCE/constraints.txt")")
+    fi
+    answer=$("$python" "$SCRIPT_DIR/torch_choice.py" "${pinned[@]}") || die "no PyTorch build for this machine (see above)"
+    TORCH_KIND= TORCH_SPEC= TORCH_INDEX= TORCH_FALLBACK= TORCH_REASON=
+    while IFS='=' read -r key value; do
+        case $key in
+            kind) TORCH_KIND=$value ;;
+            spec) TORCH_SPEC=$value ;;
+            index) TORCH_INDEX=$value ;;
+            fallback) TORCH_FALLBACK=$value ;;
+            reason) TORCH_REASON=$value ;;
+        esac
+    done <<<"$answer"
+}
+
+# The venv's torch runs on this CPU: its version on stdout; the failure (a SIGILL is status 132) on stderr.
+torch_runs() {
+    local out status=0
+    out=$("$1/bin/python" "$SCRIPT_DIR/torch_choice.py" --check 2>&1) || status=$?
+    if ((status == 0)); then
+        printf '%s\n' "${out##*$'\n'}"
+    elif [[ $2 == report ]]; then
+        ((status == 132)) && out="stopped by SIGILL: it executes an instruction this CPU does not have"
+        printf 'install.sh: torch does not run here: %s\n' "${out##*$'\n'}" >&2
+    fi
+    return "$status"
+}
+
+# Where torch_choice.py picked the build (aarch64), put it in before the rest and pin it for the rest
+# (constraints.txt pins torch for x86_64 only); a torch already there that runs is kept.
+install_torch() {
+    local venv=$1 version pin=$1/torch-constraint.txt pip=("$1/bin/python" -m pip install -q)
+    [[ $TORCH_KIND != pinned ]] || return 0
+    say "torch: $TORCH_REASON"
+    if version=$(torch_runs "$venv" quiet); then
+        :
+    elif [[ $TORCH_KIND == system ]]; then
+        torch_runs "$venv" report || true
+        die "the torch this Python has ($TORCH_SPEC) does not run: reinstall NVIDIA's build for this JetPack"
+    elif "${pip[@]}" --index-url "$TORCH_INDEX" "$TORCH_SPEC" && version=$(torch_runs "$venv" report); then
+        say "torch: $TORCH_SPEC from $TORCH_INDEX"
+    else
+        say "torch: no $TORCH_SPEC from $TORCH_INDEX that runs here; installing $TORCH_FALLBACK from the package index"
+        "${pip[@]}" "$TORCH_FALLBACK" || die "pip install $TORCH_FALLBACK failed"
+        version=$(torch_runs "$venv" report) \
+            || die "$TORCH_FALLBACK does not run on this CPU either: install a torch that does into a venv, then pass --venv"
+    fi
+    write_if_changed "$pin" "torch==$version" 0644 || true
+    constraints+=(-c "$pin")
+}
+
 # Create $ROOT$PREFIX/venv (once) and install the source into it; sets CHANGED when packages changed.
 install_venv() {
-    local venv=$ROOT$PREFIX/venv python=${PYTHON:-python3} before spec constraints=()
+    local venv=$ROOT$PREFIX/venv python=${PYTHON:-python3} before spec constraints=() venv_args=()
+    command -v "$python" >/dev/null 2>&1 || die "$python not found: install Python 3.11 or newer, or pass --venv"
+    "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+        || die "$python is older than 3.11: set PYTHON to a newer one, or pass --venv"
+    choose_torch "$python"
     if [[ ! -x $venv/bin/python ]]; then
-        command -v "$python" >/dev/null 2>&1 || die "$python not found: install Python 3.11 or newer, or pass --venv"
-        "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
-            || die "$python is older than 3.11: set PYTHON to a newer one, or pass --venv"
+        [[ $TORCH_KIND != system ]] || venv_args=(--system-site-packages)  # NVIDIA's torch stays where it is
         say "creating the virtual environment $venv"
-        "$python" -m venv "$venv"
+        "$python" -m venv "${venv_args[@]}" "$venv"
         : >"$venv/$MARKER"
     fi
     [[ -e $SOURCE ]] || die "nothing to install at --source $SOURCE"
     if [[ -d $SOURCE && -f $SOURCE/constraints.txt ]]; then
         constraints=(-c "$SOURCE/constraints.txt")  # the versions the test suite passed with
     fi
-    spec="$(cd "$(dirname "$SOURCE")" && pwd)/$(basename "$SOURCE")[device]"
+    spec="$(cd "$(dirname "$SOURCE")" && pwd)/$(basename "$SOURCE")[$EXTRAS]"
     before=$(pip_state "$venv")
+    install_torch "$venv"
     say "installing $spec into $venv"
     "$venv/bin/python" -m pip install -q "${constraints[@]}" "$spec" || die "pip install $spec failed"
     [[ $(pip_state "$venv") == "$before" ]] || CHANGED=1
