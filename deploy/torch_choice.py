@@ -110,6 +110,12 @@ def installed_torch() -> str | None:
         return None
 
 
+def system_torch() -> str | None:
+    """The torch in this interpreter's system site-packages, which a venv made ``--system-site-packages``
+    sees; None where there is none, or where this interpreter is itself a venv's (its packages stay its own)."""
+    return installed_torch() if sys.prefix == sys.base_prefix else None
+
+
 def release(version: str) -> tuple[int, ...]:
     """``2.9.1+cpu`` -> (2, 9, 1); ``2.5.0a0+872d972e41.nv24.08`` -> (2, 5, 0)."""
     return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0].split("a")[0].split("rc")[0])[:3])
@@ -178,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError:
         cpuinfo = ""
     machine = Machine(arch=args.machine or platform.machine(), features=cpu_features(cpuinfo),
-                      jetson=jetson_release(args.root), system_torch=installed_torch())
+                      jetson=jetson_release(args.root), system_torch=system_torch())
     try:
         choice = choose(machine, args.pinned or None)
     except NoBuild as exc:

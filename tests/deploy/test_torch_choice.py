@@ -1,14 +1,16 @@
 """deploy/torch_choice.py: the torch build install.sh gives a device, from what its CPU and OS report.
 
-The machines are real /proc/cpuinfo texts and JetPack's files in a temporary root; the interpreter is this
-one (with its torch) or this one without its site-packages (``-S``: no torch).  ``make test-arm64`` runs the
-script on emulated Pi 4 and Pi 5 cores and installs what it picks.
+The machines are real /proc/cpuinfo texts and JetPack's files in a temporary root; the interpreter is the one
+this venv was made from (a system Python, not a venv's), with or without this venv's torch on its path (as a
+JetPack Python has NVIDIA's).  ``make test-arm64`` runs the script on emulated Pi 4 and Pi 5 cores and
+installs what it picks.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +18,8 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "torch_choice.py"
+SYSTEM_PYTHON = getattr(sys, "_base_executable", None) or sys.executable  # the venv's base interpreter
+TORCH_SITE = Path(importlib.metadata.distribution("torch").locate_file(""))  # where this venv's torch lies
 
 PI4 = """processor\t: 0
 BogoMIPS\t: 108.00
@@ -47,9 +51,12 @@ def choose(tmp_path: Path, cpuinfo: str, machine: str = "aarch64", *, pinned: st
            with_torch: bool = True) -> tuple[int, dict[str, str], str]:
     path = tmp_path / "cpuinfo"
     path.write_text(cpuinfo)
-    python = [sys.executable] if with_torch else [sys.executable, "-S"]  # -S: no site-packages, so no torch
-    done = subprocess.run([*python, str(SCRIPT), "--pinned", pinned, "--cpuinfo", str(path), "--machine", machine,
-                           "--root", str(root or tmp_path / "no-jetpack")], capture_output=True, text=True, timeout=60)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if with_torch:
+        env["PYTHONPATH"] = str(TORCH_SITE)
+    done = subprocess.run([SYSTEM_PYTHON, str(SCRIPT), "--pinned", pinned, "--cpuinfo", str(path), "--machine", machine,
+                           "--root", str(root or tmp_path / "no-jetpack")], capture_output=True, text=True, timeout=60,
+                          env=env)
     answer = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
     return done.returncode, answer, done.stderr
 
@@ -87,7 +94,7 @@ def test_an_unreadable_cpuinfo_takes_the_build_that_runs_on_any_aarch64_core(tmp
 
 def test_a_jetson_keeps_the_torch_its_python_has(tmp_path):
     status, answer, _ = choose(tmp_path, ORIN, root=jetpack_root(tmp_path))
-    assert status == 0
+    assert status == 0, answer
     assert answer["kind"] == "system" and answer["spec"] == f"torch=={importlib.metadata.version('torch')}"
     assert "R36" in answer["reason"] and "keeping" in answer["reason"]
 
@@ -135,6 +142,14 @@ def test_a_32_bit_arm_userland_is_told_to_install_a_64_bit_os(tmp_path, machine)
 def test_an_unknown_architecture_is_named(tmp_path):
     status, _, stderr = choose(tmp_path, "", machine="riscv64")
     assert status == 1 and "riscv64" in stderr and "--venv" in stderr
+
+
+def test_a_torch_in_a_venvs_python_is_not_taken_for_the_systems(tmp_path):
+    path = tmp_path / "cpuinfo"
+    path.write_text(ORIN)
+    done = subprocess.run([sys.executable, str(SCRIPT), "--cpuinfo", str(path), "--machine", "aarch64",
+                           "--root", str(jetpack_root(tmp_path))], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "kind=cpu-index" in done.stdout  # --system-site-packages would not see it
 
 
 def test_the_check_runs_torch_and_prints_its_version_as_pip_knows_it():
