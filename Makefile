@@ -22,7 +22,7 @@ test-all: $(VENV)/.installed system-packages
 
 # The device install on an emulated Raspberry Pi 4 and Pi 5 (qemu-user; scripts/arm64-env.sh builds it in .arm64/).
 test-arm64: $(VENV)/.installed system-packages
-	$(PY) -m pytest -q -m arm64 tests/arm64
+	$(PY) -m pytest -q -rP -m arm64 tests/arm64
 
 # Debian's systemd, postgresql, chromium and chromium-driver, which the tests run for real (where missing).
 system-packages:

@@ -230,6 +230,7 @@ install_torch() {
         version=$(torch_runs "$venv" report) \
             || die "$TORCH_FALLBACK does not run on this CPU either: install a torch that does into a venv, then pass --venv"
     fi
+    say "torch: $version, checked to run on this CPU"
     write_if_changed "$pin" "torch==$version" 0644 || true
     constraints+=(-c "$pin")
 }
