@@ -1,28 +1,16 @@
-"""POET Edge agent: everything that runs on the device.
+"""POET Edge agent: the device application, on top of the engine (:mod:`engine`).
 
-The executor (:class:`agent.executor.Executor`) runs one training step of a
-real ``nn.Module`` by following a POET schedule.  Importing ``agent`` imports
-neither torch nor flwr; the names below are loaded on first use.
+The engine runs one training step under a schedule; the agent decides when and on what: it reads its
+config, watches the device's eligibility, trains on local data in a daemon's windows, keeps checkpoints
+and the personalized model, talks to the fleet server and takes part in Flower rounds.  Importing
+``agent`` imports neither torch nor flwr.
 
 Modules:
 
-- :mod:`~agent.extract`: ``extract()``: segments, recording, units, measurement -> graph + segments
-- :mod:`~agent.segments`: ``Segments``, ``Unit``, ``Port``, ``Boundary``; node-id layout; input checks
-- :mod:`~agent.runtime`: ``Runtime`` (compute/free/install one node in torch), ``ModelState`` (rollback)
-- :mod:`~agent.store`: the value store: which node owns which storage; saved-tensor handles
-- :mod:`~agent.replay`: RNG replay and buffer restore for exact recomputation
-- :mod:`~agent.executor`: ``Executor``: runs training steps as a schedule says
-- :mod:`~agent.pager`: ``Pager``: page files, the I/O thread, reservation, file lifetime
-- :mod:`~agent.pagefile`: page files: ``reserve``, ``write``, ``read`` and the public names of its modules below
-- :mod:`~agent.ledger`: ``Ledger`` (resident bytes per instruction, budget check), ``StepStats``
-- :mod:`~agent.rss`: peak-RSS measurement, returning freed memory, heap trimming
-- :mod:`~agent.parity`: ``check_parity``: one step against plain autograd, bit for bit
-- :mod:`~agent.profile`: ``profile_workload``: graph, swap path, overlap, power -> priced graph + device profile
-- :mod:`~agent.validate`: ``validate``, ``Validator``, ``predict``: predictions against measured steps; memory plot
-- :mod:`~agent.zoo`: ``Workload`` and the zoo models; ``--module PKG.MOD:FACTORY``; ``token_vocabulary``
+- :mod:`~agent.zoo`: the zoo models as ``Workload`` s; ``--module PKG.MOD:FACTORY``; ``token_vocabulary``
+- :mod:`~agent.zoo_names`: the zoo's model names, without importing torch
 - :mod:`~agent.cli`: ``poet-edge profile`` and ``poet-edge validate`` (entry point ``poet_edge.commands``)
 - :mod:`~agent.errors`: the agent's branch of the exception tree
-- :mod:`~agent.energy`: the meters' public API
 - :mod:`~agent.personal_model`: ``keep``, ``load``, ``read_provenance``, ``export``: the model a device personalized,
   with its provenance, in ``STATE_DIR/personal/``; TorchScript or ONNX for inference
 - :mod:`~agent.digits`: a fleet's image data (scikit-learn's digits, or a saved data set): a training pool
@@ -35,9 +23,6 @@ Modules:
   each verdict with a reason
 - :mod:`~agent.holdout`: ``evaluate``: a model's loss and accuracy on a data set's held-out samples (the agent's
   windows, federated rounds)
-- :mod:`~agent.training`: ``Training``: the one training path, a daemon's window and a Flower round alike:
-  model, data, schedule, optimizer, the memory check
-- :mod:`~agent.optim`: optimizer updates inside the backward pass, optimizer state on flash
 - :mod:`~agent.daemon`: the agent daemon: eligibility, the training worker, checkpoints, the fleet server's
   schedules and heartbeats
 - :mod:`~agent.federated`: everything of the agent that speaks Flower: the ClientApp, the SuperNode, virtual
@@ -46,30 +31,6 @@ Modules:
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from agent.errors import AgentError
 
-from agent.errors import (
-    AgentError,
-    ExecutorError,
-    InputMismatchError,
-    LedgerError,
-    PageCorruptError,
-    PageError,
-    ScheduleRefusedError,
-    SwapSpaceError,
-)
-
-# Public name -> module that defines it; imported lazily because they need torch.
-_LAZY = {"Executor": "agent.executor", "StepStats": "agent.ledger", "Segments": "agent.segments"}
-
-__all__ = [
-    "AgentError", "Executor", "ExecutorError", "InputMismatchError", "LedgerError", "PageCorruptError",
-    "PageError", "ScheduleRefusedError", "Segments", "StepStats", "SwapSpaceError",
-]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'agent' has no attribute {name!r}")
+__all__ = ["AgentError"]

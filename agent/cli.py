@@ -12,7 +12,7 @@ Registered in the ``poet_edge.commands`` entry-point group (see
 :mod:`common.cli`); errors exit with their own codes
 (:mod:`common.exit_codes`).  This module imports neither torch nor the model zoo: the
 handlers do, so ``poet-edge --help`` stays fast.  Both commands make glibc
-keep large blocks on mmap (:func:`agent.rss.return_freed_memory`)
+keep large blocks on mmap (:func:`engine.rss.return_freed_memory`)
 before measuring, so a profile's times and a validation's are taken under the
 same allocator and a step's peak RSS is honest.
 """
@@ -44,7 +44,7 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     which.add_argument("--model", metavar="NAME",
                        help=f"zoo model: {', '.join(ZOO_INPUTS)}")
     which.add_argument("--module", metavar="PKG.MOD:FACTORY",
-                       help="your own model: FACTORY() returns an nn.Module or an agent.zoo.Workload")
+                       help="your own model: FACTORY() returns an nn.Module or an engine.workload.Workload")
     p.add_argument("--input", metavar="SHAPE", help="batch shape, batch first: 32x3x64x64, or 8x128 for bert "
                                                    "(default: the zoo model's)")
     p.add_argument("--seed", type=int, default=0, help="seed for weights and batch (default 0)")
@@ -136,7 +136,7 @@ def run_profile(args: argparse.Namespace) -> int:
         check_writable(path)
     estimate_device = load_device(args.power_like) if args.power_like else None
     workload = _workload(args)
-    from agent.profile import device_estimate, profile_workload
+    from engine.profile import device_estimate, profile_workload
 
     estimate = device_estimate(estimate_device) if estimate_device is not None else None
     with StageProgress(f"profile {workload.name}") as progress:
@@ -158,7 +158,7 @@ def _workload(args: argparse.Namespace) -> Any:
     """Set up torch as asked and build the workload."""
     import torch
 
-    from agent.rss import return_freed_memory
+    from engine.rss import return_freed_memory
     from agent.zoo import load_workload, parse_shape
 
     return_freed_memory()
@@ -169,7 +169,7 @@ def _workload(args: argparse.Namespace) -> Any:
 
 
 def _meter_config(args: argparse.Namespace) -> Any:
-    from agent.energy import MeterConfig
+    from engine.energy import MeterConfig
 
     return MeterConfig(kind=args.meter, serial_url=args.serial_url, serial_protocol=args.serial_protocol)
 
@@ -189,10 +189,10 @@ def run_validate(args: argparse.Namespace) -> int:
     if args.plot:
         check_writable(args.plot)
     workload = _workload(args)
-    from agent.extract import segments_matching
+    from engine.extract import segments_matching
 
     segments = segments_matching(workload, graph, args.max_nodes, source=args.graph)
-    from agent.validate import plot_memory, validate
+    from engine.validate import plot_memory, validate
 
     with _meter(args, device) as meter:
         report = validate(workload, graph, segments, schedule, swap_dir=args.swap_dir, steps=args.steps,
@@ -217,8 +217,8 @@ def _meter(args: argparse.Namespace, device: Any) -> Iterator[Any]:
 
     The estimate is labelled as one in the report; ``--meter estimate`` asks for it outright.
     """
-    from agent.energy import EnergyMeterError, detect_meter
-    from agent.profile import device_estimate
+    from engine.energy import EnergyMeterError, detect_meter
+    from engine.profile import device_estimate
 
     powers = device_estimate(device).powers if device is not None else None
     try:
@@ -237,7 +237,7 @@ class StageProgress:
     """Progress of a multi-stage measurement: a live bar on a terminal, plain lines elsewhere.
 
     Used as the ``progress(stage, done, total)`` callback of
-    :func:`agent.profile.profile_workload`.
+    :func:`engine.profile.profile_workload`.
     """
 
     def __init__(self, label: str, stream: TextIO | None = None, live: bool | None = None) -> None:

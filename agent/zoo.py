@@ -45,45 +45,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from agent.errors import ZooError
-
-LossFn = Callable[[Any, Any], torch.Tensor]
-
-
-
-@dataclass(frozen=True)
-class Workload:
-    """A model in training mode with one batch and its loss: what one training step needs.
-
-    Attributes
-    ----------
-    name:
-        Zoo name or ``package.module:factory``.
-    model:
-        The model, in ``train()`` mode.
-    inputs:
-        A tensor, or a tuple of positional arguments for ``model``.
-    targets:
-        What ``loss_fn`` compares the output with.
-    loss_fn:
-        ``loss_fn(model(*inputs), targets)`` is the scalar loss.  A loss that uses the model's parameters
-        itself (:class:`agent.chunked_loss.ChunkedNextTokenLoss`) has ``for_model(copy)``, the same loss for a
-        copy of the model.
-    segments:
-        Qualified module names extraction cuts at, or ``None`` for its default rule.
-    """
-
-    name: str
-    model: nn.Module
-    inputs: Any
-    targets: Any
-    loss_fn: LossFn
-    segments: tuple[str, ...] | None = None
-
-    @property
-    def example(self) -> tuple[Any, Any]:
-        """``(inputs, targets)``, as :func:`agent.extract.extract` and ``Executor.step`` take them."""
-        return self.inputs, self.targets
-
+from engine.workload import (  # noqa: F401 - the zoo's workloads and losses, also imported from here
+    LossFn, Workload, cross_entropy, logits_cross_entropy, mse, next_token_cross_entropy,
+)
 
 @dataclass(frozen=True)
 class ZooEntry:
@@ -108,22 +72,6 @@ def _need_rank(name: str, shape: tuple[int, ...], rank: int, example: str) -> No
     if len(shape) != rank:
         raise ZooError(f"model {name!r} takes a {rank}-dimensional input ({example}), "
                        f"got {'x'.join(map(str, shape))}")
-
-
-# -- losses --------------------------------------------------------------------------
-def cross_entropy(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Classification loss on logits (per sample or per pixel)."""
-    return F.cross_entropy(output, targets)
-
-
-def logits_cross_entropy(output: Any, targets: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy on a transformers model output (its ``.logits``)."""
-    return F.cross_entropy(output.logits, targets)
-
-
-def mse(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Regression loss for outputs that are not class scores."""
-    return F.mse_loss(output, targets)
 
 
 # -- built-in models -----------------------------------------------------------------
@@ -207,12 +155,6 @@ def decoder_lm(kind: str, layers: int = DECODER_LAYERS, hidden: int = DECODER_HI
                                       num_key_value_heads=DECODER_KV_HEADS, max_position_embeddings=positions,
                                       use_cache=False, bos_token_id=0, eos_token_id=0)
     return transformers.LlamaForCausalLM(config).train()
-
-
-def next_token_cross_entropy(output: Any, targets: torch.Tensor) -> torch.Tensor:
-    """Causal-LM loss on a transformers output's ``.logits``: each position predicts the token after it."""
-    logits = output.logits
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 def decoder_workload(kind: str, shape: tuple[int, ...], vocab: int = DECODER_VOCAB) -> Workload:
@@ -337,7 +279,7 @@ def load_workload(spec: str, shape: tuple[int, ...] | None = None, seed: int = 0
         Seeds weights and batch, so two processes build the same workload.
     chunked_loss:
         For a causal language model: compute the next-token loss a few tokens at a time, never holding all
-        the logits (:mod:`agent.chunked_loss`; not bit-identical to plain cross-entropy, and named so).
+        the logits (:mod:`engine.chunked_loss`; not bit-identical to plain cross-entropy, and named so).
 
     Raises
     ------
@@ -356,7 +298,7 @@ def load_workload(spec: str, shape: tuple[int, ...] | None = None, seed: int = 0
         workload = entry.build(shape or entry.default_input)
     if not chunked_loss:
         return workload
-    from agent.chunked_loss import chunk_loss
+    from engine.chunked_loss import chunk_loss
 
     try:
         return chunk_loss(workload)
@@ -382,7 +324,7 @@ def _from_module(spec: str, shape: tuple[int, ...] | None) -> Workload:
         return made
     if not isinstance(made, nn.Module):
         raise ZooError(f"{spec} returned {type(made).__name__}; a factory returns an nn.Module or an "
-                       "agent.zoo.Workload")
+                       "engine.workload.Workload")
     if shape is None:
         raise ZooError(f"{spec} returns a bare nn.Module: pass --input SHAPE (batch first) for its batch")
     return workload_for_module(spec, made.train(), torch.randn(shape))

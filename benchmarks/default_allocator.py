@@ -1,7 +1,7 @@
 """Plain PyTorch's step as its users run it: glibc's default allocator, in a fresh process.
 
 The benchmarks time plain PyTorch beside the executor with large tensors on mmap
-(``MALLOC_MMAP_THRESHOLD_=65536``, :func:`agent.rss.return_freed_memory`): freed memory then leaves the
+(``MALLOC_MMAP_THRESHOLD_=65536``, :func:`engine.rss.return_freed_memory`): freed memory then leaves the
 process, which the executor needs so that RSS follows its budget, and every fresh page costs a fault.  A user
 of plain PyTorch has no such need: glibc keeps freed tensors in its heap and hands them out again.  This is
 that yardstick, measured in a process of its own (the allocator's mode is process-wide), so a benchmark can
@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-from agent.rss import FREED_MEMORY_THRESHOLD
+from engine.rss import FREED_MEMORY_THRESHOLD
 
 MMAP_VARIABLE = "MALLOC_MMAP_THRESHOLD_"
 
@@ -35,7 +35,7 @@ def default_allocator_environment(**extra: str) -> dict[str, str]:
 
 def returned_memory_environment(**extra: str) -> dict[str, str]:
     """This process's environment for a child that runs as the executor's steps do, large tensors on mmap so
-    that freed memory leaves the process (:func:`agent.rss.return_freed_memory`), plus ``extra``."""
+    that freed memory leaves the process (:func:`engine.rss.return_freed_memory`), plus ``extra``."""
     return {**os.environ, MMAP_VARIABLE: str(FREED_MEMORY_THRESHOLD), **extra}
 
 
@@ -63,7 +63,7 @@ def plain_step(zoo: str, shape: tuple[int, ...], threads: int, steps: int = 8) -
 def _measure(zoo: str, shape: tuple[int, ...], threads: int, steps: int) -> DefaultAllocatorStep:
     import torch
 
-    from agent import rss
+    from engine import rss
     from agent.zoo import load_workload
 
     torch.set_num_threads(threads)

@@ -7,10 +7,10 @@ store-all peak of activation values plus the workspace of the node computing
 at that moment (what the planner's budget bounds; the values-only peak is
 printed beside it):
 
-1. profile this machine (:func:`agent.profile.profile_workload`: swap path
+1. profile this machine (:func:`engine.profile.profile_workload`: swap path
    through the executor's page files, overlap, powers) and extract the graph;
 2. plan with POET (``schedules.plan``) at the budget and run several steps
-   through :class:`agent.executor.Executor`;
+   through :class:`engine.executor.Executor`;
 3. run, interleaved with those steps so that drift on a shared machine hits all
    alike, a plain PyTorch step, ``torch.utils.checkpoint`` per block (every
    segment count, the fastest that fits kept), and saved tensors offloaded to
@@ -38,7 +38,7 @@ printed on the model's line, with the RSS growth it holds for its speed, and bes
 
 Run ``python -m benchmarks.executor`` (re-executes itself with
 ``MALLOC_MMAP_THRESHOLD_=65536`` so freed activations leave the process and
-RSS means something; see ``agent.rss``).  ``--throttle MBPS`` runs it all with
+RSS means something; see ``engine.rss``).  ``--throttle MBPS`` runs it all with
 the swap disk held to flash speed (root; see ``benchmarks.paging``).
 """
 
@@ -61,17 +61,17 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
-from agent import rss
-from agent.executor import Executor
+from engine import rss
+from engine.executor import Executor
 from agent.zoo import Workload, load_workload
 from benchmarks.default_allocator import MMAP_VARIABLE, plain_step as default_allocator_step, returned_memory_environment
 from benchmarks.paging import compute_load, raw_bandwidth, throttled
 from schedules.device import DeviceProfile, price_graph
 from schedules.errors import PlannerError
-from agent.extract import extract
+from engine.extract import extract
 from schedules.graph import TrainingGraph
 from schedules.plan import PlanResult, plan
-from agent.profile import drop_page_cache, profile_workload
+from engine.profile import drop_page_cache, profile_workload
 from schedules.simulate import simulate
 
 MB = 1e6

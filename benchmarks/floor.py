@@ -7,15 +7,15 @@ For each model each figure is measured in this process, one model after the othe
   kept until its last reader, as the executor measures them);
 * ``coarse floor``: the smallest budget POET's MILP finds a schedule for on the default cut (the segments a
   user would get without refinement);
-* ``floor``: the same on the refined cut (:func:`agent.extract.extract` with ``refine=True``), with its node
+* ``floor``: the same on the refined cut (:func:`engine.extract.extract` with ``refine=True``), with its node
   count;
-* ``bound``: the operator-level bound (:mod:`agent.operator_bound`): the largest working set one autograd
+* ``bound``: the operator-level bound (:mod:`engine.operator_bound`): the largest working set one autograd
   operator's backward needs, kernel scratch left out.
 
 Printed: floor / M and floor / bound beside the targets (floor at most 0.35 of M for resnet18 and 0.25 for the
 others, within 1.15x of the bound on all).  Where a language model's logits set the floor, the row says so.
 
-``gpt2-32k-chunked`` is the 32,768-token GPT-2 with the opt-in chunked loss (:mod:`agent.chunked_loss`: not
+``gpt2-32k-chunked`` is the 32,768-token GPT-2 with the opt-in chunked loss (:mod:`engine.chunked_loss`: not
 bit-identical to plain cross-entropy); its M is the plain loss's.
 
 ``python -m benchmarks.floor [--models resnet18,bert,gpt2,gpt2-32k,gpt2-32k-chunked,llama,vit] [--search-time S]
@@ -55,7 +55,7 @@ def measure(name: str, search_time: float) -> dict[str, Any]:
     """Every figure of one model's row."""
     import torch
 
-    from agent.extract import extract
+    from engine.extract import extract
     from schedules.budgets import node_lower_bounds, store_all_peak
 
     torch.set_num_threads(1)

@@ -37,7 +37,7 @@ from typing import Any
 
 from agent.federated.runner import FORKED_AFTER
 from demo.flower_fleet import PLAIN_PEAK_BYTES, Fleet, run_id_of, wait_for
-from agent.training import DEFAULT_TOLERANCE_BYTES as MEMORY_TOLERANCE_BYTES  # what the memory check allows
+from engine.training import DEFAULT_TOLERANCE_BYTES as MEMORY_TOLERANCE_BYTES  # what the memory check allows
 
 TARGET_SECONDS_PER_ROUND = 1.0
 

@@ -13,7 +13,7 @@ one compute thread), four steps on the same seeded batches:
 * ``checkpoint N``: the same with ``torch.utils.checkpoint`` -- every segment
   count of ``checkpoint_sequential`` over the model's blocks (per layer for
   the transformer); the one with the least memory is the baseline row;
-* ``ours``: :class:`agent.training.Training` under the schedule (updates in
+* ``ours``: :class:`engine.training.Training` under the schedule (updates in
   the backward pass, optimizer state on flash where the plan says).
 
 Training memory is the peak RSS over the steps minus the RSS of the same
@@ -37,7 +37,7 @@ plain's memory at no more than 1.5x its time, at most 0.5 at no more than
 
 ``python -m benchmarks.memory [--models resnet18,vgg11_bn,bert,gpt2,gpt2-32k,gpt2-32k-chunked,llama,vit] [--json F]``
 (the first three by default; ``gpt2-32k`` is GPT-2 at a 32,768-token vocabulary, ``-chunked`` with the opt-in
-chunked loss in every row, plain included: :mod:`agent.chunked_loss`, not bit-identical to plain cross-entropy).
+chunked loss in every row, plain included: :mod:`engine.chunked_loss`, not bit-identical to plain cross-entropy).
 Each model is profiled on its default cut (a step's whole memory is mostly gradients and optimizer state);
 ``--refine`` cuts it finer where its activation floor is set, as ``poet-edge profile`` does.  The
 floor and the operator-level bound are printed; ``python -m benchmarks.floor`` measures them on both cuts for
@@ -84,8 +84,8 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
     """Build the model, measure the RSS with it loaded, run the steps; report memory, time and the hash."""
     import torch
 
-    from agent import rss
-    from agent.training import OptimizerSettings
+    from engine import rss
+    from engine.training import OptimizerSettings
     from agent.zoo import parse_shape
 
     torch.set_num_threads(1)
@@ -114,8 +114,8 @@ def run_timing_child(args: argparse.Namespace) -> dict[str, list[float]]:
     a slow minute of a shared machine slows every configuration alike.  Seconds per step, per configuration."""
     import torch
 
-    from agent import rss
-    from agent.training import OptimizerSettings
+    from engine import rss
+    from engine.training import OptimizerSettings
     from agent.zoo import parse_shape
 
     torch.set_num_threads(1)
@@ -153,7 +153,7 @@ def plain_training_memory(model: str, input: str) -> int:
 
 
 def _baseline(args: argparse.Namespace) -> int:
-    from agent import rss
+    from engine import rss
 
     if args.baseline_file:  # Training measured it before building its optimizer and executor
         return int(Path(args.baseline_file).read_text())
@@ -163,7 +163,7 @@ def _baseline(args: argparse.Namespace) -> int:
 
 def _method(args: argparse.Namespace, work: Any, settings: Any) -> tuple[Any, Any]:
     """``(step(batch), optimizer_state())`` for the configuration ``args.run`` names."""
-    from agent import rss
+    from engine import rss
 
     if args.run.startswith("ours:"):
         return _ours(args, work, settings)
@@ -223,8 +223,8 @@ def _blocks(model: Any) -> list[Any]:
 
 
 def _ours(args: argparse.Namespace, work: Any, settings: Any) -> tuple[Any, Any]:
-    from agent.extract import segments_matching
-    from agent.training import Training
+    from engine.extract import segments_matching
+    from engine.training import Training
     from schedules.graph import TrainingGraph
     from schedules.schedule import Schedule
 
@@ -286,8 +286,8 @@ def bench_model(name: str, workdir: Path, plan_time: float, rounds: int, refine:
     their step times interleaved in one."""
     import torch
 
-    from agent.profile import profile_workload
-    from agent.training import OptimizerSettings
+    from engine.profile import profile_workload
+    from engine.training import OptimizerSettings
     from agent.zoo import parse_shape
     from schedules.budgets import floor_text, store_all_peak
 

@@ -2,7 +2,7 @@
 
 For each page size seen in practice (1 to 32 MB) and each slot layout (one
 storage; four storages of uneven sizes, as a node's output plus its saved
-tensors), pages go through :class:`agent.pager.Pager` exactly as the executor
+tensors), pages go through :class:`engine.pager.Pager` exactly as the executor
 uses it (reserve, background write, wait, prefetch, read, end of step), and the
 bandwidth is bytes / seconds of the pager's I/O thread, the figure the
 executor's ``StepStats`` reports.  Each page is read back twice: into fresh
@@ -39,7 +39,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from agent.pager import Pager
+from engine.pager import Pager
 
 MB = 1e6
 

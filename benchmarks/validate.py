@@ -4,12 +4,12 @@ For each model (resnet18 at 32x3x64x64, the BERT encoder at 8x128 by default)
 and each memory budget as a fraction of M, the unconstrained activation peak
 (store-all's):
 
-1. profile this machine with the model (:func:`agent.profile.profile_workload`:
+1. profile this machine with the model (:func:`engine.profile.profile_workload`:
    node times and bytes, swap path, overlap, powers);
 2. plan with POET at the budget (a budget below the graph's lower bound --
    the largest node plus its inputs -- is infeasible for every schedule; it is
    reported and raised to that bound, so the cost model is still checked there);
-3. run the schedules through :class:`agent.validate.Validator`, their steps
+3. run the schedules through :class:`engine.validate.Validator`, their steps
    interleaved round-robin so that a shared machine's drift falls on all alike;
 4. print predicted against measured step time, ledger peak, RSS growth and bytes
    paged, each with its error, against the targets: step time within 15%,
@@ -53,13 +53,13 @@ from typing import Any
 
 import torch
 
-from agent.energy import EnergyMeter, MeterConfig, detect_meter
-from agent.rss import return_freed_memory
-from agent.validate import ValidationReport, Validator
+from engine.energy import EnergyMeter, MeterConfig, detect_meter
+from engine.rss import return_freed_memory
+from engine.validate import ValidationReport, Validator
 from agent.zoo import load_workload, parse_shape
 from schedules.budgets import memory_lower_bound, store_all_peak
 from schedules.plan import plan
-from agent.profile import device_estimate, profile_workload
+from engine.profile import device_estimate, profile_workload
 
 TARGETS = {"step time": 15.0, "ledger peak": 5.0}
 DEFAULT_MODELS = ("resnet18:32x3x64x64", "bert:8x128")

@@ -17,10 +17,10 @@ class BenchModel:
     chunked_loss: bool = False
 
     def build(self, shape: tuple[int, ...] | None = None, seed: int = 0) -> Any:
-        """The :class:`agent.zoo.Workload`, at ``shape`` (default the benchmark's input), seeded."""
+        """The :class:`engine.workload.Workload`, at ``shape`` (default the benchmark's input), seeded."""
         import torch
 
-        from agent.chunked_loss import chunk_loss
+        from engine.chunked_loss import chunk_loss
         from agent.zoo import decoder_workload, load_workload, parse_shape
 
         shape = shape or parse_shape(self.input)

@@ -2,7 +2,7 @@
 
 Pure Python, numpy and PuLP/HiGHS: ``schedules`` never imports torch, and
 nothing of ``agent`` or ``server``.  Training graphs come from a model through
-:func:`agent.extract.extract` (device side) or from a graph file.
+:func:`engine.extract.extract` (device side) or from a graph file.
 
 Modules:
 

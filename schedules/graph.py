@@ -68,7 +68,7 @@ class Parameter:
     weights).  Its gradient is final once the last of them has run, which is
     where an update fused into the backward pass applies it.  ``streamed``
     marks a weight whose gradient the executor computes and applies in column
-    blocks, never whole (:mod:`agent.optim.streamed`); extraction measured
+    blocks, never whole (:mod:`engine.optim.streamed`); extraction measured
     its node's workspace that way, and the size of the two factors the
     gradient is made from (``stream_bytes``), which a background update keeps
     until it has applied every block, and the bytes of the column unit its
@@ -76,7 +76,7 @@ class Parameter:
     bits only so).  An embedding table whose gradient is zero outside the
     rows a step looks up carries how many rows a step may look up (``rows``)
     and one row's bytes (``row_bytes``): its update can run row by row
-    (:mod:`agent.optim.rows`).
+    (:mod:`engine.optim.rows`).
     """
 
     name: str
@@ -91,8 +91,8 @@ class Parameter:
     def chunk_bytes(self, chunk: int) -> int:
         """The largest piece of this parameter an update holds at once with update chunks of ``chunk`` bytes:
         a streamed weight's column block is a multiple of ``block_bytes`` (at least one) and its last block
-        may carry up to one more unit (:mod:`agent.optim.chunks`); a table updated by rows is cut into whole
-        rows, at least one (:mod:`agent.optim.rows`)."""
+        may carry up to one more unit (:mod:`engine.optim.chunks`); a table updated by rows is cut into whole
+        rows, at least one (:mod:`engine.optim.rows`)."""
         if self.streamed and self.block_bytes:
             return min(self.bytes, max(chunk, self.block_bytes) + self.block_bytes)
         if self.rows and self.row_bytes:

@@ -27,7 +27,7 @@ activations:
   either stays in RAM for the whole step or lives in page files on flash and
   is read and written chunk by chunk at its update, which costs the paging's
   energy and I/O time every step.  The update of state on flash runs in the
-  background (the agent's :mod:`agent.optim.background`) while the next
+  background (the agent's :mod:`engine.optim.background`) while the next
   backward node computes, so its gradients and its transient are held one
   stage longer (``StateGroup.behind_bytes``); a streamed weight's update runs
   in the background from its node to the end of the backward pass, holding the
@@ -71,7 +71,7 @@ enough that per-chunk overheads (a page read and written, a few kernel calls) st
 READ_AHEAD_CHUNKS = 2
 WRITE_BEHIND_CHUNKS = 2
 """Optimizer-state chunks on flash in RAM beside the one being updated: read ahead of their update, and
-written behind it (the agent's :mod:`agent.optim.state_pages` keeps to these)."""
+written behind it (the agent's :mod:`engine.optim.state_pages` keeps to these)."""
 
 GROUP_MIN_BYTES = 1 << 20
 """Optimizer state of a parameter at least this large is paged (or kept) on its own; smaller ones are
@@ -229,7 +229,7 @@ class StateGroup:
 
 
 def updates_by_rows(p: Parameter, spec: TrainingSpec) -> bool:
-    """Whether ``p``'s update, with its state on flash, runs by rows (:mod:`agent.optim.rows`): an embedding
+    """Whether ``p``'s update, with its state on flash, runs by rows (:mod:`engine.optim.rows`): an embedding
     table looked up by fewer rows than it has, alone in its state group, with updates in the backward pass."""
     return (p.rows > 0 and p.row_bytes > 0 and p.rows * p.row_bytes < p.bytes and spec.accumulation == 1
             and not spec.clip and spec.state_paging and p.bytes * spec.state_tensors >= GROUP_MIN_BYTES)

@@ -1,6 +1,6 @@
 """The executor's paging in time: when reads start ahead, how long RAM waits for writes, the step it makes.
 
-The executor (:mod:`agent.executor`) pages on one I/O thread beside the compute thread.  What it does
+The executor (:mod:`engine.executor`) pages on one I/O thread beside the compute thread.  What it does
 with a schedule's paging is decided here, from the schedule alone, so that the planner can replay it
 too (:func:`timeline_step_ms`: ``plan`` checks overlapped plans against it).  Both decisions use
 the room a schedule leaves under its budget, instruction by instruction (``holding[k]``: the bytes

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from server.errors import ServerConfigError
@@ -141,10 +141,6 @@ class ServerSettings:
     def keys_dir(self) -> Path:
         """Where the server's Ed25519 key pair lives."""
         return self.data_dir / "keys"
-
-    def with_changes(self, **changes: object) -> "ServerSettings":
-        """A copy with ``changes`` applied (and checked)."""
-        return replace(self, **changes)
 
 
 def _problems(s: ServerSettings) -> list[str]:

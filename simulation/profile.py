@@ -26,8 +26,8 @@ def profile_once(seed: int, cache: Path | None = None, repeats: int = 5, tuning:
     import torch
 
     from agent.digits import fleet_workload
-    from agent.errors import ScheduleRefusedError
-    from agent.extract import segments_matching
+    from engine.errors import ScheduleRefusedError
+    from engine.extract import segments_matching
     from agent.federated.virtual import FleetData
     from schedules.errors import FormatError
     from schedules.graph import TrainingGraph
@@ -65,7 +65,7 @@ def _main(argv: list[str]) -> None:
     import torch
 
     from agent.digits import fleet_workload
-    from agent.extract import extract
+    from engine.extract import extract
     from agent.federated.virtual import FleetData
 
     seed, repeats, out = int(argv[0]), int(argv[1]), Path(argv[2])

@@ -11,7 +11,7 @@ from typing import Any
 from common.messages import ABSENT
 from server.federated.rounds import RoundRow
 
-MEMORY_TOLERANCE_BYTES = 8 << 20  # agent.training.DEFAULT_TOLERANCE_BYTES (the report imports no torch)
+MEMORY_TOLERANCE_BYTES = 8 << 20  # engine.training.DEFAULT_TOLERANCE_BYTES (the report imports no torch)
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class DeviceResult:
     @property
     def within_budget(self) -> bool:
         """Within the budget as the devices' memory check judges it: RSS resolves no finer than its tolerance
-        (:data:`agent.training.DEFAULT_TOLERANCE_BYTES`), more than a tiny model's whole step."""
+        (:data:`engine.training.DEFAULT_TOLERANCE_BYTES`), more than a tiny model's whole step."""
         return self.budget_bytes is None or self.peak_bytes <= self.budget_bytes + MEMORY_TOLERANCE_BYTES
 
 

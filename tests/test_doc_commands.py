@@ -258,7 +258,7 @@ def _prelude(code: str) -> str:
     lines = ["import shutil", "shutil.copy('reference-graph.json', 'graph.json')"]
     if "Executor(" in code:
         lines += ["import torch", "from schedules import DeviceProfile, plan",
-                  "from agent.extract import extract",
+                  "from engine.extract import extract",
                   "torch.manual_seed(0)",
                   "model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),"
                   " torch.nn.ReLU(), torch.nn.Linear(64, 10))",

@@ -13,6 +13,7 @@ import pytest
 
 import agent
 import common
+import engine
 import schedules
 import server
 from common.cli import main
@@ -20,12 +21,12 @@ from common.errors import CommandError, PoetEdgeError
 from common.exit_codes import EXIT_CODES, ExitCode, exit_code_for, exit_code_table
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("common", "schedules", "agent", "server")
+PACKAGES = ("common", "schedules", "engine", "agent", "server")
 
 
 def every_error_class() -> list[type[PoetEdgeError]]:
     """Every subclass of the root defined in the packages, after importing all their modules."""
-    for package in (common, schedules, agent, server):
+    for package in (common, schedules, engine, agent, server):
         for module in pkgutil.walk_packages(package.__path__, prefix=package.__name__ + "."):
             importlib.import_module(module.name)
     found, stack = [], [PoetEdgeError]

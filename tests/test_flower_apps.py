@@ -21,8 +21,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, Metadata, Reco
 
 from agent.federated import clientapp as client  # noqa: E402
 from agent.federated.task import METRIC_KEYS, personal_keys  # noqa: E402
-from agent.parity import bits_equal  # noqa: E402
-from agent.training import DEFAULT_TOLERANCE_BYTES  # noqa: E402
+from engine.parity import bits_equal  # noqa: E402
+from engine.training import DEFAULT_TOLERANCE_BYTES  # noqa: E402
 from server.config import ServerSettings  # noqa: E402
 from server.errors import ServerConfigError  # noqa: E402
 from server.federated.serverapp import federation_config  # noqa: E402
@@ -308,7 +308,7 @@ def _plain_steps(weights: dict, config_path: Path, steps: int) -> dict:
     from agent.daemon.config import load_config
     from agent.daemon.prepare import build_workload
     from agent.data import open_dataset
-    from agent.training import OptimizerSettings
+    from engine.training import OptimizerSettings
 
     config = load_config(config_path)
     work = build_workload(config)

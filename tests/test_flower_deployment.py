@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from agent.federated.supernode import ensure_key, flower_binary
-from agent.training import DEFAULT_TOLERANCE_BYTES
+from engine.training import DEFAULT_TOLERANCE_BYTES
 from demo.flower_fleet import Fleet, run_id_of, wait_for
 from common.programs import flower_environment, free_port
 

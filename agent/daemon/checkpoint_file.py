@@ -11,7 +11,7 @@ Layout::
 
 Writing (:func:`write`) streams every tensor from where it lives: a tensor in
 memory is written from its own storage; optimizer state on flash
-(:class:`agent.optim.PagedTensor`) is copied in chunk by chunk, a column
+(:class:`engine.optim.PagedTensor`) is copied in chunk by chunk, a column
 block of a streamed weight's state row by row.  The checksum is then taken
 over the file as written.  Reading (:func:`read`) checks the checksum by
 streaming the file, then returns the state with a :class:`StoredTensor` for

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from agent.energy.detect import MeterConfig
+from engine.energy.detect import MeterConfig
 from agent.errors import ConfigError
 from agent.monitors.quiet import parse_window
 from agent.zoo_names import ZOO_INPUTS, chunked_loss_problems, model_problems

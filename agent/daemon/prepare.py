@@ -4,7 +4,7 @@ The first time a workload runs on a device it is profiled there (as
 ``poet-edge profile`` does) and the graph and device profile are cached under
 ``state_dir/prepared/KEY/``, KEY naming the model, input, seed, node bound and
 PyTorch version.  Later starts cut the model again without timing anything
-(:func:`agent.extract.segments_matching`) and check the cut still gives the
+(:func:`engine.extract.segments_matching`) and check the cut still gives the
 cached graph.  The schedule comes from the configured source (a signed file,
 the fleet server with a local solve while it is unreachable, or a local solve)
 through the verified cache of :mod:`agent.daemon.sources`.
@@ -24,7 +24,7 @@ import torch
 from agent.daemon.config import AgentConfig
 from agent.daemon.sources import (FileScheduleSource, LocalSolveSource, Request, ScheduleCache, ScheduleSource,
                                   get_schedule)
-from agent.errors import ScheduleRefusedError
+from engine.errors import ScheduleRefusedError
 from agent.zoo import Workload, load_workload, parse_shape
 from schedules.device import DeviceProfile
 from schedules.errors import FormatError
@@ -68,7 +68,7 @@ def build_workload(config: AgentConfig) -> Workload:
 
 def training_spec(config: AgentConfig) -> TrainingSpec:
     """What the schedule is planned for: the configured optimizer, accumulation and clipping."""
-    from agent.training import OptimizerSettings
+    from engine.training import OptimizerSettings
 
     return OptimizerSettings.from_config(config.training).spec()
 
@@ -97,7 +97,7 @@ def trusted_key(config: AgentConfig) -> Path | None:
 def prepare(config: AgentConfig, say: Callable[[str], None] = log.info,
             source: ScheduleSource | None = None) -> Prepared:
     """Profile (once per workload and device), then get and verify the schedule for the configured budget."""
-    from agent.extract import segments_matching
+    from engine.extract import segments_matching
 
     key = workload_key(config)
     directory = config.device.state_dir / "prepared" / key
@@ -137,7 +137,7 @@ def prepare(config: AgentConfig, say: Callable[[str], None] = log.info,
 
 
 def _profile(config: AgentConfig, workload: Workload, directory: Path) -> tuple[TrainingGraph, DeviceProfile]:
-    from agent.profile import profile_workload
+    from engine.profile import profile_workload
 
     config.swap_dir.mkdir(parents=True, exist_ok=True)
     profile, _ = profile_workload(workload.model, workload.example, workload.loss_fn, config.swap_dir,

@@ -1,4 +1,4 @@
-"""A training window on the device's own data through :class:`agent.training.Training`, resumable to the bit.
+"""A training window on the device's own data through :class:`engine.training.Training`, resumable to the bit.
 
 :class:`Trainer` adds to the one training path what a daemon window needs:
 the local data set, the data position, checkpoints and the step count.  Each
@@ -27,9 +27,9 @@ from agent.daemon.checkpoint import CheckpointStore, Loaded
 from agent.daemon.config import AgentConfig
 from agent.daemon.prepare import Prepared
 from agent.data import LocalDataset
-from agent.errors import MemoryBoundError, UpdateInterrupted
+from engine.errors import MemoryBoundError, UpdateInterrupted
 from agent.holdout import Evaluation, evaluate
-from agent.training import OptimizerSettings, StepReport, Training
+from engine.training import OptimizerSettings, StepReport, Training
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ class Trainer:
         """One training step on the next batches; a cancelled step raises and changes nothing.
 
         A step whose memory went over its plan was applied (its results are exact): it is counted, then
-        :class:`~agent.errors.MemoryBoundError` propagates to stop the window.
+        :class:`~engine.errors.MemoryBoundError` propagates to stop the window.
         """
         positions = [self.position]
         for _ in range(self.settings.accumulation - 1):

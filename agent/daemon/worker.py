@@ -93,11 +93,11 @@ def run_window(config_path: str, events: Events) -> int:
 
     import torch
 
-    from agent import rss
+    from engine import rss
     from agent.daemon.prepare import prepare
     from agent.daemon.trainer import Trainer
     from agent.data import open_dataset
-    from agent.errors import StepCancelled
+    from engine.errors import StepCancelled
     from agent.zoo import token_vocabulary
 
     torch.set_num_threads(config.workload.threads)
@@ -162,8 +162,8 @@ def _meter(config: Any, prepared: Any) -> Any:
     """The configured energy meter (the profile's nominal-power estimate as a fallback), opened for the window."""
     from contextlib import nullcontext
 
-    from agent.energy import EnergyMeterError, detect_meter
-    from agent.profile import device_estimate
+    from engine.energy import EnergyMeterError, detect_meter
+    from engine.profile import device_estimate
 
     try:
         return detect_meter(config.energy, powers=device_estimate(prepared.device).powers,

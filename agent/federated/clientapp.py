@@ -276,7 +276,7 @@ def agent_device(config_path: str) -> _Device:
         data = open_dataset(config.data.path, shape, holdout=config.data.holdout, seed=config.workload.seed,
                             tokenizer=config.data.tokenizer, vocabulary=token_vocabulary(prepared.workload.model))
         config.swap_dir.mkdir(parents=True, exist_ok=True)
-        from agent.training import OptimizerSettings
+        from engine.training import OptimizerSettings
 
         task = Task(prepared.workload, config.swap_dir, graph=prepared.graph, segments=prepared.segments,
                     settings=OptimizerSettings.from_config(config.training),

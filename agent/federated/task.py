@@ -1,12 +1,12 @@
 """What a federated round asks of a device, with no Flower in it: train under the device's schedule, evaluate.
 
 :class:`Task` holds one model, its training graph and segments (extracted once
-per process), the optimizer it trains with (:class:`agent.training.OptimizerSettings`:
+per process), the optimizer it trains with (:class:`engine.training.OptimizerSettings`:
 a device agent's configured one, else SGD with momentum 0.9) and the POET
 schedules planned for the step's whole memory, one per device profile and
 memory budget (planned once, then cached).  :meth:`Task.train` loads the
 weights it is given and runs ``steps`` optimizer steps through the one
-training path (:class:`agent.training.Training`: updates in the backward
+training path (:class:`engine.training.Training`: updates in the backward
 pass, every step checked against the plan part by part) on the device's
 :class:`agent.data.LocalDataset`, and returns the new weights with what the
 steps measured.  The schedule changes where memory goes, never the
@@ -41,7 +41,7 @@ import torch.nn as nn
 from agent.data import LocalDataset
 from agent.errors import FederationError
 from agent.holdout import evaluate
-from agent.training import DEFAULT_TOLERANCE_BYTES, OptimizerSettings, Training
+from engine.training import DEFAULT_TOLERANCE_BYTES, OptimizerSettings, Training
 from agent.zoo import Workload
 from common.runconfig import PARTIAL_TUNING, PERSONALIZATIONS
 from schedules.device import DeviceProfile
@@ -138,14 +138,14 @@ class Task:
         self.model = self.workload.model
         self.initial = {k: v.clone() for k, v in self.model.state_dict().items()}
         if self.graph is None:
-            from agent.extract import extract
+            from engine.extract import extract
 
             # one timing repeat: the planner needs node times, which barely move a model this small
             self.graph, self.segments = extract(self.model, self.workload.example, self.workload.loss_fn,
                                                 repeats=1, segments=self.workload.segments)
             self.model.load_state_dict(self.initial)  # extraction ran the model: start from the seeded weights
         elif self.segments is None:
-            from agent.extract import segments_matching
+            from engine.extract import segments_matching
 
             self.segments = segments_matching(self.workload, self.graph)
             self.model.load_state_dict(self.initial)

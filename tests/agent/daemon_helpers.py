@@ -11,7 +11,7 @@ from demo.devices import (REPO, FakeDevice, agent_command, copy_prepared, read_s
                                   stop, wait_for)
 from demo.devices import write_config as _write_config
 
-MODEL = "tests.agent.models:mlp"  # 32 features -> 5 classes, dropout between segments
+MODEL = "tests.engine.models:mlp"  # 32 features -> 5 classes, dropout between segments
 INPUT = "8x32"
 
 

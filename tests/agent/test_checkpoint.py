@@ -173,7 +173,7 @@ def test_a_checkpoint_of_the_first_format_still_loads(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="peak RSS needs Linux /proc")
 def test_a_checkpoint_is_written_without_a_second_copy_of_the_state(tmp_path: Path) -> None:
-    from agent import rss
+    from engine import rss
 
     rss.return_freed_memory()
     weights = torch.ones(25_000_000)  # 100 MB of model

@@ -473,7 +473,7 @@ def test_the_supervisor_reports_every_heartbeat_interval_not_only_on_state_chang
 # -- configuration ---------------------------------------------------------------------------------------------
 def write_config(directory: Path, server: dict[str, Any] | None = None) -> Path:
     """A minimal valid agent config (nothing in it is run), with a ``[server]`` table."""
-    text = (f'[device]\nname = "pi-1"\nstate_dir = "{directory / "state"}"\n[workload]\nmodel = "tests.agent.models:mlp"\n'
+    text = (f'[device]\nname = "pi-1"\nstate_dir = "{directory / "state"}"\n[workload]\nmodel = "tests.engine.models:mlp"\n'
             f'[data]\npath = "{directory / "data.csv"}"\n[training]\nmemory_budget = "1MB"\n'
             '[eligibility]\npoll_seconds = 5\n')
     if server:

@@ -104,7 +104,7 @@ def config_with_network(tmp_path: Path, flower: dict | None = None, **network) -
     device = FakeDevice(tmp_path / "root")
     routes(device.root, ("eth0", 100))
     link(device.root, "eth0")
-    return write_config(tmp_path, device, tmp_path / "data.csv", "tests.agent.models:mlp", "8x32",
+    return write_config(tmp_path, device, tmp_path / "data.csv", "tests.engine.models:mlp", "8x32",
                         **{f"network_{k}": v for k, v in network.items()},
                         **{f"flower_{k}": v for k, v in (flower or {}).items()})
 

@@ -11,7 +11,7 @@ from demo.devices import FakeDevice, write_config
 
 def command(tmp_path: Path, **flower) -> list[str]:
     overrides = {f"flower_{k}": v for k, v in flower.items()}
-    path = write_config(tmp_path, FakeDevice(tmp_path / "root"), tmp_path / "data.csv", "tests.agent.models:mlp",
+    path = write_config(tmp_path, FakeDevice(tmp_path / "root"), tmp_path / "data.csv", "tests.engine.models:mlp",
                         "8x32", device_name="pi-hall", flower_enabled=True, flower_superlink="fleet.example:9092",
                         **overrides)
     return supernode_command(load_config(path))

@@ -6,7 +6,7 @@ import pytest
 
 from agent.zoo import ZooError, load_workload
 from schedules.budgets import memory_lower_bound, store_all_peak
-from agent.extract import extract
+from engine.extract import extract
 
 
 def test_bert_is_cut_inside_each_layer_which_lowers_the_smallest_feasible_budget():
@@ -36,7 +36,7 @@ def test_token_vocabulary_reads_the_input_embedding_and_is_none_without_token_in
     import torch.nn as nn
 
     from agent.zoo import decoder_lm, token_vocabulary
-    from tests.agent.models import bert_classifier, mlp
+    from tests.engine.models import bert_classifier, mlp
 
     assert token_vocabulary(decoder_lm("gpt2", layers=1, hidden=32, heads=2, vocab=77, positions=16)) == 77
     assert token_vocabulary(decoder_lm("llama", layers=1, hidden=32, heads=2, vocab=91, positions=16)) == 91

@@ -168,7 +168,7 @@ def test_a_build_that_needs_armv8_1_is_caught_on_the_pi_4(device):
 @pytest.mark.parametrize("cpu", list(FALLBACK))
 def test_the_engine_trains_exactly_on_it(device, test_tools, cpu):
     dev = device(cpu)
-    tests = ["tests/agent/test_exact_portable.py", "tests/agent/test_pagefile.py", "tests/agent/test_parity.py"]
+    tests = ["tests/engine/test_exact_portable.py", "tests/engine/test_pagefile.py", "tests/engine/test_parity.py"]
     done = dev.run("-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "timeout=1800", *tests,
                    env={"PYTHONPATH": str(test_tools)}, timeout=3000)
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""

@@ -113,7 +113,7 @@ def test_classes_parse_and_devices_cycle_through_them() -> None:
 
 
 def test_the_report_judges_peaks_with_the_devices_own_memory_tolerance() -> None:
-    from agent.training import DEFAULT_TOLERANCE_BYTES
+    from engine.training import DEFAULT_TOLERANCE_BYTES
     from simulation.report import MEMORY_TOLERANCE_BYTES
 
     assert MEMORY_TOLERANCE_BYTES == DEFAULT_TOLERANCE_BYTES
