@@ -7,6 +7,13 @@ and the personalized model, talks to the fleet server and takes part in Flower r
 
 Modules:
 
+- :mod:`~agent.application`: the device side wired together: the daemon with its reporter, metrics and SuperNode
+- :mod:`~agent.commands`: ``poet-edge agent`` (run, status, export; entry point ``poet_edge.commands``)
+- :mod:`~agent.config`: the agent's TOML config, checked whole at start
+- :mod:`~agent.prepare`: a device's training prepared: the workload profiled here once, then its schedule
+- :mod:`~agent.schedule_sources`: where schedules come from (a signed file, a local solve), their verified cache,
+  and the reporter seam the fleet plugs into
+- :mod:`~agent.fleet`: the fleet server's device API: its schedule source and the heartbeat reporter
 - :mod:`~agent.zoo`: the zoo models as ``Workload`` s; ``--module PKG.MOD:FACTORY``; ``token_vocabulary``
 - :mod:`~agent.zoo_names`: the zoo's model names, without importing torch
 - :mod:`~agent.cli`: ``poet-edge profile`` and ``poet-edge validate`` (entry point ``poet_edge.commands``)

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.daemon.config import TrainingSection, load_config
-from agent.daemon.prepare import training_spec
+from agent.config import TrainingSection, load_config
+from agent.prepare import training_spec
 from schedules.budgets import memory_lower_bound, store_all_peak
 from demo.devices import FakeDevice, read_status, start_agent, stop, wait_for, write_config
 
@@ -107,7 +107,7 @@ def _configure(tmp: Path, device: FakeDevice, data: Path, args: argparse.Namespa
 
 
 def _prepare(config_path: Path):
-    from agent.daemon.prepare import prepare
+    from agent.prepare import prepare
 
     return prepare(load_config(config_path)).graph
 
@@ -164,7 +164,7 @@ def _checkpoint_share(config_path: Path, tmp: Path) -> tuple[float, float, int]:
     import torch
 
     from agent.daemon.checkpoint import CheckpointStore
-    from agent.daemon.prepare import prepare
+    from agent.prepare import prepare
     from agent.daemon.trainer import Trainer
     from agent.data import open_dataset
 

@@ -233,7 +233,7 @@ class FleetDemo:
 
     def federate(self) -> None:
         self.chapter("The operator turns federation on: two Flower rounds, then each device personalizes")
-        from agent.daemon.config import load_config
+        from agent.config import load_config
         from agent.federated.supernode import ensure_key
 
         for device in self.devices:
@@ -342,8 +342,8 @@ class FleetDemo:
     def _plain_step_bytes(self, device: Device) -> int | None:
         """A plain PyTorch step's whole memory (every activation kept, gradients and optimizer state in RAM, the
         runtime's own) for the device's workload, as the planner counts it from the graph the device profiled."""
-        from agent.daemon.config import load_config
-        from agent.daemon.prepare import training_spec
+        from agent.config import load_config
+        from agent.prepare import training_spec
         from schedules.budgets import store_all_peak
         from schedules.graph import TrainingGraph
 

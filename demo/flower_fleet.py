@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Callable
 
-from agent.daemon.config import load_config
+from agent.config import load_config
 from agent.federated.supernode import ensure_key
 from agent.digits import write_device_data
 from demo.devices import REPO, FakeDevice, agent_command, poll_until, read_status, write_config

@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from agent.daemon.config import load_config
+from agent.config import load_config
 from schedules.schedule import Schedule
 from common.cli import main
 from common.exit_codes import ExitCode

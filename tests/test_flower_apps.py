@@ -184,7 +184,7 @@ def test_federate_and_simulate_submit_run_configs_of_the_typed_keys_and_defaults
 def _parse(*argv: str):
     import argparse
 
-    from agent.daemon.cli import add_commands as agent_commands
+    from agent.commands import add_commands as agent_commands
     from server.cli import add_commands as server_commands
 
     parser = argparse.ArgumentParser()
@@ -195,7 +195,7 @@ def _parse(*argv: str):
 
 
 def test_an_agents_device_trains_its_own_model_on_its_own_data_under_its_budget(tmp_path) -> None:
-    from agent.daemon.config import load_config
+    from agent.config import load_config
     from agent.digits import write_device_data
     from demo.devices import FakeDevice, write_config
     from schedules.schedule import Schedule
@@ -255,8 +255,8 @@ def test_an_agents_device_keeps_its_personalized_model_shows_it_and_exports_it(t
                                                                                  personalization) -> None:
     import torch
 
-    from agent.daemon.cli import export_model, show_status
-    from agent.daemon.prepare import build_workload
+    from agent.commands import export_model, show_status
+    from agent.prepare import build_workload
     from agent.digits import write_device_data
     from agent.personal_model import folder, load
     from demo.devices import FakeDevice, write_config
@@ -298,15 +298,15 @@ def test_an_agents_device_keeps_its_personalized_model_shows_it_and_exports_it(t
 
 
 def load_config_of(path: Path):
-    from agent.daemon.config import load_config
+    from agent.config import load_config
 
     return load_config(path)
 
 
 def _plain_steps(weights: dict, config_path: Path, steps: int) -> dict:
     """``steps`` steps of the agent's configured optimizer in plain PyTorch on the agent's data, in data order."""
-    from agent.daemon.config import load_config
-    from agent.daemon.prepare import build_workload
+    from agent.config import load_config
+    from agent.prepare import build_workload
     from agent.data import open_dataset
     from engine.training import OptimizerSettings
 

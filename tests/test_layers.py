@@ -56,3 +56,16 @@ def test_device_commands_without_torch_say_what_to_install(tmp_path) -> None:
     assert done.returncode == 2
     assert "pip install 'poet-edge[device]'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_no_two_modules_import_each_other_even_inside_functions() -> None:
+    """A circle of two (a run-time import each way, at the top or inside a function) says two modules are one
+    job split wrongly, or one job's parts in the wrong place; annotations only (``TYPE_CHECKING``) do not run."""
+    import grimp
+
+    packages = ("common", "schedules", "engine", "agent", "server", "simulation", "demo", "benchmarks")
+    graph = grimp.build_graph(*packages, cache_dir=None, exclude_type_checking_imports=True)
+    circles = sorted({tuple(sorted((module, other))) for module in graph.modules
+                      for other in graph.find_modules_directly_imported_by(module)
+                      if module in graph.find_modules_directly_imported_by(other)})
+    assert circles == []

@@ -1,12 +1,10 @@
 """The device agent daemon: trains while the device is idle, charging and cool, and never loses a step.
 
-Modules: :mod:`~agent.daemon.config` (the TOML config), :mod:`~agent.daemon.supervisor`
-(the daemon's states and its worker process), :mod:`~agent.daemon.worker` (the
-training process), :mod:`~agent.daemon.prepare` (profile once, get a schedule),
-:mod:`~agent.daemon.trainer` (steps, checkpoints, evaluation),
-:mod:`~agent.daemon.checkpoint`, :mod:`~agent.daemon.sources` (schedule sources
-and reporters: the seams the fleet plugs into), :mod:`~agent.daemon.fleet` (the fleet server's
-schedule source and heartbeat reporter), :mod:`~agent.daemon.status`,
-:mod:`~agent.daemon.notify` (sd_notify), :mod:`~agent.daemon.metrics`
-(Prometheus), :mod:`~agent.daemon.cli` (``poet-edge agent``).
+Modules: :mod:`~agent.daemon.supervisor` (the daemon's states and its worker process),
+:mod:`~agent.daemon.worker` (the training process), :mod:`~agent.daemon.trainer` (steps, checkpoints,
+evaluation), :mod:`~agent.daemon.checkpoint`, :mod:`~agent.daemon.history`, :mod:`~agent.daemon.events`,
+:mod:`~agent.daemon.status`, :mod:`~agent.daemon.notify` (sd_notify), :mod:`~agent.daemon.metrics`
+(Prometheus).  It never imports :mod:`agent.federated` (nor the other way): what both need sits in
+:mod:`agent` itself (:mod:`~agent.config`, :mod:`~agent.prepare`, :mod:`~agent.schedule_sources`,
+:mod:`~agent.fleet`), and :mod:`agent.application` wires the daemon to the SuperNode.
 """

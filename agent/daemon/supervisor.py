@@ -25,7 +25,7 @@ seen at each eligibility check), *waiting* otherwise.
 systemd: ``READY=1`` once running, ``STATUS=`` at every state change,
 ``WATCHDOG=1`` at half the watchdog interval, ``STOPPING=1`` on the way out.
 
-The reporter (the fleet's heartbeats, :mod:`agent.daemon.fleet`) gets the
+The reporter (the fleet's heartbeats, :mod:`agent.fleet`) gets the
 status at every state change and every ``server.heartbeat_seconds``; it only
 queues, so it never holds up this loop.
 """
@@ -40,16 +40,15 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from agent.daemon.events import (CheckpointEvent, DataEvent, ErrorEvent, EvalEvent, ReadyEvent, StateEvent,
                                  StepEvent, StoppedEvent, WorkerEvent, decode)
 from agent.daemon import history
-from agent.daemon.config import AgentConfig
+from agent.config import AgentConfig
 from agent.daemon.notify import Notifier
-from agent.daemon.sources import NoReporter, Reporter
+from agent.schedule_sources import NoReporter, Reporter
 from agent.daemon.status import initial_status, write_status
-from agent.federated.supernode import SuperNode
 from agent.monitors import Decision, Eligibility
 from common.backoff import Backoff
 
@@ -140,13 +139,31 @@ class Worker:
         os.close(self.fd)
 
 
+class Federation(Protocol):
+    """The device's link to a federation (its Flower SuperNode, :mod:`agent.federated.supernode`), which the
+    daemon keeps connected only while the device may train and use its network (:mod:`agent.application`
+    hands it over)."""
+
+    state: str
+
+    def follow(self, eligible: bool, now: float) -> None:
+        """Connect or stay connected while ``eligible``, else disconnect."""
+
+    def clientapps(self) -> int:
+        """How many of its ClientApps are running now (a round's work the daemon waits for)."""
+
+    def stop(self, state: str = "stopped") -> None:
+        """Disconnect for good, with ``state`` as its last word."""
+
+
 class Daemon:
-    """``poet-edge agent run``: see the module docstring."""
+    """``poet-edge agent run``: see the module docstring.  ``federation``: where ``[flower] enabled``, the
+    SuperNode it keeps connected while eligible (:func:`agent.application.build_daemon` makes it)."""
 
     def __init__(self, config: AgentConfig, *, eligibility: Eligibility | None = None,
                  notifier: Notifier | None = None, reporter: Reporter | None = None,
                  worker_command: list[str] | None = None, clock: Callable[[], float] = time.monotonic,
-                 metrics: Any = None) -> None:
+                 metrics: Any = None, federation: Federation | None = None) -> None:
         self.config = config
         self.eligibility = eligibility or eligibility_from_config(config)
         self.notifier = notifier or Notifier()
@@ -155,7 +172,7 @@ class Daemon:
         self.clock = clock
         self.metrics = metrics
         self.status = initial_status(config.device.name)
-        self.supernode = SuperNode(config) if config.flower.enabled else None
+        self.supernode = federation
         self.network = config.network_monitor()
         self.worker: Worker | None = None
         self.next_window_at = 0.0

@@ -24,8 +24,8 @@ from typing import Any, Callable
 import torch
 
 from agent.daemon.checkpoint import CheckpointStore, Loaded
-from agent.daemon.config import AgentConfig
-from agent.daemon.prepare import Prepared
+from agent.config import AgentConfig
+from agent.prepare import Prepared
 from agent.data import LocalDataset
 from engine.errors import MemoryBoundError, UpdateInterrupted
 from agent.holdout import Evaluation, evaluate

@@ -83,7 +83,7 @@ class StopRequest:
 
 def run_window(config_path: str, events: Events) -> int:
     """Prepare, restore, train up to a window of steps; returns the exit code."""
-    from agent.daemon.config import load_config
+    from agent.config import load_config
 
     config = load_config(config_path)
     stop = StopRequest(config.training.step_cancel_seconds)
@@ -94,7 +94,7 @@ def run_window(config_path: str, events: Events) -> int:
     import torch
 
     from engine import rss
-    from agent.daemon.prepare import prepare
+    from agent.prepare import prepare
     from agent.daemon.trainer import Trainer
     from agent.data import open_dataset
     from engine.errors import StepCancelled

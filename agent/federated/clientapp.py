@@ -260,12 +260,12 @@ def agent_device(config_path: str) -> _Device:
     """The device as its agent's config describes it: the agent's workload, data file and schedule.
 
     Built once per process (the agent's warm runner builds it before forking the ClientApps): the
-    workload's profile and the schedule come from the agent's cache (:func:`agent.daemon.prepare.prepare`;
+    workload's profile and the schedule come from the agent's cache (:func:`agent.prepare.prepare`;
     the first time, it profiles the workload and gets a schedule as the agent would).
     """
     if config_path not in _AGENTS:
-        from agent.daemon.config import load_config
-        from agent.daemon.prepare import prepare
+        from agent.config import load_config
+        from agent.prepare import prepare
         from agent.data import open_dataset
         from agent.zoo import token_vocabulary
 

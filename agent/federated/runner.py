@@ -121,8 +121,8 @@ class Runner:
             code = 1
             try:
                 torch.set_num_threads(self.threads)
-                from agent.daemon.config import load_config
-                from agent.daemon.prepare import prepare
+                from agent.config import load_config
+                from agent.prepare import prepare
 
                 prepare(load_config(self.config_path))
                 code = 0
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     log.addHandler(handler)
     log.setLevel(logging.INFO)
-    from agent.daemon.config import load_config
+    from agent.config import load_config
     from common.errors import PoetEdgeError
     from common.exit_codes import exit_code_for
 

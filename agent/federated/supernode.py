@@ -36,7 +36,7 @@ from pathlib import Path
 
 from agent.federated import launcher
 from agent.federated.launcher import PROGRAM_VARIABLE, SOCKET_VARIABLE
-from agent.daemon.config import AgentConfig
+from agent.config import AgentConfig
 from agent.errors import SuperNodeKeyError
 from common.backoff import Backoff
 from common.process_tree import stop_tree

@@ -121,7 +121,7 @@ class Task:
 
     Without ``graph`` (and ``segments``) the workload is extracted here, timing each node once; with a
     ``graph`` alone (a simulation's, profiled once for the whole fleet) the model is cut as it says, timing
-    nothing; a device agent passes the graph it profiled and cut (:func:`agent.daemon.prepare.prepare`) and
+    nothing; a device agent passes the graph it profiled and cut (:func:`agent.prepare.prepare`) and
     adopts the schedule it already holds.
     """
 

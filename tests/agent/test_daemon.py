@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from agent.daemon.checkpoint import CheckpointStore
-from agent.daemon.config import load_config
+from agent.config import load_config
 from agent.errors import ConfigError
-from agent.daemon.prepare import prepare, training_spec
+from agent.prepare import prepare, training_spec
 from agent.daemon.trainer import Trainer
 from agent.data import open_dataset
 from schedules.budgets import smallest_feasible_budget, store_all_peak

@@ -22,9 +22,9 @@ from typing import Any, Callable
 
 import pytest
 
-from agent.daemon.config import load_config
-from agent.daemon.fleet import (FallbackSource, FleetClient, HeartbeatQueue, HeartbeatReporter, ServerScheduleSource)
-from agent.daemon.sources import LocalSolveSource, Request, ScheduleCache, get_schedule
+from agent.config import load_config
+from agent.fleet import (FallbackSource, FleetClient, HeartbeatQueue, HeartbeatReporter, ServerScheduleSource)
+from agent.schedule_sources import LocalSolveSource, Request, ScheduleCache, get_schedule
 from agent.daemon.supervisor import Daemon
 from agent.errors import ConfigError, FleetAuthError, FleetError, FleetUnavailableError
 from agent.monitors import Eligibility, Verdict
@@ -359,7 +359,7 @@ def test_a_server_answering_503_is_unreachable_too(fleet, tmp_path, keys) -> Non
 
 def test_the_config_puts_the_server_first_and_trusts_its_pinned_key(tmp_path, keys) -> None:
     pytest.importorskip("torch")  # prepare builds models: it imports torch
-    from agent.daemon.prepare import schedule_source, trusted_key
+    from agent.prepare import schedule_source, trusted_key
 
     config = load_config(write_config(tmp_path, server={"url": "https://fleet.example:8080",
                                                         "enrolment_token": "enrol-1",

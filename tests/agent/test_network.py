@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.daemon.config import load_config
-from agent.daemon.fleet import FleetClient
-from agent.daemon.supervisor import Daemon
+from agent.config import load_config
+from agent.fleet import FleetClient
+from agent.application import build_daemon
 from agent.errors import ConfigError, FleetUnavailableError
 from agent.monitors import Eligibility, Verdict
 from agent.monitors.network import NetworkMonitor
@@ -129,7 +129,7 @@ class Plugged:
 def test_the_supernode_is_connected_only_while_the_network_is_allowed(tmp_path: Path, monkeypatch) -> None:
     path = config_with_network(tmp_path, {"enabled": True, "superlink": "fleet.example:9092"},
                                allowed_interfaces=["wlan0"])
-    daemon = Daemon(load_config(path), eligibility=Eligibility([Plugged()]), clock=lambda: 0.0)
+    daemon = build_daemon(load_config(path), eligibility=Eligibility([Plugged()]), clock=lambda: 0.0)
     followed: list[bool] = []
     monkeypatch.setattr(daemon.supernode, "follow", lambda eligible, now: followed.append(eligible))
     daemon._tick(0.0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.daemon.config import load_config
+from agent.config import load_config
 from agent.federated.supernode import supernode_command
 from demo.devices import FakeDevice, write_config
 

@@ -63,28 +63,14 @@ def add_commands(subparsers: Any) -> None:
 
 def run_agent(args: argparse.Namespace) -> int:
     """Run the daemon until SIGTERM."""
-    from agent.daemon.config import load_config
-    from agent.daemon.sources import NoReporter
-    from agent.daemon.supervisor import Daemon, configure_logging
+    from agent import application
+    from agent.config import load_config
+    from agent.daemon.supervisor import configure_logging
 
     config = load_config(args.config)
     _check_writable_dirs(config)
     configure_logging()
-    metrics = None
-    if config.metrics.prometheus:
-        from agent.daemon.metrics import AgentMetrics
-
-        metrics = AgentMetrics.serve(config.metrics.prometheus)
-    reporter: Any = NoReporter()
-    if config.server.url:  # a device outside any fleet does not load the HTTP client
-        from agent.daemon.fleet import reporter_from_config
-
-        reporter = reporter_from_config(config)
-    try:
-        return Daemon(config, metrics=metrics, reporter=reporter).run()
-    finally:
-        if hasattr(reporter, "close"):
-            reporter.close()  # the "stopped" heartbeat goes out, unless the server is being waited for
+    return application.run(config)
 
 
 def _check_writable_dirs(config: Any) -> None:
@@ -102,7 +88,7 @@ def _check_writable_dirs(config: Any) -> None:
 
 def show_status(args: argparse.Namespace) -> int:
     """Print the daemon's last status."""
-    from agent.daemon.config import load_config
+    from agent.config import load_config
     from agent.daemon.status import read_status
     from agent.personal_model import folder as personal_folder
     from agent.personal_model import read_provenance
@@ -135,8 +121,8 @@ def show_status(args: argparse.Namespace) -> int:
 
 def export_model(args: argparse.Namespace) -> int:
     """Write the kept personalized model as TorchScript or ONNX."""
-    from agent.daemon.config import load_config
-    from agent.daemon.prepare import build_workload
+    from agent.config import load_config
+    from agent.prepare import build_workload
     from agent.personal_model import export, read_provenance
 
     config = load_config(args.config)

@@ -7,7 +7,7 @@ PyTorch version.  Later starts cut the model again without timing anything
 (:func:`engine.extract.segments_matching`) and check the cut still gives the
 cached graph.  The schedule comes from the configured source (a signed file,
 the fleet server with a local solve while it is unreachable, or a local solve)
-through the verified cache of :mod:`agent.daemon.sources`.
+through the verified cache of :mod:`agent.schedule_sources`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Any, Callable
 
 import torch
 
-from agent.daemon.config import AgentConfig
-from agent.daemon.sources import (FileScheduleSource, LocalSolveSource, Request, ScheduleCache, ScheduleSource,
+from agent.config import AgentConfig
+from agent.schedule_sources import (FileScheduleSource, LocalSolveSource, Request, ScheduleCache, ScheduleSource,
                                   get_schedule)
 from engine.errors import ScheduleRefusedError
 from agent.zoo import Workload, load_workload, parse_shape
@@ -80,7 +80,7 @@ def schedule_source(config: AgentConfig, say: Callable[[str], None] = log.info) 
         return FileScheduleSource(config.schedule.file, config.schedule.public_key)
     local = LocalSolveSource(config.schedule.solve_time_limit)
     if config.server.url:
-        from agent.daemon.fleet import FallbackSource, ServerScheduleSource
+        from agent.fleet import FallbackSource, ServerScheduleSource
 
         return FallbackSource([ServerScheduleSource.from_config(config), local], say=say)
     return local

@@ -43,8 +43,8 @@ from typing import Any, Callable, Iterator, Sequence
 import httpx
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
-from agent.daemon.config import AgentConfig
-from agent.daemon.sources import NoReporter, Reporter, Request, ScheduleSource
+from agent.config import AgentConfig
+from agent.schedule_sources import NoReporter, Reporter, Request, ScheduleSource
 from agent.errors import FleetAuthError, FleetError, FleetUnavailableError
 from agent.monitors.network import NetworkMonitor
 from schedules.errors import FormatError, InfeasibleBudgetError, PlannerError, SolverError
@@ -534,7 +534,7 @@ class HeartbeatReporter:
 
 
 def reporter_from_config(config: AgentConfig) -> Reporter:
-    """A :class:`HeartbeatReporter` when ``[server] url`` is set, else :class:`~agent.daemon.sources.NoReporter`."""
+    """A :class:`HeartbeatReporter` when ``[server] url`` is set, else :class:`~agent.schedule_sources.NoReporter`."""
     s = config.server
     if not s.url:
         return NoReporter()
