@@ -33,7 +33,7 @@ def run(config: AgentConfig) -> int:
         metrics = AgentMetrics.serve(config.metrics.prometheus)
     reporter: Any = NoReporter()
     if config.server.url:  # a device outside any fleet does not load the HTTP client
-        from agent.daemon.fleet import reporter_from_config
+        from agent.fleet import reporter_from_config
 
         reporter = reporter_from_config(config)
     try:

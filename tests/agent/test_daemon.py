@@ -500,7 +500,7 @@ def test_the_example_config_is_valid_and_documents_every_key(tmp_path: Path) -> 
     import tomllib
     from dataclasses import fields
 
-    from agent.daemon import config as module
+    from agent import config as module
 
     example = (REPO / "deploy/agent.example.toml").read_text()
     document = tomllib.loads(example)
