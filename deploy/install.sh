@@ -52,7 +52,7 @@ PyTorch: x86_64 gets the version constraints.txt pins. aarch64 gets PyTorch's CP
 wheel index, or where that is out of reach or does not run on the CPU, the last CPU-only build on the
 package index that runs on it (2.9.1 on an ARMv8.0 core such as the Pi 4's, 2.10.0 on newer ones); a
 Jetson whose python3 has NVIDIA's torch keeps it (the venv sees the system's packages). The torch is
-checked to run before anything else goes in. docs/deploying.md says more.
+checked to run before anything else goes in. deploy/README.md says more.
 
 Running it again changes nothing, except that pip reinstalls a source tree into the venv it made; the
 service is restarted only when its unit or the installed versions changed.
