@@ -20,6 +20,8 @@ Modules:
 - :mod:`~agent.errors`: the agent's branch of the exception tree
 - :mod:`~agent.personal_model`: ``keep``, ``load``, ``read_provenance``, ``export``: the model a device personalized,
   with its provenance, in ``STATE_DIR/personal/``; TorchScript or ONNX for inference
+- :mod:`~agent.personalization`: the personalization strategies (``finetune``, ``fedper``, ``fedbn``, ``ditto``,
+  ``biases-norms``, ``none``), one module each, chosen by name from a registry
 - :mod:`~agent.digits`: a fleet's image data (scikit-learn's digits, or a saved data set): a training pool
   partitioned by Flower Datasets (even, Dirichlet label skew, quantity skew or natural ids), a test pool, each
   device's own angle; ``SmallCNN`` sized to the images

@@ -67,14 +67,14 @@ class SmallCNN(nn.Module):
 def digits_workload(seed: int = 0, batch_size: int = BATCH_SIZE, tuning: str = "",
                     shape: ImageShape = DIGITS, name: str = "digits-cnn") -> Workload:
     """:class:`SmallCNN` for ``shape`` (the digits') at its seeded initial weights, with an example batch of
-    the training shape; with ``tuning`` (a strategy of :data:`agent.federated.task.PARTIAL_TUNING`) only what
-    it fine-tunes is trainable."""
+    the training shape; with ``tuning`` (the name of a strategy that tunes part of the model:
+    :attr:`agent.personalization.Strategy.partial_tuning`) only what it fine-tunes is trainable."""
     torch.manual_seed(seed)
     model = SmallCNN(shape).train()
     if tuning:
-        from agent.federated.task import freeze_for_tuning
+        from agent.personalization import strategy
 
-        freeze_for_tuning(model, tuning)
+        strategy(tuning).freeze(model)
     generator = torch.Generator().manual_seed(seed)
     inputs = torch.rand(batch_size, shape.channels, shape.side, shape.side, generator=generator)
     targets = torch.randint(0, shape.classes, (batch_size,), generator=generator)

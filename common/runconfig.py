@@ -30,10 +30,6 @@ or optimizer state for the other weights)."""
 SIMULATION_ONLY = ("ditto", "biases-norms")
 """Strategies a simulated device runs but a device agent refuses (it plans for its own measured profile)."""
 
-PARTIAL_TUNING = ("biases-norms",)
-"""Strategies whose fine-tuning trains only part of the model: it plans from a graph extracted with the rest
-frozen, so the plan holds no gradients or optimizer state for the frozen weights."""
-
 AVAILABILITY = ("always", "night")
 """When a simulated device may train a round: ``always``, or only while charging at night (22:00-07:00 in its own
 time zone; the fleet's time zones spread evenly round the clock, and rounds are ``round-hours`` apart)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.federated.virtual import FleetData
-from common.runconfig import PARTIAL_TUNING, RunConfig
+from common.runconfig import RunConfig
 from common.errors import CommandError
 from simulation.profile import profile_once
 from simulation.fleet import DEFAULT_CLASSES, DEFAULT_DATA, DeviceClass, classes_config, fleet_node_configs
@@ -60,6 +60,7 @@ def simulate(settings: SimulationSettings) -> SimulationReport:
     """Run the federation on ``settings.devices`` virtual devices in Flower's simulation engine; report what
     the server stored."""
     from server.federated.rounds import open_store, round_rows
+    from agent.personalization import strategy
     from simulation.engine import run_on_engine
 
     nodes = fleet_node_configs(settings.devices, settings.classes)
@@ -68,7 +69,7 @@ def simulate(settings: SimulationSettings) -> SimulationReport:
         open_store(url).dispose()  # migrated before the ServerApp writes, so a bad URL fails here
         model = {"dataset": settings.data.dataset, "label_column": settings.data.label_column}
         graph = profile_once(settings.seed, **model)
-        tuning = settings.personalization if settings.personalization in PARTIAL_TUNING else ""
+        tuning = settings.personalization if strategy(settings.personalization).partial_tuning else ""
         tuning_graph = str(profile_once(settings.seed, tuning=tuning, **model)) if tuning else ""
         started = time.time()
         try:

@@ -20,7 +20,8 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, Metadata, RecordDict  # noqa: E402
 
 from agent.federated import clientapp as client  # noqa: E402
-from agent.federated.task import METRIC_KEYS, personal_keys  # noqa: E402
+from agent.federated.task import METRIC_KEYS  # noqa: E402
+from agent.personalization import strategy  # noqa: E402
 from engine.parity import bits_equal  # noqa: E402
 from engine.training import DEFAULT_TOLERANCE_BYTES  # noqa: E402
 from server.config import ServerSettings  # noqa: E402
@@ -119,7 +120,7 @@ def test_metric_keys_are_the_same_from_devices_of_every_budget() -> None:
 
 @pytest.mark.parametrize("personalization", ["fedper", "fedbn"])
 def test_personal_layers_never_appear_in_a_message(personalization) -> None:
-    personal = personal_keys(client.task_for(0).model, personalization)
+    personal = strategy(personalization).personal_keys(client.task_for(0).model)
     assert personal and all(k.startswith("head.") for k in personal) == (personalization == "fedper")
     devices = [Device(i, personalization=personalization) for i in range(2)]
     sent = [devices[0].ask("query.initial", RecordDict({"config": ConfigRecord()}))]
@@ -561,8 +562,8 @@ def test_a_device_agent_refuses_the_simulation_only_strategies_saying_what_it_ru
     data = write_device_data(tmp_path / "digits.npz", 0, 3)
     path = write_config(tmp_path, FakeDevice(tmp_path / "root"), data, "agent.digits:digits_workload", "16x1x8x8",
                         device_name="pi-hall", training_memory_budget="12MB")
-    for strategy in ("ditto", "biases-norms"):
+    for name in ("ditto", "biases-norms"):
         device = Device(0, node_config={"agent-config": str(path.resolve()), "device-name": "pi-hall"},
-                        personalization=strategy)
-        with pytest.raises(FederationError, match=f"pi-hall: personalization {strategy} runs in simulations only"):
+                        personalization=name)
+        with pytest.raises(FederationError, match=f"pi-hall: personalization {name} runs in simulations only"):
             device.ask("train", weights_message(ArrayRecord(client.task_for(0).initial)))

@@ -60,13 +60,15 @@ from flwr.clientapp import ClientApp
 
 from agent.data import LocalDataset
 from agent.errors import FederationError
-from agent.federated.task import DevicePlan, Task, TrainOutcome, metric_values, personal_keys
+from agent.federated.task import DevicePlan, Task, TrainOutcome, metric_values
+from agent.personalization import Strategy, strategy as strategy_named
+from agent.personalization.ditto import Ditto
 from agent.federated.virtual import FleetData, RoundPart, round_part, virtual_node_config
 from common.errors import RunConfigError
 from common.messages import (ABSENT, ARRAYS, CONFIG, DEVICE, DEVICE_NAME, DEVICE_PROFILE, FINETUNE_STEPS, GLOBAL_VERSION,
                              INITIAL, LOCAL_BASELINE, LOCAL_STEPS, LR, METRICS, MODEL, MODEL_NAME, NAME, PERSONALIZE,
                              SCHEDULE_ID, SERVER_ROUND)
-from common.runconfig import PARTIAL_TUNING, SIMULATION_ONLY, RunConfig
+from common.runconfig import RunConfig
 from schedules.graph import TrainingGraph
 
 PERSONAL = "personal"  # context.state: the ArrayRecord of personal layers
@@ -134,7 +136,7 @@ def task_for(seed: int, graph_file: str = "", tuning: str = "", data: FleetData 
     :func:`agent.digits.fleet_workload`), built once per process: with ``graph_file`` (run config
     ``graph-file``: the graph a simulation profiled once for its whole fleet) every device plans from the same
     node times, else from this process's own extraction.  With ``tuning`` (a strategy of
-    :data:`agent.federated.task.PARTIAL_TUNING`) only what that strategy fine-tunes is trainable."""
+    :attr:`agent.personalization.Strategy.partial_tuning`) only what that strategy fine-tunes is trainable."""
     key = (seed, graph_file, tuning, data.dataset, data.label_column)
     if key not in _TASKS:
         from agent.digits import fleet_workload
@@ -148,10 +150,10 @@ def tuning_for(d: _Device, context: Context) -> tuple[Task, DevicePlan]:
     """What the device fine-tunes with in the personalize phase: its own task and plan, or under a strategy that
     tunes part of the model, the task with the rest frozen, planned for the same budget."""
     strategy = personalization(context)
-    if strategy not in PARTIAL_TUNING:
+    if not strategy.partial_tuning:
         return d.task, d.plan
     run = run_config(context)
-    task = task_for(d.setup.seed, run.tuning_graph_file, strategy, d.setup.data)
+    task = task_for(d.setup.seed, run.tuning_graph_file, strategy.name, d.setup.data)
     try:
         return task, task.plan(d.setup.profile, d.plan.budget_bytes)
     except FederationError as exc:
@@ -183,9 +185,9 @@ def device_plan(task: Task, setup: DeviceSetup, context: Context) -> DevicePlan:
     return task.plan(setup.profile, None if budget < 0 else budget)
 
 
-def personalization(context: Context) -> str:
+def personalization(context: Context) -> Strategy:
     """The run's personalization strategy (run config ``personalization``)."""
-    return run_config(context).personalization
+    return strategy_named(run_config(context).personalization)
 
 
 def shared(weights: dict[str, torch.Tensor], personal: frozenset[str]) -> ArrayRecord:
@@ -293,14 +295,14 @@ def _device(context: Context) -> _Device:
     strategy = personalization(context)
     if "agent-config" in context.node_config:
         d = agent_device(str(context.node_config["agent-config"]))
-        if strategy in SIMULATION_ONLY:
-            raise FederationError(f"{d.setup.name}: personalization {strategy} runs in simulations only; a device "
-                                  "agent plans for its own measured profile (use finetune, fedper or fedbn)")
-        return replace(d, personal=personal_keys(d.task.model, strategy), own_optimizer=True)
+        if strategy.simulation_only:
+            raise FederationError(f"{d.setup.name}: personalization {strategy.name} runs in simulations only; a "
+                                  "device agent plans for its own measured profile (use finetune, fedper or fedbn)")
+        return replace(d, personal=strategy.personal_keys(d.task.model), own_optimizer=True)
     setup = DeviceSetup.from_context(context)
     task = task_for(setup.seed, run_config(context).graph_file, data=setup.data)
     # ditto holds a second whole model (the global one, or its own) beside every step it trains
-    held = sum(t.nbytes for t in task.initial.values()) if strategy == "ditto" else 0
+    held = Ditto.held_bytes(task.initial) if strategy.trains_beside else 0
     try:
         plan = device_plan(task, setup, context)
         if held and plan.budget_bytes is not None:
@@ -308,7 +310,7 @@ def _device(context: Context) -> _Device:
     except FederationError as exc:  # an error reply carries no device name: the reason names the device
         beside = f"ditto holds the global model ({held:,} B) beside each step: " if held else ""
         raise FederationError(f"{setup.name}: {beside}{exc}") from exc
-    return _Device(setup, task, data_for(setup), plan, personal_keys(task.model, strategy), held_bytes=held)
+    return _Device(setup, task, data_for(setup), plan, strategy.personal_keys(task.model), held_bytes=held)
 
 
 def _startup_seconds() -> float:
@@ -346,7 +348,7 @@ def initial(msg: Message, context: Context) -> Message:
     else:
         setup = DeviceSetup.from_context(context)
         task = task_for(setup.seed, run_config(context).graph_file, data=setup.data)
-    personal = personal_keys(task.model, personalization(context))
+    personal = personalization(context).personal_keys(task.model)
     return Message(RecordDict({ARRAYS: shared(task.initial, personal),
                                MODEL: ConfigRecord({MODEL_NAME: task.workload.name})}), reply_to=msg)
 
@@ -358,8 +360,8 @@ def ditto_train(d: _Device, context: Context, anchor: dict[str, torch.Tensor], s
     of the round) with the run's ``ditto-lambda``, under the device's plan (made for its budget less the second
     model it holds: :func:`_device`)."""
     own = context.state[DITTO].to_torch_state_dict() if DITTO in context.state else anchor
-    outcome = d.task.train(own, d.data, d.plan, steps=steps, lr=d.learning_rate(config), position=position,
-                           anchor=anchor, prox=run_config(context).ditto_lambda)
+    outcome = Ditto.train_personal(d.task, own, anchor, d.data, d.plan, steps=steps, lr=d.learning_rate(config),
+                                   position=position, strength=run_config(context).ditto_lambda)
     context.state[DITTO] = ArrayRecord(outcome.weights)
     return outcome
 
@@ -395,7 +397,7 @@ def train(msg: Message, context: Context) -> Message:
     outcome = d.task.train(received, d.data, d.plan, steps=steps, lr=d.learning_rate(config),
                            position=_position(context))
     steps_done, energy, peak, seconds = outcome.steps, outcome.energy_j, outcome.peak_bytes, outcome.seconds
-    if personalization(context) == "ditto":  # the personal model trains beside, on the same batches
+    if personalization(context).trains_beside:  # the personal model trains beside, on the same batches
         own = ditto_train(d, context, received, steps, config, _position(context))
         steps_done, energy = steps_done + own.steps, energy + own.energy_j
         peak, seconds = max(peak, own.peak_bytes), seconds + own.seconds
@@ -439,7 +441,7 @@ def personalize(msg: Message, context: Context) -> Message:
     global_loss, global_accuracy, _ = d.task.evaluate(weights, d.data)
     task, plan = tuning_for(d, context)
     finetune_steps = int(config.get(FINETUNE_STEPS, DEFAULTS.finetune_steps))
-    if personalization(context) == "ditto":  # the personal model, trained on towards the final global model
+    if personalization(context).trains_beside:  # the personal model, trained on towards the final global model
         outcome = ditto_train(d, context, weights, finetune_steps, config, _position(context))  # under d.plan
     else:
         outcome = task.train(weights, d.data, plan, steps=finetune_steps,
@@ -459,6 +461,6 @@ def personalize(msg: Message, context: Context) -> Message:
 
         keep(d.state_dir, outcome.weights, model=d.task.workload.name, input=d.input,
              global_version=version if version >= 0 else None, run_id=int(context.run_id),
-             personalization=personalization(context), steps=outcome.steps, accuracy_before=global_accuracy,
+             personalization=personalization(context).name, steps=outcome.steps, accuracy_before=global_accuracy,
              accuracy_after=accuracy)
     return Message(RecordDict({METRICS: MetricRecord(metrics), DEVICE: _info(d.setup, d.plan)}), reply_to=msg)

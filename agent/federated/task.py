@@ -13,12 +13,8 @@ steps measured.  The schedule changes where memory goes, never the
 arithmetic: with the same weights, data and seed the trained weights are
 bit-identical under every budget (the executor's parity guarantee).
 
-Personal layers (:func:`personal_keys`) name state-dict entries a device keeps
-to itself: ``fedper`` its head (the last module with parameters), ``fedbn`` its
-BatchNorm statistics and affine parameters.  :mod:`agent.federated.clientapp` keeps them in
-the device's state and sends only the rest.  ``biases-norms`` keeps nothing
-personal in the rounds and fine-tunes only the biases and normalization layers
-(:func:`freeze_for_tuning`).
+What a device keeps or trains for itself is its personalization strategy's
+(:mod:`agent.personalization`); :mod:`agent.federated.clientapp` applies it.
 
 Every report carries the same keys (:data:`METRIC_KEYS`, -1 where unknown):
 FedAvg refuses a round whose replies differ in keys.
@@ -36,14 +32,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn as nn
 
 from agent.data import LocalDataset
 from agent.errors import FederationError
 from agent.holdout import evaluate
 from engine.training import DEFAULT_TOLERANCE_BYTES, OptimizerSettings, Training
 from agent.zoo import Workload
-from common.runconfig import PARTIAL_TUNING, PERSONALIZATIONS
 from schedules.device import DeviceProfile
 from schedules.graph import TrainingGraph
 from schedules.schedule import Schedule
@@ -62,33 +56,6 @@ def metric_values(**known: float) -> dict[str, float]:
     if extra:
         raise FederationError(f"unknown metric keys {sorted(extra)}; every device must send exactly {METRIC_KEYS}")
     return {key: float(known.get(key, UNKNOWN)) for key in METRIC_KEYS}
-
-
-def freeze_for_tuning(model: nn.Module, personalization: str) -> nn.Module:
-    """Freeze (``requires_grad=False``) what ``personalization`` does not fine-tune; ``model``.  Under
-    ``biases-norms`` every bias and the affine parameters of the normalization layers stay trainable."""
-    if personalization not in PARTIAL_TUNING:
-        raise FederationError(f"{personalization!r} fine-tunes the whole model; partial tuning: {PARTIAL_TUNING}")
-    norms = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)
-    for module in model.modules():
-        for name, param in module.named_parameters(recurse=False):
-            param.requires_grad_(isinstance(module, norms) or name == "bias")
-    return model
-
-
-def personal_keys(model: nn.Module, personalization: str) -> frozenset[str]:
-    """State-dict keys that never leave the device under ``personalization`` (empty but for fedper and fedbn)."""
-    if personalization not in PERSONALIZATIONS:
-        raise FederationError(f"personalization {personalization!r} unknown; use one of {', '.join(PERSONALIZATIONS)}")
-    keys: set[str] = set()
-    if personalization == "fedper":
-        last = [name for name, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))][-1]
-        keys = {k for k in model.state_dict() if k.startswith(f"{last}.")}
-    elif personalization == "fedbn":
-        for name, module in model.named_modules():
-            if isinstance(module, nn.modules.batchnorm._BatchNorm):
-                keys |= {f"{name}.{k}" for k in module.state_dict()}
-    return frozenset(keys)
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agent.digits import SmallCNN, device_angle, device_dataset, load_digits, rotate
+from agent.digits import device_angle, device_dataset, load_digits, rotate
 from agent.errors import DataError, FederationError
-from agent.federated.task import METRIC_KEYS, metric_values, personal_keys
+from agent.federated.task import METRIC_KEYS, metric_values
 from agent.federated.virtual import FleetData
 from common.runconfig import RunConfig
 
@@ -100,13 +100,3 @@ def test_every_report_has_every_metric_key_and_no_other() -> None:
     assert tuple(values) == METRIC_KEYS and values["accuracy"] == 0.5 and values["energy-j"] == -1
     with pytest.raises(FederationError):
         metric_values(loss=1.0)
-
-
-def test_personal_layers_are_the_head_for_fedper_and_batchnorm_for_fedbn() -> None:
-    model = SmallCNN()
-    assert personal_keys(model, "fedper") == {"head.weight", "head.bias"}
-    fedbn = personal_keys(model, "fedbn")
-    assert "body.1.running_mean" in fedbn and "body.1.weight" in fedbn and "body.0.weight" not in fedbn
-    assert personal_keys(model, "finetune") == frozenset()
-    with pytest.raises(FederationError):
-        personal_keys(model, "fedprox")
