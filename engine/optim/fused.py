@@ -14,7 +14,7 @@ PyTorch's own per-tensor code (:mod:`engine.optim.rules`), then the gradient
 is freed.  Parameters, optimizer state and the optimizer's ``state_dict()``
 are bit for bit those of ``loss.backward(); optimizer.step()``.
 
-Modes:
+Modes (what a final gradient triggers is its parameter's :mod:`engine.optim.modes` class):
 
 * **accumulation** over micro-batches: gradients accumulate in ``.grad``
   through every micro-batch but the last, whose hooks apply them;
@@ -48,9 +48,10 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
-from engine.optim.background import END, UpdateWorker
 from engine.errors import OptimizerError
+from engine.optim.background import END, UpdateWorker
 from engine.optim.chunks import Chunking
+from engine.optim.modes import HoldForClipping, UpdateMode, mode_for
 from engine.optim.rows import RowTable, row_chunking, row_updatable
 from engine.optim.rules import UpdateRule, rule_for
 from engine.optim.state_pages import StatePages
@@ -84,6 +85,7 @@ class _Slot:
     fresh: tuple[str, ...] = ()  # state tensors this update makes (its first): every chunk starts from none
     slot_bytes: list[list[int]] = field(default_factory=list)  # per chunk: the state page's slot sizes
     table: RowTable | None = None  # an embedding table updated by rows
+    mode: UpdateMode | None = None  # what its final gradient triggers (engine.optim.modes)
 
 
 class FusedOptimizer:
@@ -128,43 +130,16 @@ class FusedOptimizer:
         self.accumulation = accumulation
         self.clip = clip
         self.pages = pages
-        groups = {id(p): g for g in optimizer.param_groups for p in g["params"]}
-        paged_set = set(paged)
         tables = dict(tables or {})
-        fused = accumulation == 1 and clip is None
-        self.slots: list[_Slot] = []
-        for index, (name, param, contributions, streamed) in enumerate(parameters):
-            if id(param) not in groups:
-                raise OptimizerError(f"parameter {name!r} is trained but not in the optimizer's param groups")
-            if streamed and (contributions != 1 or accumulation > 1 or clip is not None):
-                streamed = False  # a gradient that must be held is made whole
-            rule = rule_for(optimizer, groups[id(param)])
-            paged_here = index in paged_set and bool(rule.state_names)
-            by_rows = index in tables
-            if by_rows:
-                _check_table(name, param, tables[index], paged_here and fused and background and contributions == 1)
-            chunking = row_chunking(param, chunk_bytes) if by_rows else Chunking.of(param, chunk_bytes,
-                                                                                     columns=streamed)
-            slot = _Slot(index, name, param, rule, contributions, chunking, paged_here, streamed)
-            slot.slot_bytes = [[slot.chunking.chunk_numel(k) * param.element_size()] * len(rule.state_names)
-                               for k in range(len(slot.chunking))]
-            self.slots.append(slot)
-        known = {id(s.param) for s in self.slots}
-        missing = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in known]
-        if missing:
-            raise OptimizerError(f"the optimizer holds {len(missing)} parameters the graph does not train; "
-                                 "build it over the trained parameters only")
+        in_backward = accumulation == 1 and clip is None  # each update runs as its gradient is final
+        self.slots = _slots(optimizer, parameters, chunk_bytes, set(paged), tables,
+                            may_stream=in_backward, by_rows=in_backward and background)
         self._by_param = {id(s.param): s for s in self.slots}
         self._by_data = {s.param.data_ptr(): s for s in self.slots}  # autograd may hand back another tensor object
-        # paged state is read ahead in the order updates ran last step (at first: by node, last layers first)
-        guess = [s for s in reversed(self.slots) if s.paged]
-        self._ahead = _ReadAhead(self, [(s, k) for s in guess for k in range(len(s.chunking))])
-        self._hooks = [s.param.register_post_accumulate_grad_hook(self._on_gradient) for s in self.slots]
-        for index, module in tables.items():
-            slot = self.slots[index]
-            slot.table = RowTable(slot.param, slot.chunking)
-            self._hooks.append(module.register_forward_pre_hook(
-                lambda _module, args, slot=slot: self._looked_up(slot, args[0])))
+        self._ahead = _ReadAhead.first_guess(self)
+        self._hooks = self._attach(tables)
+        self._worker = UpdateWorker() if background and in_backward and any(s.paged for s in self.slots) else None
+        self._choose_modes(clip)
         self._stepping = False  # between begin_step and the step's end: lookups start updates
         self._last_micro = True
         self.updates = 0  # parameters updated this step
@@ -173,9 +148,28 @@ class FusedOptimizer:
         self._lock = threading.Lock()
         self._node: int | None = None  # the backward node computing (tags background updates)
         self._submitted = 0
-        self._worker = UpdateWorker() if background and fused and any(s.paged for s in self.slots) else None
         if pages is not None:
-            pages.reserve({(s.index, k): slot for s in self.slots if s.paged for k, slot in enumerate(s.slot_bytes)})
+            pages.reserve(self._page_slots())
+
+    def _attach(self, tables: Mapping[int, torch.nn.Module]) -> list[Any]:
+        """Hooks: every parameter's final gradient, and every lookup of a table updated by rows."""
+        hooks = [s.param.register_post_accumulate_grad_hook(self._on_gradient) for s in self.slots]
+        for index, module in tables.items():
+            slot = self.slots[index]
+            slot.table = RowTable(slot.param, slot.chunking)
+            hooks.append(module.register_forward_pre_hook(
+                lambda _module, args, slot=slot: self._looked_up(slot, args[0])))
+        return hooks
+
+    def _page_slots(self) -> dict[tuple[int, int], list[int]]:
+        """Every chunk of state on flash, by ``(parameter, chunk)``: the sizes of its state tensors."""
+        return {(s.index, k): sizes for s in self.slots if s.paged for k, sizes in enumerate(s.slot_bytes)}
+
+    def _choose_modes(self, clip: Clip | None) -> None:
+        """Each parameter's mode (:mod:`engine.optim.modes`); clipping is one for the whole step."""
+        clipping = HoldForClipping(clip) if clip is not None else None
+        for s in self.slots:
+            s.mode = mode_for(s, clipping, background=self._worker is not None)
 
     # -- a step ----------------------------------------------------------------------
     @property
@@ -241,14 +235,13 @@ class FusedOptimizer:
         if unfinished:  # its other rows are updated already: plain PyTorch would have left the table alone
             raise OptimizerError(f"embedding table {unfinished[0]!r} was looked up but got no gradient this step; "
                                  "its update by rows assumes every lookup reaches the loss: profile the model again")
-        pending = [s for s in self.slots if not s.done and s.param.grad is not None]
-        if self.clip is not None and pending:
-            coefficient = self._clip_coefficient(pending)
-            for s in pending:
-                self._apply(s, coefficient)
-        else:
-            for s in pending:  # a parameter some contribution did not reach this step (a branch not taken)
-                self._apply(s)
+        # held for clipping, or a parameter some contribution did not reach this step (a branch not taken)
+        pending: dict[int, tuple[UpdateMode, list[_Slot]]] = {}
+        for s in self.slots:
+            if not s.done and s.param.grad is not None:
+                pending.setdefault(id(s.mode), (s.mode, []))[1].append(s)
+        for mode, slots in pending.values():
+            mode.finish(self, slots)
         self._ahead.finish()
 
     def discard_step(self) -> None:
@@ -286,17 +279,7 @@ class FusedOptimizer:
             self._count(param.grad.nbytes)
         if slot.seen < slot.contributions or not self._last_micro:
             return  # more contributions come, or more micro-batches
-        if self.clip is not None:
-            slot.norm = torch.linalg.vector_norm(param.grad, self.clip.norm_type)
-            return
-        if slot.table is not None and slot.table.looked_up is not None:  # after its pass over the other rows
-            self._worker.submit(END, self._apply_rows, slot)
-            return
-        if slot.paged and self._worker is not None:  # due by the end of the next backward node
-            self._submitted += 1
-            self._worker.submit(END if self._node is None else self._node + 1, self._apply, slot)
-            return
-        self._apply(slot)
+        slot.mode.final(self, slot)
 
     def weight_gradient(self, weight: torch.Tensor, grad_out: torch.Tensor, inputs: torch.Tensor) -> None:
         """Apply a streamed weight's gradient, ``grad_out.t() @ inputs``, a column block at a time
@@ -413,21 +396,6 @@ class FusedOptimizer:
     def _prefetch(self, slot: _Slot, k: int) -> None:
         self.pages.prefetch((slot.index, k), slot.slot_bytes[k])
 
-    def _clip_coefficient(self, pending: list[_Slot]) -> torch.Tensor:
-        """``clip_grad_norm_``'s clamped coefficient from the norms taken as gradients became final."""
-        clip = self.clip
-        for s in pending:
-            if s.norm is None:
-                s.norm = torch.linalg.vector_norm(s.param.grad, clip.norm_type)
-        held = [s for s in self.slots if s.param.grad is not None]  # parameter order, as clip_grad_norm_ lists
-        groups: dict[tuple[Any, Any], list[torch.Tensor]] = {}
-        for s in held:
-            groups.setdefault((s.param.grad.device, s.param.grad.dtype), []).append(s.norm)
-        norms = [n for group in groups.values() for n in group]
-        first = held[0].param.grad.device
-        total = torch.linalg.vector_norm(torch.stack([n.to(first) for n in norms]), clip.norm_type)
-        return torch.clamp(clip.max_norm / (total + 1e-6), max=1.0)
-
     def _count(self, nbytes: int) -> None:
         with self._lock:  # the background thread frees what it applied
             self.live_grad_bytes += nbytes
@@ -507,6 +475,36 @@ class FusedOptimizer:
         return self._indices[id(slot.param)]
 
 
+def _slots(optimizer: torch.optim.Optimizer, parameters: Sequence[tuple[str, torch.Tensor, int, bool]],
+           chunk_bytes: int, paged: set[int], tables: Mapping[int, torch.nn.Module], *, may_stream: bool,
+           by_rows: bool) -> list[_Slot]:
+    """One slot per trained parameter: its update rule, how it is cut into chunks, whether its state is on
+    flash; every parameter of ``optimizer`` must be among them."""
+    groups = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+    slots: list[_Slot] = []
+    for index, (name, param, contributions, streamed) in enumerate(parameters):
+        if id(param) not in groups:
+            raise OptimizerError(f"parameter {name!r} is trained but not in the optimizer's param groups")
+        streamed = streamed and contributions == 1 and may_stream  # a gradient that must be held is made whole
+        rule = rule_for(optimizer, groups[id(param)])
+        paged_here = index in paged and bool(rule.state_names)
+        if index in tables:
+            _check_table(name, param, tables[index], paged_here and by_rows and contributions == 1)
+            chunking = row_chunking(param, chunk_bytes)
+        else:
+            chunking = Chunking.of(param, chunk_bytes, columns=streamed)
+        slot = _Slot(index, name, param, rule, contributions, chunking, paged_here, streamed)
+        slot.slot_bytes = [[chunking.chunk_numel(k) * param.element_size()] * len(rule.state_names)
+                           for k in range(len(chunking))]
+        slots.append(slot)
+    known = {id(s.param) for s in slots}
+    missing = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in known]
+    if missing:
+        raise OptimizerError(f"the optimizer holds {len(missing)} parameters the graph does not train; "
+                             "build it over the trained parameters only")
+    return slots
+
+
 class _ReadAhead:
     """Reads of state chunks on flash queued ahead of their updates, in the order updates run.
 
@@ -521,6 +519,12 @@ class _ReadAhead:
         self.position = {(id(s.param), k): i for i, (s, k) in enumerate(sequence)}
         self.issued = 0  # sequence positions below this have had their read queued
         self.seen: list[tuple[_Slot, int]] = []
+
+    @classmethod
+    def first_guess(cls, owner: FusedOptimizer) -> _ReadAhead:
+        """Before the first step: by node, last layers first (the backward pass's order, near enough)."""
+        guess = [s for s in reversed(owner.slots) if s.paged]
+        return cls(owner, [(s, k) for s in guess for k in range(len(s.chunking))])
 
     def start(self) -> None:
         self.issued = 0

@@ -18,6 +18,7 @@ import torch
 from engine.errors import MemoryBoundError, ScheduleRefusedError, UpdateInterrupted
 from engine.extract import extract
 from engine.optim.chunks import EXACT_COLUMNS
+from engine.optim.modes import ApplyNow, ByRows, HoldForClipping, InBackground
 from engine.parity import bits_equal
 from engine.training import OptimizerSettings, Training
 from agent.zoo import Workload, logits_cross_entropy
@@ -95,19 +96,32 @@ def assert_same(model: torch.nn.Module, reference: torch.nn.Module, training: Tr
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("optimizer", SETTINGS)
 def test_updates_in_the_backward_pass_are_exact(optimizer: str, policy: str, tmp_path: Path) -> None:
-    train_side_by_side(mlp, mlp_example, SETTINGS[optimizer], POLICIES[policy], tmp_path).close()
+    training = train_side_by_side(mlp, mlp_example, SETTINGS[optimizer], POLICIES[policy], tmp_path)
+    try:  # every state chunk on flash: updated on the update thread, beside the next backward node
+        assert {type(s.mode) for s in training.fused.slots} == {InBackground}
+    finally:
+        training.close()
 
 
 @pytest.mark.parametrize("optimizer", ["sgd momentum", "adamw"])
 def test_accumulation_over_micro_batches_is_exact(optimizer: str, tmp_path: Path) -> None:
     settings = OptimizerSettings(**{**SETTINGS[optimizer].__dict__, "accumulation": 3})
-    train_side_by_side(mlp, mlp_example, settings, page_everything, tmp_path).close()
+    training = train_side_by_side(mlp, mlp_example, settings, page_everything, tmp_path)
+    try:  # the update thread runs only beside a single micro-batch's backward pass
+        assert {type(s.mode) for s in training.fused.slots} == {ApplyNow}
+    finally:
+        training.close()
 
 
 @pytest.mark.parametrize("optimizer", ["sgd nesterov weight decay", "adam weight decay"])
 def test_clipping_by_global_norm_is_exact(optimizer: str, tmp_path: Path) -> None:
     settings = OptimizerSettings(**{**SETTINGS[optimizer].__dict__, "clip_norm": 0.05, "accumulation": 2})
-    train_side_by_side(mlp, mlp_example, settings, recompute_everything, tmp_path).close()
+    training = train_side_by_side(mlp, mlp_example, settings, recompute_everything, tmp_path)
+    try:  # one mode for the whole step: it takes the total norm over every held gradient
+        (mode,) = {id(s.mode): s.mode for s in training.fused.slots}.values()
+        assert isinstance(mode, HoldForClipping)
+    finally:
+        training.close()
 
 
 @pytest.mark.parametrize("optimizer", ["sgd momentum", "adamw"])
@@ -124,6 +138,7 @@ def test_optimizer_state_in_ram_is_exact_too(tmp_path: Path) -> None:
     training = train_side_by_side(mlp, mlp_example, SETTINGS["adamw"], recompute_everything, tmp_path, on_flash=False)
     try:
         assert training.pages is None and training.fused.resident_state_bytes > 0
+        assert {type(s.mode) for s in training.fused.slots} == {ApplyNow}
     finally:
         training.close()
 
@@ -170,7 +185,7 @@ def test_an_embedding_table_is_updated_by_rows_from_its_lookup_and_stays_exact(o
         assert "bert.embeddings.word_embeddings.weight" in names
         assert all(0 < p.rows <= 2 * 16 for p in table)  # at most a batch's ids
         (slot,) = [s for s in training.fused.slots if s.table is not None]
-        assert slot.name == "bert.embeddings.word_embeddings.weight"
+        assert slot.name == "bert.embeddings.word_embeddings.weight" and isinstance(slot.mode, ByRows)
         # between steps the looked-up rows' state is in RAM, counted and planned as optimizer state
         assert 0 < slot.table.overlay_bytes <= training.schedule.step.resident_state_bytes
         assert training.fused.resident_state_bytes <= training.schedule.step.resident_state_bytes
