@@ -9,6 +9,7 @@ PY     := $(VENV)/bin/python
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q -c constraints.txt -e '.[device,zoo,server,postgres,sim,dev]'
+	$(PY) -m engine.allocator build || true  # without a compiler, training maps large tensors afresh
 	touch $@
 
 demo: $(VENV)/.installed

@@ -258,6 +258,9 @@ install_venv() {
     say "installing $spec into $venv"
     "$venv/bin/python" -m pip install -q "${constraints[@]}" "$spec" || die "pip install $spec failed"
     [[ $(pip_state "$venv") == "$before" ]] || CHANGED=1
+    # the caching CPU allocator (engine/allocator): freed tensors reused within the budget, not faulted back in
+    "$venv/bin/python" -m engine.allocator build \
+        || say "no caching allocator (see above): training runs, slower; install g++ and run install.sh again"
 }
 
 install_config() {

@@ -23,6 +23,8 @@ Modules:
 - :mod:`~engine.pagefile`: page files: ``reserve``, ``write``, ``read`` and the public names of its modules
 - :mod:`~engine.ledger`: ``Ledger`` (resident bytes per instruction, budget check), ``StepStats``
 - :mod:`~engine.rss`: peak-RSS measurement, returning freed memory, heap trimming
+- :mod:`~engine.allocator`: the caching CPU allocator bounded by the step's plan (C++, built at install), freed
+  tensors reused rather than faulted back in
 - :mod:`~engine.optim`: optimizer updates inside the backward pass, optimizer state on flash
 - :mod:`~engine.training`: ``Training``: the one training path, a daemon's window and a Flower round alike:
   model, data, schedule, optimizer, the memory check

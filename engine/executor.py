@@ -70,7 +70,7 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
-from engine import rss
+from engine import allocator, rss
 from engine.energy import Activity, EnergyMeter, StepEnergy, StepEnergyAccount
 from engine.errors import ScheduleRefusedError, StepCancelled, UpdateInterrupted
 from engine.ledger import Ledger, StepStats
@@ -150,6 +150,9 @@ class Executor:
         # glibc otherwise keeps freed tensors for reuse, and RSS grows well past the ledger.  The price is a page
         # fault per fresh page; extraction times nodes in the same mode, so plans and predictions include it.
         rss.return_freed_memory()
+        # Large blocks freed by a step are kept for reuse instead (engine.allocator) as long as all it holds stays
+        # within what the step plans to hold: no fault to map them again, and RSS still within the plan
+        self.allocator = allocator.for_step(schedule.predicted_peak_bytes)
         # ... and what still landed in the heap goes back once TRIM_SHARE of the budget is free there
         self._heap = rss.HeapTrimmer(max(1, int(TRIM_SHARE * limit)))
         self._behind: dict[int, int] = {}     # value freed while its write runs -> bytes the write still holds
@@ -175,6 +178,8 @@ class Executor:
                 self.pager.reset_counters()
                 self.pager.reserve({n: self.graph.nodes[n].bytes for n in self.paged_nodes})
             rss_before = rss.start_window() if self.measure_rss else None
+            if rss_before is not None and self.allocator is not None:  # blocks cached for this step are its own
+                rss_before -= self.allocator.stats().cached_bytes
             account = StepEnergyAccount(self.meter) if self.meter is not None else None
             streamed = streaming(self.runtime.model, self._streamed, updates) if self._streamed else nullcontext()
             with account if account is not None else nullcontext(), streamed:  # its window holds the step's

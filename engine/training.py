@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from engine import rss
+from engine import allocator, rss
 from engine.errors import MemoryBoundError, OptimizerError, ScheduleRefusedError, UpdateInterrupted
 from engine.executor import Executor
 from engine.optim import Clip, FusedOptimizer, StatePages
@@ -155,6 +155,7 @@ class Training:
         # (about 100 MB of code and module state, once), which is the process's, not a step's; the optimizer
         # itself holds no state yet
         self.optimizer = settings.build([p for _, p, _, _ in trained])
+        allocator.release_cache()  # blocks an earlier step of this process left cached are not this model's
         self.baseline_rss = _settled_rss()  # the process with the model loaded: what training adds is above it
         on_flash = schedule.step.state_on_flash
         self.pages = StatePages(swap_dir) if on_flash else None

@@ -86,7 +86,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn as nn
 
-from engine import rss
+from engine import allocator, rss
 from engine.errors import ExtractionError, ScheduleRefusedError
 from engine.operator_bound import operator_bound
 from engine.runtime import ModelState
@@ -142,6 +142,7 @@ def extract(
     # Large tensors on mmap from the start, as the executor runs them: RSS then follows tensors (workspaces are
     # measured by it) and node times include the page faults the executor's steps pay too.
     following = rss.return_freed_memory()
+    allocator.caching_off()
     inputs, targets = _split_example(example_inputs)
     names = list(segments) if segments is not None else default_segments(model)
     _check_names(model, *_split_cut(names))

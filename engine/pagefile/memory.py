@@ -14,6 +14,7 @@ from typing import Sequence
 
 import torch
 
+from engine import allocator
 from engine.errors import PageError
 from engine.pagefile.layout import BLOCK, aligned, file_order
 from engine.pagefile.system import SystemCalls
@@ -34,7 +35,13 @@ class PageMemory:
     def __init__(self, slot_bytes: Sequence[int]) -> None:
         self.nbytes = self.layout_bytes(slot_bytes)
         self.mapped = False  # every page of the slots mapped in (by a read that filled them)
-        self._map = mmap.mmap(-1, self.nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) if self.nbytes else None
+        self._map: mmap.mmap | memoryview | None = None
+        if self.nbytes >= allocator.LARGE_BYTES and allocator.installed() is not None:
+            # a block of the caching allocator: page-aligned, counted in what the step holds, and often one a
+            # freed value left mapped in; the memoryview holds it, as the slots' storages hold the memoryview
+            self._map = storage_bytes(torch.empty(self.nbytes, dtype=torch.uint8).untyped_storage())
+        elif self.nbytes:
+            self._map = mmap.mmap(-1, self.nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 
     @staticmethod
     def layout_bytes(slot_bytes: Sequence[int]) -> int:

@@ -1,0 +1,277 @@
+// A caching CPU allocator for PyTorch, bounded by a byte limit: large blocks freed by one step are handed
+// out again to the next request of the same size instead of being unmapped and faulted back in.
+//
+// Large requests (at least `threshold` bytes) are rounded up to whole pages and served from exact-size free
+// lists, else from a fresh anonymous mapping.  A block freed goes back to its free list while the blocks in
+// use plus the blocks cached stay within `limit`; otherwise it is unmapped at once, and a request that misses
+// the cache first unmaps cached blocks (largest first) until the new block fits under the limit.  So the
+// resident memory of the large blocks never exceeds max(limit, bytes in use): whatever the cache holds counts
+// in the budget the limit is set to.  Small requests go to malloc (glibc keeps them in its heap either way).
+//
+// Registered with c10::SetCPUAllocator; driven from Python through the C functions at the end (ctypes), so
+// the library links against libc10 only.  See engine/allocator/__init__.py.
+
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
+
+#include <pthread.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+constexpr size_t kAlignment = 64;  // what PyTorch's default CPU allocator aligns to
+
+struct Stats {
+  uint64_t live_bytes = 0;      // large blocks in use
+  uint64_t cached_bytes = 0;    // large blocks freed and kept for reuse
+  uint64_t peak_bytes = 0;      // the most live + cached ever held
+  uint64_t hits = 0;            // large requests served from the cache
+  uint64_t misses = 0;          // large requests that mapped fresh memory
+  uint64_t released_bytes = 0;  // unmapped to stay within the limit (or by empty_cache)
+};
+
+class CachingAllocator final : public c10::Allocator {
+ public:
+  CachingAllocator() : page_(static_cast<size_t>(sysconf(_SC_PAGESIZE))) {}
+
+  c10::DataPtr allocate(size_t n) override {
+    if (n == 0) {
+      return {nullptr, nullptr, &Delete, c10::Device(c10::DeviceType::CPU)};
+    }
+    void* p = n >= threshold_ ? AllocateLarge(n) : AllocateSmall(n);
+    c10::profiledCPUMemoryReporter().New(p, n);  // as PyTorch's own CPU allocator: the profiler sees it
+    return {p, p, &Delete, c10::Device(c10::DeviceType::CPU)};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &Delete; }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+
+  static void Delete(void* p);
+
+  void Free(void* p) {
+    if (p == nullptr) return;
+    size_t size = 0;  // stays 0 for a small block (not in live_)
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = live_.find(p);
+      if (it != live_.end()) {
+        size = it->second;
+        live_.erase(it);
+        stats_.live_bytes -= size;
+        if (stats_.live_bytes + stats_.cached_bytes + size <= limit_) {
+          free_[size].push_back(p);
+          stats_.cached_bytes += size;
+          return;
+        }
+        stats_.released_bytes += size;
+      }
+    }
+    if (size == 0) {
+      std::free(p);
+    } else {
+      munmap(p, size);
+    }
+  }
+
+  void SetLimit(uint64_t limit) {
+    std::vector<std::pair<void*, size_t>> released;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      limit_ = limit;
+      TrimTo(limit_, &released);
+    }
+    Unmap(released);
+  }
+
+  // Every large block handed out filled with 0xFF bytes (NaN as floats): code that reads memory it never wrote
+  // then shows it, where fresh mappings (zeros) would hide it.  For tests.
+  void SetPoison(bool poison) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    poison_ = poison;
+  }
+
+  void SetThreshold(uint64_t threshold) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    threshold_ = threshold < page_ ? page_ : threshold;
+  }
+
+  void EmptyCache() {
+    std::vector<std::pair<void*, size_t>> released;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      TrimTo(0, &released);
+    }
+    Unmap(released);
+  }
+
+  Stats GetStats() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_;
+  }
+
+  void ResetPeak() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.peak_bytes = stats_.live_bytes + stats_.cached_bytes;
+  }
+
+  uint64_t limit() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return limit_;
+  }
+
+  // fork: a child must not inherit the mutex held by another thread
+  void LockForFork() { mutex_.lock(); }
+  void UnlockAfterFork() { mutex_.unlock(); }
+
+ private:
+  void* AllocateSmall(size_t n) {
+    void* p = nullptr;
+    if (posix_memalign(&p, kAlignment, n) != 0 || p == nullptr) {
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU caching allocator: can't allocate ",
+                       n, " bytes");
+    }
+    return p;
+  }
+
+  void* AllocateLarge(size_t n) {
+    const size_t size = (n + page_ - 1) / page_ * page_;
+    std::vector<std::pair<void*, size_t>> released;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = free_.find(size);
+      if (it != free_.end() && !it->second.empty()) {
+        void* p = it->second.back();
+        it->second.pop_back();
+        if (it->second.empty()) free_.erase(it);
+        stats_.cached_bytes -= size;
+        Track(p, size);
+        stats_.hits += 1;
+        if (poison_) std::memset(p, 0xFF, size);
+        return p;
+      }
+      stats_.misses += 1;
+      // room under the limit for the new block: cached blocks go first
+      TrimTo(limit_ > size ? limit_ - size : 0, &released);
+      stats_.live_bytes += size;  // reserved now so that concurrent requests see it
+      Peak();
+    }
+    Unmap(released);
+    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stats_.live_bytes -= size;
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU caching allocator: can't map ", size, " bytes: ",
+                       std::strerror(errno));
+    }
+    if (poison_) std::memset(p, 0xFF, size);
+    std::lock_guard<std::mutex> lock(mutex_);
+    live_[p] = size;
+    return p;
+  }
+
+  void Track(void* p, size_t size) {
+    live_[p] = size;
+    stats_.live_bytes += size;
+    Peak();
+  }
+
+  void Peak() {
+    const uint64_t held = stats_.live_bytes + stats_.cached_bytes;
+    if (held > stats_.peak_bytes) stats_.peak_bytes = held;
+  }
+
+  // Take cached blocks off the free lists, largest first, until live + cached <= target (under the mutex);
+  // the caller unmaps them after releasing it.
+  void TrimTo(uint64_t target, std::vector<std::pair<void*, size_t>>* released) {
+    while (stats_.cached_bytes > 0 && stats_.live_bytes + stats_.cached_bytes > target) {
+      auto largest = std::prev(free_.end());
+      void* p = largest->second.back();
+      const size_t size = largest->first;
+      largest->second.pop_back();
+      if (largest->second.empty()) free_.erase(largest);
+      stats_.cached_bytes -= size;
+      stats_.released_bytes += size;
+      released->emplace_back(p, size);
+    }
+  }
+
+  static void Unmap(const std::vector<std::pair<void*, size_t>>& released) {
+    for (const auto& [p, size] : released) munmap(p, size);
+  }
+
+  const size_t page_;
+  std::mutex mutex_;
+  uint64_t threshold_ = 64 << 10;
+  bool poison_ = false;
+  uint64_t limit_ = UINT64_MAX;
+  std::unordered_map<void*, size_t> live_;
+  std::map<size_t, std::vector<void*>> free_;  // by size, so the largest can be released first
+  Stats stats_;
+};
+
+CachingAllocator* Instance() {
+  static CachingAllocator* instance = new CachingAllocator();  // never destroyed: blocks outlive static teardown
+  return instance;
+}
+
+void CachingAllocator::Delete(void* p) {
+  if (p == nullptr) return;
+  c10::profiledCPUMemoryReporter().Delete(p);
+  Instance()->Free(p);
+}
+
+}  // namespace
+
+#define POET_EXPORT __attribute__((visibility("default")))
+
+extern "C" {
+
+// Make this allocator PyTorch's CPU allocator (idempotent); returns 1.
+POET_EXPORT int poet_allocator_install(uint64_t threshold, uint64_t limit) {
+  static std::once_flag once;
+  CachingAllocator* allocator = Instance();
+  allocator->SetThreshold(threshold);
+  allocator->SetLimit(limit);
+  std::call_once(once, [allocator] {
+    pthread_atfork([] { Instance()->LockForFork(); }, [] { Instance()->UnlockAfterFork(); },
+                   [] { Instance()->UnlockAfterFork(); });
+    c10::SetCPUAllocator(allocator, /*priority=*/10);
+  });
+  return c10::GetCPUAllocator() == allocator ? 1 : 0;
+}
+
+POET_EXPORT void poet_allocator_set_poison(int poison) { Instance()->SetPoison(poison != 0); }
+
+POET_EXPORT void poet_allocator_set_limit(uint64_t limit) { Instance()->SetLimit(limit); }
+
+POET_EXPORT uint64_t poet_allocator_limit() { return Instance()->limit(); }
+
+POET_EXPORT void poet_allocator_empty_cache() { Instance()->EmptyCache(); }
+
+POET_EXPORT void poet_allocator_reset_peak() { Instance()->ResetPeak(); }
+
+// live, cached, peak, hits, misses, released
+POET_EXPORT void poet_allocator_stats(uint64_t* out) {
+  const Stats s = Instance()->GetStats();
+  out[0] = s.live_bytes;
+  out[1] = s.cached_bytes;
+  out[2] = s.peak_bytes;
+  out[3] = s.hits;
+  out[4] = s.misses;
+  out[5] = s.released_bytes;
+}
+
+}  // extern "C"

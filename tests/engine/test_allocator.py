@@ -1,0 +1,82 @@
+"""The caching CPU allocator (engine.allocator): bit-identical on and off, freed blocks reused, RSS in budget.
+
+It is PyTorch's CPU allocator for the whole process once installed, so each case runs in processes of its
+own (:mod:`tests.engine.allocator_run`), with ``POET_EDGE_ALLOCATOR`` on or off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine import allocator
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(tmp_path: Path, model: str, schedule: str, steps: int, switch: str = "on", **env: str) -> dict:
+    done = subprocess.run([sys.executable, "-m", "tests.engine.allocator_run", "--model", model, "--schedule",
+                           schedule, "--steps", str(steps), "--swap", str(tmp_path / f"swap-{switch}")],
+                          capture_output=True, text=True, cwd=ROOT, timeout=1200,
+                          env={**os.environ, allocator.SWITCH: switch, **env})
+    assert done.returncode in (0, 3), done.stderr[-3000:]
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    figures["over"] = done.returncode == 3
+    figures["stderr"] = done.stderr
+    return figures
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built() -> None:
+    if allocator.enabled():  # the suite runs where the project's install compiled it
+        allocator.build()
+
+
+@pytest.mark.parametrize("model, schedule", [("unet", "recompute"), ("bert", "page")])
+def test_training_is_bit_identical_with_the_allocator_on_and_off(model, schedule, tmp_path) -> None:
+    on, off = run(tmp_path, model, schedule, 3), run(tmp_path, model, schedule, 3, "off")
+    assert off["allocator"] is None and on["allocator"] is not None
+    assert on["digest"] == off["digest"]
+
+
+def test_freed_blocks_are_reused_and_everything_it_holds_stays_in_the_plan(tmp_path) -> None:
+    figures = run(tmp_path, "unet", "recompute", 6)
+    stats = figures["allocator"]
+    # after the first step nearly every large request finds a block the step before freed
+    assert stats["hits"] > 5 * stats["misses"]
+    # the cache is bounded by what the step plans to hold: never past the budget
+    assert stats["peak_bytes"] <= figures["budget_bytes"]
+    assert not figures["over"]
+
+
+@pytest.mark.parametrize("model, schedule", [
+    ("unet", "recompute"),
+    ("bert", "page"),
+    ("swin", "recompute"),
+    pytest.param("resnet18", "recompute", marks=pytest.mark.slow),
+])
+def test_rss_stays_within_budget_and_tolerance_over_20_steps(model, schedule, tmp_path) -> None:
+    figures = run(tmp_path, model, schedule, 20)
+    assert not figures["over"], figures["stderr"][-2000:]
+    assert figures["peak_bytes"] <= figures["budget_bytes"] + figures["tolerance_bytes"]
+    assert figures["allocator"]["hits"] > figures["allocator"]["misses"]
+
+
+def test_without_a_compiler_training_keeps_the_fresh_mapping_path(tmp_path) -> None:
+    # a fresh library folder and no compiler: nothing to load, a warning, and the same exact training
+    figures = run(tmp_path, "unet", "recompute", 2, POET_EDGE_ALLOCATOR_DIR=str(tmp_path / "lib"),
+                  CXX=str(tmp_path / "no-such-compiler"))
+    assert figures["allocator"] is None
+    assert "caching allocator unavailable" in figures["stderr"]
+    assert figures["digest"] == run(tmp_path, "unet", "recompute", 2, "off")["digest"]
+
+
+def test_the_status_command_says_where_the_library_is(tmp_path) -> None:
+    done = subprocess.run([sys.executable, "-m", "engine.allocator", "status"], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, allocator.DIRECTORY: str(tmp_path)})
+    assert done.returncode == 0 and "not built" in done.stdout and str(tmp_path) in done.stdout
