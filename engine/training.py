@@ -278,11 +278,6 @@ class Training:
                     value.load_into(target)
         self.fused.load_state_dict(state["optimizer"])
 
-    def reset_optimizer(self) -> None:
-        """Forget the optimizer's state (momentum, moments, step counts), in RAM and on flash: training then
-        starts over from the model's weights."""
-        self.fused.forget_state()
-
     def close(self) -> None:
         self.executor.close()
         self.fused.close()

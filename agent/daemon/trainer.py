@@ -11,7 +11,9 @@ exactly as an uninterrupted run would: the data order of an epoch is a
 function of the seed and the epoch (:meth:`agent.data.LocalDataset.batch`),
 and nothing else draws random numbers.  A step that fails after it began
 updating parameters leaves the model between two steps: the trainer restores
-its last checkpoint (or the initial weights) before the error propagates.
+its last checkpoint before the error propagates.  The initial weights are the
+first checkpoint (step 0, written when the trainer starts with none), so the
+process never holds a second copy of the model to start over from.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any, Callable
 import torch
 
 from agent.daemon.checkpoint import CheckpointStore, Loaded
+from agent.errors import CheckpointError
 from agent.config import AgentConfig
 from agent.prepare import Prepared
 from agent.data import LocalDataset
@@ -54,7 +57,6 @@ class Trainer:
         self.prepared = prepared
         self.data = data
         self.settings = OptimizerSettings.from_config(config.training)
-        self.initial = {k: v.clone() for k, v in prepared.workload.model.state_dict().items()}
         self.training = Training(prepared.workload, prepared.graph, prepared.segments, prepared.schedule,
                                  self.settings, config.swap_dir, meter=meter,
                                  tolerance_bytes=config.training.memory_tolerance)
@@ -64,6 +66,8 @@ class Trainer:
         self.steps_done = 0
         self.position = (0, 0)  # (epoch, batch index) of the next step's first batch
         self.resumed: Loaded | None = None
+        if not self.store.paths():  # the initial weights on disk, not in RAM: what a failed step starts over from
+            self.checkpoint()
 
     def close(self) -> None:
         self.training.close()
@@ -126,11 +130,11 @@ class Trainer:
                           report.parts, report.energy_j)
 
     def _start_over(self) -> None:
-        """After a step that updated part of the model: the last checkpoint, else the initial weights."""
+        """After a step that updated part of the model: the last checkpoint (step 0 at the least)."""
         if self.restore() is None:
-            self.model.load_state_dict(self.initial)
-            self.training.reset_optimizer()
-            self.steps_done, self.position = 0, (0, 0)
+            raise CheckpointError(f"a step failed after updating part of the model, and no checkpoint is left in "
+                                  f"{self.store.directory} to restore it from (not even step 0's): the model is "
+                                  "between two steps; remove the workload's state to train it from the start")
 
     def evaluate(self) -> Evaluation | None:
         """Loss and accuracy on the held-out data (``None`` without any); leaves the training state alone."""

@@ -117,7 +117,7 @@ def run_window(config_path: str, events: Events) -> int:
                 schedule_id=prepared.schedule.schedule_id, schedule_from=prepared.schedule_from,
                 memory_budget=prepared.schedule.memory_budget, predicted_peak=prepared.schedule.predicted_peak_bytes,
                 predicted_parts=prepared.schedule.step.parts(), baseline_rss=trainer.training.baseline_rss,
-                steps_done=trainer.steps_done, resumed_from=str(loaded.path) if loaded else None,
+                steps_done=trainer.steps_done, resumed_from=str(loaded.path) if loaded and loaded.steps_done else None,
                 skipped_checkpoints=list(loaded.skipped) if loaded else [],
                 energy_source=getattr(meter, "source", None)))
             reason, step_ended = _train(config, trainer, stop, events, StepCancelled)

@@ -457,16 +457,6 @@ class FusedOptimizer:
         if self.pages is not None:
             self.pages.flush()
 
-    def forget_state(self) -> None:
-        """Drop the optimizer state (momentum, moments, step counts) in RAM and on flash: training starts over
-        from the model's weights."""
-        self.optimizer.state.clear()
-        for s in self.slots:
-            if s.table is not None:
-                s.table.forget()
-        if self.pages is not None:
-            self.pages.written.clear()
-
     def _state_index(self, slot: _Slot) -> int:
         """The parameter's index in ``optimizer.state_dict()`` (its place across the param groups)."""
         if not hasattr(self, "_indices"):
