@@ -9,6 +9,7 @@ daemon reads its config too.
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -47,9 +48,15 @@ class WorkloadSection:
     input: str = ""
     seed: int = 0
     max_nodes: int | None = None
-    threads: int = 1
+    threads: int | str = "all"  # torch compute threads while a window trains: "all" (every core) or a number
     profile_repeats: int = 5
     chunked_loss: bool = False  # language models: the next-token loss without all logits (not bit-identical)
+
+    @property
+    def compute_threads(self) -> int:
+        """The thread count a window trains (and its profile is measured) with: ``threads``, or every core
+        this process may run on."""
+        return every_core() if self.threads == "all" else int(self.threads)
 
 
 @dataclass(frozen=True)
@@ -282,7 +289,20 @@ def _section(name: str, cls: type, table: dict[str, Any], base: Path, problems: 
 _INVALID = object()
 
 
+def every_core() -> int:
+    """The cores this process may run on (its CPU affinity: a cgroup or ``taskset`` may allow fewer than exist)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def _convert(label: str, attr: str, value: Any, default: Any, base: Path, problems: list[str]) -> Any:
+    if attr == "threads":
+        if value == "all" or (isinstance(value, int) and not isinstance(value, bool)):
+            return value
+        problems.append(f'{label} must be "all" (every core) or a whole number of threads, not {value!r}')
+        return _INVALID
     if attr in _PATTERNS:
         if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
             problems.append(f"{label} must be a list of interface names or patterns, such as [\"wlan0\", \"eth*\"]")
@@ -324,7 +344,7 @@ def _check(c: AgentConfig) -> list[str]:
     """Problems between and within values that the types alone do not catch."""
     found: list[str] = []
     positive = {
-        "workload.threads": c.workload.threads, "workload.profile_repeats": c.workload.profile_repeats,
+        "workload.threads": c.workload.compute_threads, "workload.profile_repeats": c.workload.profile_repeats,
         "training.steps_per_window": c.training.steps_per_window,
         "training.checkpoint_every": c.training.checkpoint_every,
         "training.learning_rate": c.training.learning_rate,

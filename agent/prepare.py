@@ -50,11 +50,13 @@ class Prepared:
 
 
 def workload_key(config: AgentConfig) -> str:
-    """Names the prepared workload: what changes the graph changes the key."""
+    """Names the prepared workload: what changes the graph or its times changes the key."""
     w = config.workload
     parts = [w.model, w.input, w.seed, w.max_nodes, torch.__version__]
     if w.chunked_loss:  # added only when set: a device that does not chunk keeps its prepared workload
         parts.append("chunked loss")
+    if w.compute_threads != 1:  # the profile's times are the thread count's: another count profiles again
+        parts.append(f"{w.compute_threads} threads")
     text = json.dumps(parts)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -140,10 +142,15 @@ def _profile(config: AgentConfig, workload: Workload, directory: Path) -> tuple[
     from engine.profile import profile_workload
 
     config.swap_dir.mkdir(parents=True, exist_ok=True)
-    profile, _ = profile_workload(workload.model, workload.example, workload.loss_fn, config.swap_dir,
-                                  name=workload.name, repeats=config.workload.profile_repeats,
-                                  max_nodes=config.workload.max_nodes, segments=workload.segments,
-                                  meter_config=config.energy)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(config.workload.compute_threads)  # node times at the count the windows train with
+    try:
+        profile, _ = profile_workload(workload.model, workload.example, workload.loss_fn, config.swap_dir,
+                                      name=workload.name, repeats=config.workload.profile_repeats,
+                                      max_nodes=config.workload.max_nodes, segments=workload.segments,
+                                      meter_config=config.energy)
+    finally:
+        torch.set_num_threads(threads)
     directory.mkdir(parents=True, exist_ok=True)
     profile.graph.save(directory / "graph.json")
     profile.device.save(directory / "device.json")

@@ -100,7 +100,7 @@ def run_window(config_path: str, events: Events) -> int:
     from engine.errors import StepCancelled
     from agent.zoo import token_vocabulary
 
-    torch.set_num_threads(config.workload.threads)
+    torch.set_num_threads(config.workload.compute_threads)
     rss.return_freed_memory()  # as profile and validate do: the step's RSS then follows the budget
     events.emit(StateEvent("preparing", "loading the data and the schedule"))
     prepared = prepare(config, say=lambda text: events.emit(StateEvent("preparing", text)))

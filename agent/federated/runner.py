@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     from common.exit_codes import exit_code_for
 
     config = load_config(args.config)
-    runner = Runner(str(Path(args.config).resolve()), args.socket, config.workload.threads, args.supernode_log)
+    runner = Runner(str(Path(args.config).resolve()), args.socket, config.workload.compute_threads, args.supernode_log)
     try:
         runner.preload()
     except (PoetEdgeError, OSError) as exc:
