@@ -76,3 +76,41 @@ def test_a_step_that_fails_after_updating_starts_over_from_the_checkpoint_on_dis
         assert all(torch.equal(trainer.model.state_dict()[k], v) for k, v in initial.items())
     finally:
         trainer.close()
+
+
+class Caching(nn.Module):
+    """32 features to 5 classes that keeps a 16 MB cache made by its first training forward (as a
+    rotary-embedding or attention-mask cache is built lazily): memory the process holds from then on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 5))
+        self.cache: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and self.cache is None:  # not in the zoo's trial forward (eval, no gradients)
+            self.cache = torch.ones(4 << 20)
+        return self.body(x)
+
+
+def plain_body() -> nn.Module:
+    return Caching().body
+
+
+@pytest.mark.parametrize("factory", ["Caching", "plain_body"])
+def test_memory_the_model_keeps_from_its_first_run_counts_in_the_steps(tmp_path: Path, factory: str) -> None:
+    torch.set_num_threads(1)
+    path = _write_config(tmp_path, FakeDevice(tmp_path / "root"), write_csv(tmp_path / "data.csv"),
+                         f"{__name__}:{factory}", "8x32", training_memory_budget="1GB")
+    config = load_config(path)
+    prepare(config)  # the profile, made once; each window's process then prepares from it
+    prepared = prepare(config)
+    assert prepared.loaded_rss is not None
+    data = open_dataset(config.data.path, (8, 32), holdout=config.data.holdout, seed=config.workload.seed)
+    trainer = Trainer(config, prepared, data)
+    try:
+        memory = max(trainer.step().memory_bytes for _ in range(2))
+    finally:
+        trainer.close()
+    # cutting the model into segments ran it first: its cache is the process's from then on, and counts
+    assert (memory >= 16 << 20) == (factory == "Caching"), memory
