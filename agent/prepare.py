@@ -47,7 +47,6 @@ class Prepared:
     schedule: Schedule
     schedule_from: str
     profiled: bool
-    loaded_rss: int | None = None  # RSS with the model built, before anything ran it (None: profiled here)
 
 
 def workload_key(config: AgentConfig) -> str:
@@ -113,7 +112,6 @@ def prepare(config: AgentConfig, say: Callable[[str], None] = log.info,
             say(f"cached profile unreadable, profiling again: {exc}")
             graph = device = None
     workload = build_workload(config)
-    loaded_rss = _loaded_rss(config)  # before the cut runs the model: what it leaves counts in the steps' memory
     segments = None
     if graph is not None:
         try:
@@ -132,24 +130,12 @@ def prepare(config: AgentConfig, say: Callable[[str], None] = log.info,
         graph, device = _profile(config, workload, directory)
         workload = build_workload(config)  # profiling ran steps: start again from the initial weights
         segments = segments_matching(workload, graph, config.workload.max_nodes)
-        loaded_rss = None  # profiling's own leftovers are in this process: the steps are measured from after it
     request = Request(graph, device, config.training.memory_budget, training_spec(config),
                       config.training.runtime_budget)
     chosen = source or schedule_source(config, say)
     say(f"getting a schedule for a step in {config.training.memory_budget:,} B from {chosen.description}")
     schedule, origin = get_schedule(chosen, ScheduleCache(directory, trusted_key(config)), request)
-    return Prepared(key, workload, graph, device, segments, schedule, origin, profiled, loaded_rss)
-
-
-def _loaded_rss(config: AgentConfig) -> int | None:
-    """The RSS with the model built and the optimizer's code loaded (the first optimizer of a process imports
-    about 100 MB of PyTorch's compiler machinery, as plain training's does), before anything ran the model."""
-    from engine import rss
-    from engine.training import OptimizerSettings
-
-    OptimizerSettings.from_config(config.training).build([torch.zeros(1, requires_grad=True)])
-    rss.trim_heap()
-    return rss.current()
+    return Prepared(key, workload, graph, device, segments, schedule, origin, profiled)
 
 
 def _profile(config: AgentConfig, workload: Workload, directory: Path) -> tuple[TrainingGraph, DeviceProfile]:

@@ -152,7 +152,7 @@ class Executor:
         rss.return_freed_memory()
         # Large blocks freed by a step are kept for reuse instead (engine.allocator) as long as all it holds stays
         # within what the step plans to hold: no fault to map them again, and RSS still within the plan
-        self.allocator = allocator.for_step(max(0, schedule.predicted_peak_bytes - graph.runtime_bytes))
+        self.allocator = allocator.for_step(schedule.predicted_peak_bytes)
         # ... and what still landed in the heap goes back once TRIM_SHARE of the budget is free there
         self._heap = rss.HeapTrimmer(max(1, int(TRIM_SHARE * limit)))
         self._behind: dict[int, int] = {}     # value freed while its write runs -> bytes the write still holds

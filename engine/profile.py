@@ -240,14 +240,6 @@ def measure_runtime_bytes(swap_dir: str | Path) -> int:
     return max(0, figures[0] or 0) if figures else 0
 
 
-def _settled_rss() -> int:
-    """The resident set with the heap trimmed (0 where it cannot be read)."""
-    from engine import rss
-
-    rss.trim_heap()
-    return rss.current() or 0
-
-
 def _random_storage(size: int) -> torch.UntypedStorage:
     # Random bytes, not zeros: no filesystem or device may shortcut the transfer.
     return torch.randint(0, 256, (size,), dtype=torch.uint8).untyped_storage()
@@ -701,12 +693,8 @@ def profile_workload(
     estimate = estimate or generic_host_estimate()
     progress("extract", 0, 1)
     started = time.perf_counter()
-    loaded = _settled_rss()
     graph, segments = extract(model, example, loss_fn, max_nodes, segments=segments, repeats=repeats,
                               refine=refine)
-    # What running the model leaves resident for good -- the libraries' caches and thread pools, the cut --
-    # counts in every step's memory above the process with the model loaded: the plan keeps room for it.
-    residue = max(0, _settled_rss() - loaded) if loaded else 0
     extract_s = time.perf_counter() - started
     progress("extract", 1, 1)
     swap = measure_swap_path(swap_dir, graph_page_sizes(graph), swap_repeats, progress,
@@ -731,7 +719,7 @@ def profile_workload(
     if node_j is not None:
         graph = graph.with_nodes(replace(n, compute_j=j) for n, j in zip(graph.nodes, node_j))
     graph = price_graph(graph, device)  # measured node energies stay; the rest priced from this profile
-    graph = replace(graph, runtime_bytes=graph.runtime_bytes + measure_runtime_bytes(swap_dir) + residue)
+    graph = replace(graph, runtime_bytes=graph.runtime_bytes + measure_runtime_bytes(swap_dir))
     sources = _sources(swap, overlap, power, repeats, extract_s)
     device = replace(device, sources={k: v for k, v in sources.items() if k in _DEVICE_FIELDS})
     stats = {"extract_s": extract_s, "flops_per_s": flops_per_s}

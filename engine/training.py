@@ -138,16 +138,11 @@ class Training:
         How far a measured part may exceed its prediction before the step is refused.
     check_memory:
         Hold every step against the plan (off only for tests of what a violation looks like elsewhere).
-    baseline_rss:
-        The RSS of this process with the model built and nothing run yet, which the step's memory is measured
-        above (the agent reads it before cutting the model, so that everything after counts); by default, the
-        RSS when training is set up.
     """
 
     def __init__(self, workload: Workload, graph: TrainingGraph, segments: Any, schedule: Schedule,
                  settings: OptimizerSettings, swap_dir: str | Path, *, meter: Any = None,
-                 tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES, check_memory: bool = True,
-                 baseline_rss: int | None = None) -> None:
+                 tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES, check_memory: bool = True) -> None:
         self.check_schedule(schedule, settings)
         self.workload, self.graph, self.schedule, self.settings = workload, graph, schedule, settings
         self.model = workload.model
@@ -161,8 +156,7 @@ class Training:
         # itself holds no state yet
         self.optimizer = settings.build([p for _, p, _, _ in trained])
         allocator.release_cache()  # blocks an earlier step of this process left cached are not this model's
-        # the process with the model loaded: what training adds is above it
-        self.baseline_rss = baseline_rss if baseline_rss is not None else _settled_rss()
+        self.baseline_rss = _settled_rss()  # the process with the model loaded: what training adds is above it
         on_flash = schedule.step.state_on_flash
         self.pages = StatePages(swap_dir) if on_flash else None
         try:

@@ -59,8 +59,7 @@ class Trainer:
         self.settings = OptimizerSettings.from_config(config.training)
         self.training = Training(prepared.workload, prepared.graph, prepared.segments, prepared.schedule,
                                  self.settings, config.swap_dir, meter=meter,
-                                 tolerance_bytes=config.training.memory_tolerance,
-                                 baseline_rss=prepared.loaded_rss)
+                                 tolerance_bytes=config.training.memory_tolerance)
         self.model = self.training.model
         self.loss_fn = prepared.workload.loss_fn
         self.store = store or CheckpointStore(config.device.state_dir / "checkpoints" / prepared.key)
