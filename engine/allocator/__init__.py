@@ -177,7 +177,7 @@ def _directory() -> Path:
     if os.environ.get(DIRECTORY):
         return Path(os.environ[DIRECTORY])
     beside = Path(sys.prefix) / "lib" / "poet-edge"
-    if os.access(beside if beside.exists() else beside.parent, os.W_OK) or beside.exists():
+    if beside.exists() or os.access(beside.parent, os.W_OK):  # built at install, or buildable now
         return beside
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "poet-edge"
 
