@@ -47,6 +47,9 @@ class Prepared:
     schedule: Schedule
     schedule_from: str
     profiled: bool
+    # what cutting the model (its first run in this process) left in the process's own memory: it counts in
+    # every step (engine.training.Training's first_run_bytes), as the profile reserved it
+    first_run_bytes: int = 0
 
 
 def workload_key(config: AgentConfig) -> str:
@@ -99,8 +102,6 @@ def trusted_key(config: AgentConfig) -> Path | None:
 def prepare(config: AgentConfig, say: Callable[[str], None] = log.info,
             source: ScheduleSource | None = None) -> Prepared:
     """Profile (once per workload and device), then get and verify the schedule for the configured budget."""
-    from engine.extract import segments_matching
-
     key = workload_key(config)
     directory = config.device.state_dir / "prepared" / key
     graph_path, device_path = directory / "graph.json", directory / "device.json"
@@ -112,10 +113,10 @@ def prepare(config: AgentConfig, say: Callable[[str], None] = log.info,
             say(f"cached profile unreadable, profiling again: {exc}")
             graph = device = None
     workload = build_workload(config)
-    segments = None
+    segments, first_run_bytes = None, 0
     if graph is not None:
         try:
-            segments = segments_matching(workload, graph, config.workload.max_nodes)
+            segments, first_run_bytes = _cut(config, workload, graph)
         except ScheduleRefusedError as exc:
             say(f"cached profile no longer matches the model, profiling again: {exc}")
             graph = None
@@ -129,13 +130,28 @@ def prepare(config: AgentConfig, say: Callable[[str], None] = log.info,
         say(f"profiling {workload.name} on this device (first run of this workload)")
         graph, device = _profile(config, workload, directory)
         workload = build_workload(config)  # profiling ran steps: start again from the initial weights
-        segments = segments_matching(workload, graph, config.workload.max_nodes)
+        segments, first_run_bytes = _cut(config, workload, graph)
     request = Request(graph, device, config.training.memory_budget, training_spec(config),
                       config.training.runtime_budget)
     chosen = source or schedule_source(config, say)
     say(f"getting a schedule for a step in {config.training.memory_budget:,} B from {chosen.description}")
     schedule, origin = get_schedule(chosen, ScheduleCache(directory, trusted_key(config)), request)
-    return Prepared(key, workload, graph, device, segments, schedule, origin, profiled)
+    return Prepared(key, workload, graph, device, segments, schedule, origin, profiled, first_run_bytes)
+
+
+def _cut(config: AgentConfig, workload: Workload, graph: TrainingGraph) -> tuple[Any, int]:
+    """The model cut as ``graph`` was, and what that first run left in the process's own memory
+    (:func:`engine.rss.anonymous_growth_since`), the optimizer's code loaded before (the first optimizer of a
+    process imports PyTorch's compiler machinery, as plain training's does)."""
+    from engine import allocator, rss
+    from engine.extract import segments_matching
+    from engine.training import OptimizerSettings
+
+    OptimizerSettings.from_config(config.training).build([torch.zeros(1, requires_grad=True)])
+    allocator.release_cache()  # blocks cached before would serve what the first run keeps, unseen
+    loaded = rss.settled_anonymous()
+    segments = segments_matching(workload, graph, config.workload.max_nodes)
+    return segments, rss.anonymous_growth_since(loaded)
 
 
 def _profile(config: AgentConfig, workload: Workload, directory: Path) -> tuple[TrainingGraph, DeviceProfile]:

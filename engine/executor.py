@@ -151,8 +151,9 @@ class Executor:
         # fault per fresh page; extraction times nodes in the same mode, so plans and predictions include it.
         rss.return_freed_memory()
         # Large blocks freed by a step are kept for reuse instead (engine.allocator) as long as all it holds stays
-        # within what the step plans to hold: no fault to map them again, and RSS still within the plan
-        self.allocator = allocator.for_step(schedule.predicted_peak_bytes)
+        # within what the step plans to hold: no fault to map them again, and RSS still within the plan.  The
+        # runtime's own memory (the pager's buffers, what the model's first run left) is not the allocator's to fill
+        self.allocator = allocator.for_step(max(0, schedule.predicted_peak_bytes - graph.runtime_bytes))
         # ... and what still landed in the heap goes back once TRIM_SHARE of the budget is free there
         self._heap = rss.HeapTrimmer(max(1, int(TRIM_SHARE * limit)))
         self._behind: dict[int, int] = {}     # value freed while its write runs -> bytes the write still holds

@@ -51,7 +51,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from engine import pagefile
+from engine import allocator, pagefile, rss
 from engine.pagefile import SYSTEM, SystemCalls
 from engine.energy import Activity, EnergyMeter, MeterConfig, NominalPowers, detect_meter
 from engine.errors import ProfileError
@@ -693,9 +693,17 @@ def profile_workload(
     estimate = estimate or generic_host_estimate()
     progress("extract", 0, 1)
     started = time.perf_counter()
+    # the first optimizer of a process imports PyTorch's compiler machinery (tens of MB, once), as plain
+    # training's does: the process's, not what the model's first run leaves
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
+    allocator.release_cache()  # blocks cached before would serve what the first run keeps, unseen
+    loaded = rss.settled_anonymous()
     graph, segments = extract(model, example, loss_fn, max_nodes, segments=segments, repeats=repeats,
                               refine=refine)
     extract_s = time.perf_counter() - started
+    # what the cut and the model's first run leave in the process's own memory stays while it trains: the plan
+    # keeps room for it (engine.rss.anonymous_growth_since says what is and is not counted)
+    residue = rss.anonymous_growth_since(loaded)
     progress("extract", 1, 1)
     swap = measure_swap_path(swap_dir, graph_page_sizes(graph), swap_repeats, progress,
                              sustained_bytes=sum(n.bytes for n in graph.nodes if n.kind == "forward"))
@@ -719,7 +727,7 @@ def profile_workload(
     if node_j is not None:
         graph = graph.with_nodes(replace(n, compute_j=j) for n, j in zip(graph.nodes, node_j))
     graph = price_graph(graph, device)  # measured node energies stay; the rest priced from this profile
-    graph = replace(graph, runtime_bytes=graph.runtime_bytes + measure_runtime_bytes(swap_dir))
+    graph = replace(graph, runtime_bytes=graph.runtime_bytes + measure_runtime_bytes(swap_dir) + residue)
     sources = _sources(swap, overlap, power, repeats, extract_s)
     device = replace(device, sources={k: v for k, v in sources.items() if k in _DEVICE_FIELDS})
     stats = {"extract_s": extract_s, "flops_per_s": flops_per_s}

@@ -125,6 +125,39 @@ def current() -> int | None:
     return None if kib is None else kib * 1024
 
 
+def anonymous() -> int | None:
+    """Anonymous resident memory now, in bytes (``RssAnon``; ``None`` off Linux).
+
+    What a process holds for itself: heap, mmapped tensors, thread stacks, caches.  The rest of its RSS is
+    file-backed -- mostly the libraries' code, faulted in as a kernel first runs -- which every process running
+    the same kernels shares and the kernel drops under pressure instead of running out of memory.
+    """
+    kib = _status_kib("RssAnon")
+    return None if kib is None else kib * 1024
+
+
+def settled_anonymous() -> int | None:
+    """:func:`anonymous` with garbage collected and freed heap given back first."""
+    import gc
+
+    gc.collect()  # what died earlier and is freed later must not land inside a measurement
+    trim_heap()
+    return anonymous()
+
+
+def anonymous_growth_since(loaded_anonymous: int | None) -> int:
+    """How much this process's own memory grew since :func:`settled_anonymous` read ``loaded_anonymous`` (0
+    where either cannot be read).
+
+    Read with the model built, before anything ran it, this is what its first run leaves resident for as long
+    as the process trains: the cut, the libraries' caches and thread pools, a cache the model builds lazily.
+    The libraries' code its kernels fault in is file-backed and shared, and not counted: it is most of the
+    resident growth (21 of 24 MB on resnet18, 18 of 19 MB on the digits CNN).
+    """
+    now = settled_anonymous()
+    return max(0, now - loaded_anonymous) if now is not None and loaded_anonymous is not None else 0
+
+
 def peak_since_start() -> int | None:
     """Peak RSS in bytes since :func:`start_window`."""
     kib = _status_kib("VmHWM")

@@ -138,11 +138,17 @@ class Training:
         How far a measured part may exceed its prediction before the step is refused.
     check_memory:
         Hold every step against the plan (off only for tests of what a violation looks like elsewhere).
+    first_run_bytes:
+        What the model's first run in this process (cutting it) left in the process's own memory
+        (:func:`engine.rss.anonymous_growth_since`, read by the agent around the cut): a cache the model keeps,
+        the libraries' caches and thread pools.  It counts in every step's memory, as the profile reserved it
+        (``runtime_bytes``); each step's own is what it adds to the process as training is set up.
     """
 
     def __init__(self, workload: Workload, graph: TrainingGraph, segments: Any, schedule: Schedule,
                  settings: OptimizerSettings, swap_dir: str | Path, *, meter: Any = None,
-                 tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES, check_memory: bool = True) -> None:
+                 tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES, check_memory: bool = True,
+                 first_run_bytes: int = 0) -> None:
         self.check_schedule(schedule, settings)
         self.workload, self.graph, self.schedule, self.settings = workload, graph, schedule, settings
         self.model = workload.model
@@ -157,6 +163,7 @@ class Training:
         self.optimizer = settings.build([p for _, p, _, _ in trained])
         allocator.release_cache()  # blocks an earlier step of this process left cached are not this model's
         self.baseline_rss = _settled_rss()  # the process with the model loaded: what training adds is above it
+        self.first_run_bytes = first_run_bytes  # ... and what the model's first run left before that counts too
         on_flash = schedule.step.state_on_flash
         self.pages = StatePages(swap_dir) if on_flash else None
         try:
@@ -225,7 +232,7 @@ class Training:
         if self.pages is not None:
             self.pages.flush()  # the step's state is on flash before it counts as done
         peak = rss.peak_since_start()
-        memory = None if peak is None or before is None else peak - self.baseline_rss
+        memory = None if peak is None or before is None else peak - self.baseline_rss + self.first_run_bytes
         parts = {"activations": activations, "gradients": self.fused.peak_grad_bytes,
                  "optimizer state": self.fused.resident_state_bytes}
         report = StepReport(sum(losses) / len(losses), time.perf_counter() - started, memory,

@@ -59,7 +59,8 @@ class Trainer:
         self.settings = OptimizerSettings.from_config(config.training)
         self.training = Training(prepared.workload, prepared.graph, prepared.segments, prepared.schedule,
                                  self.settings, config.swap_dir, meter=meter,
-                                 tolerance_bytes=config.training.memory_tolerance)
+                                 tolerance_bytes=config.training.memory_tolerance,
+                                 first_run_bytes=prepared.first_run_bytes)
         self.model = self.training.model
         self.loss_fn = prepared.workload.loss_fn
         self.store = store or CheckpointStore(config.device.state_dir / "checkpoints" / prepared.key)

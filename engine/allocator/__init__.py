@@ -159,8 +159,12 @@ def caching_off() -> None:
 
 
 def release_cache() -> None:
-    """Unmap every cached block (where the allocator is installed): before a baseline RSS is read."""
+    """Unmap every cached block (where the allocator is installed): before a baseline RSS is read.  Garbage is
+    collected first, so that tensors in dead reference cycles are not freed into the cache a moment later."""
     if _INSTALLED is not None:
+        import gc
+
+        gc.collect()
         _INSTALLED.empty_cache()
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -76,3 +79,79 @@ def test_a_step_that_fails_after_updating_starts_over_from_the_checkpoint_on_dis
         assert all(torch.equal(trainer.model.state_dict()[k], v) for k, v in initial.items())
     finally:
         trainer.close()
+
+
+class Caching(nn.Module):
+    """32 features to 5 classes that keeps a 16 MB cache made by its first training forward (as a
+    rotary-embedding or attention-mask cache is built lazily): memory the process holds from then on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 5))
+        self.cache: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and self.cache is None:  # not in the zoo's trial forward (eval, no gradients)
+            self.cache = torch.ones(4 << 20)
+        return self.body(x)
+
+
+class Copying(nn.Module):
+    """32 features to 5 classes through a 16 MB table it copies in every forward (and adds a slice of)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 5))
+        self.register_buffer("table", torch.ones(4 << 20))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        copy = self.table.clone()
+        return self.body(x) + copy[:5]
+
+
+def plain_body() -> nn.Module:
+    return Caching().body
+
+
+WINDOW = """
+import json, sys
+import torch
+from agent.config import load_config
+from agent.daemon.trainer import Trainer
+from agent.data import open_dataset
+from agent.prepare import prepare
+
+torch.set_num_threads(1)
+config = load_config(sys.argv[1])
+prepared = prepare(config)
+data = open_dataset(config.data.path, (8, 32), holdout=config.data.holdout, seed=config.workload.seed)
+trainer = Trainer(config, prepared, data)
+try:
+    memory = max(trainer.step().memory_bytes for _ in range(2))
+finally:
+    trainer.close()
+print(json.dumps({"profiled": prepared.profiled, "runtime_bytes": prepared.graph.runtime_bytes,
+                  "first_run_bytes": prepared.first_run_bytes, "memory": memory}))
+"""
+
+
+def _window(config: Path) -> dict:
+    """A training window in a process of its own, as the daemon runs each: what it prepared and measured."""
+    done = subprocess.run([sys.executable, "-c", WINDOW, str(config)], capture_output=True, text=True,
+                          check=True, cwd=Path(__file__).parents[2], timeout=300)
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("factory", ["Caching", "Copying", "plain_body"])
+def test_memory_the_model_makes_in_its_forward_counts_in_the_steps(tmp_path: Path, factory: str) -> None:
+    path = _write_config(tmp_path, FakeDevice(tmp_path / "root"), write_csv(tmp_path / "data.csv"),
+                         f"{__name__}:{factory}", "8x32", training_memory_budget="1GB")
+    first, window = _window(path), _window(path)  # the first window profiles; the next prepares from it
+    assert first["profiled"] and not window["profiled"]
+    caching = factory == "Caching"
+    # the profile saw the cache the model's first run left and keeps room for it in every plan ...
+    assert (window["runtime_bytes"] >= 15 << 20) == caching, window
+    # ... and the window's own cut left it too: it counts in the window's steps, as a copy made in the
+    # forward counts as the step's own
+    assert (window["first_run_bytes"] >= 15 << 20) == caching, window
+    assert (window["memory"] >= 15 << 20) == (factory != "plain_body"), window
