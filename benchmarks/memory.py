@@ -129,6 +129,7 @@ def _method(args: argparse.Namespace, work: Any, settings: Any) -> tuple[Any, An
 
 def _ours(args: argparse.Namespace, work: Any, settings: Any) -> tuple[Any, Any]:
     """The agent's path: the model cut as profiled, :class:`~engine.training.Training` with its check on."""
+    from engine import allocator, rss
     from engine.errors import MemoryBoundError
     from engine.extract import segments_matching
     from engine.training import Training
@@ -138,7 +139,12 @@ def _ours(args: argparse.Namespace, work: Any, settings: Any) -> tuple[Any, Any]
     folder = Path(args.workdir)
     graph = TrainingGraph.load(folder / "graph.json")
     schedule = Schedule.load(args.run.removeprefix("ours:"))
-    training = Training(work, graph, segments_matching(work, graph), schedule, settings, folder / "swap")
+    # the agent's own check: what the cut leaves in the process's own memory counts in every step
+    allocator.release_cache()
+    loaded = rss.settled_anonymous()
+    segments = segments_matching(work, graph)
+    training = Training(work, graph, segments, schedule, settings, folder / "swap",
+                        first_run_bytes=rss.anonymous_growth_since(loaded))
 
     def step(batch: Any) -> int:
         try:
