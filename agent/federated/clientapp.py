@@ -199,11 +199,12 @@ def merged(received: ArrayRecord, context: Context, task: Task, personal: frozen
     """The full model: received shared weights, with this device's personal layers (initial ones at first)."""
     weights = {k: v for k, v in received.to_torch_state_dict().items() if k not in personal}
     own = context.state[PERSONAL].to_torch_state_dict() if PERSONAL in context.state else {}
-    weights.update({k: own.get(k, task.initial[k]) for k in personal})
-    missing = set(task.initial) - set(weights)
+    initial = task.initial
+    weights.update({k: own.get(k, initial[k]) for k in personal})
+    missing = set(initial) - set(weights)
     if missing:
         raise FederationError(f"the server sent weights without {sorted(missing)[:3]}...: another model or run")
-    return {k: weights[k] for k in task.initial}  # the model's own key order
+    return {k: weights[k] for k in initial}  # the model's own key order
 
 
 def _keep(context: Context, weights: dict[str, torch.Tensor], personal: frozenset[str],

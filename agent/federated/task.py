@@ -23,6 +23,7 @@ FedAvg refuses a round whose replies differ in keys.
 from __future__ import annotations
 
 import atexit
+import hashlib
 import os
 import shutil
 import tempfile
@@ -48,6 +49,28 @@ METRIC_KEYS = ("num-examples", "train-loss", "eval-loss", "accuracy", "steps", "
 PLAN_TIME_LIMIT = 30.0  # seconds for one schedule; the digits model's MILP takes well under one
 ROUND_OPTIMIZER = OptimizerSettings("sgd", learning_rate=0.05, momentum=0.9)
 """What a simulated device trains with; a device agent's rounds use its own ``[training]`` settings."""
+
+
+def _keep_on_disk(weights: dict[str, torch.Tensor], folder: Path) -> Path:
+    """``weights`` saved in ``folder``, named by their content: a forked ClientApp (which leaves without running
+    exit handlers) finds the same file again instead of leaving one more behind, and two models never share one."""
+    digest = hashlib.sha256()
+    for name, tensor in weights.items():  # torch.save's bytes differ run to run (a serialization id): hash these
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        digest.update(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy())  # no copy
+    path = folder / f"initial-{digest.hexdigest()[:16]}.pt"
+    if path.is_file():
+        return path
+    folder.mkdir(parents=True, exist_ok=True)
+    handle, name = tempfile.mkstemp(prefix=".initial-", suffix=".pt", dir=folder)
+    os.close(handle)
+    written = Path(name)
+    try:
+        torch.save(weights, written)
+        os.replace(written, path)  # atomic: a process reading the same file keeps its own mapping
+    finally:
+        written.unlink(missing_ok=True)
+    return path
 
 
 def metric_values(**known: float) -> dict[str, float]:
@@ -103,7 +126,10 @@ class Task:
 
     def __post_init__(self) -> None:
         self.model = self.workload.model
-        self.initial = {k: v.clone() for k, v in self.model.state_dict().items()}
+        if self.swap_dir is None:
+            self.swap_dir = Path(tempfile.mkdtemp(prefix="poet-fed-swap-"))
+            atexit.register(shutil.rmtree, self.swap_dir, True)  # ours: gone with the process
+        self._initial_file = _keep_on_disk(self.model.state_dict(), Path(self.swap_dir))
         if self.graph is None:
             from engine.extract import extract
 
@@ -116,9 +142,12 @@ class Task:
 
             self.segments = segments_matching(self.workload, self.graph)
             self.model.load_state_dict(self.initial)
-        if self.swap_dir is None:
-            self.swap_dir = Path(tempfile.mkdtemp(prefix="poet-fed-swap-"))
-            atexit.register(shutil.rmtree, self.swap_dir, True)  # ours: gone with the process
+
+    @property
+    def initial(self) -> dict[str, torch.Tensor]:
+        """The model's seeded initial weights, mapped from their copy on disk: the process holds one model in
+        RAM, and these pages only while they are read (file-backed, so the kernel can drop them)."""
+        return torch.load(self._initial_file, mmap=True, weights_only=True)
 
     @property
     def plain_peak_bytes(self) -> int:

@@ -1,4 +1,6 @@
-"""The daemon's trainer holds one model: its initial weights are a step-0 checkpoint on disk, not a copy in RAM."""
+"""A worker holds one model: the daemon's trainer keeps its initial weights as a step-0 checkpoint on disk and a
+federated worker in a file it maps, not a copy in RAM; and what the model makes in its forward counts in the
+steps' memory."""
 
 from __future__ import annotations
 
@@ -57,6 +59,22 @@ def test_the_initial_weights_are_a_step_0_checkpoint_and_no_copy_stays_in_ram(ma
         assert all(torch.equal(loaded.state["model"][k].load(), v) for k, v in initial.items())
     finally:
         trainer.close()
+
+
+def test_a_federated_worker_keeps_its_initial_weights_on_disk_not_in_ram(made, tmp_path: Path) -> None:
+    from agent.federated.task import Task
+
+    config, prepared, data = made
+    initial = {k: v.clone() for k, v in prepared.workload.model.state_dict().items()}
+    model_bytes = sum(t.nbytes for t in initial.values())
+    before = rss.settled_anonymous()
+    task = Task(prepared.workload, tmp_path / "swap", graph=prepared.graph, segments=prepared.segments)
+    assert rss.anonymous_growth_since(before) < model_bytes / 2  # a copy of the weights would be all of them
+    kept = task.initial
+    assert list(kept) == list(initial) and all(torch.equal(kept[k], v) for k, v in initial.items())
+    # a second worker of the same model (a forked ClientApp) finds the same file, not one more
+    Task(prepared.workload, tmp_path / "swap", graph=prepared.graph, segments=prepared.segments)
+    assert len(list((tmp_path / "swap").glob("*.pt"))) == 1
 
 
 def test_a_step_that_fails_after_updating_starts_over_from_the_checkpoint_on_disk(made, monkeypatch) -> None:
