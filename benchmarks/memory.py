@@ -53,7 +53,7 @@ from benchmarks.workloads import BENCH_MODELS
 
 SGD = {"optimizer": "sgd", "learning_rate": 0.01, "momentum": 0.9}
 ADAMW = {"optimizer": "adamw", "learning_rate": 1e-4, "weight_decay": 0.01}
-MODELS = {"resnet18": SGD, "vgg11_bn": SGD, "bert": ADAMW, "gpt2": ADAMW, "gpt2-32k": ADAMW,  # name: optimizer
+MODELS = {"resnet18": SGD, "mobilenet_v2": SGD, "vgg11_bn": SGD, "unet": SGD, "bert": ADAMW, "gpt2": ADAMW, "gpt2-32k": ADAMW,  # name: optimizer
           "gpt2-32k-chunked": ADAMW, "llama": ADAMW, "vit": ADAMW}  # (the input: BENCH_MODELS')
 DEFAULT_MODELS = ("resnet18", "vgg11_bn", "bert", "gpt2")
 LAYER_CHECKPOINTS = {"bert": "checkpoint:layers", "gpt2": "checkpoint:layers", "gpt2-32k": "checkpoint:layers",
@@ -83,11 +83,11 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
     shape = parse_shape(args.input or BENCH_MODELS[args.model].input)
     settings = OptimizerSettings(**MODELS[args.model])
     work = BENCH_MODELS[args.model].build(shape)
-    batches = [_batch(work, shape, step) for step in range(STEPS)]
+    batches = [_batch(work, shape, step) for step in range(args.steps)]
     settings.build([torch.zeros(1, requires_grad=True)])  # the optimizer's code (100 MB, once): any training's
     rss.trim_heap()
     baseline = rss.current()
-    step, optimizer_state = _method(args, work, settings)
+    step, optimizer_state, seen = _method(args, work, settings)
     times, over, digest = [], 0, ""
     rss.start_window()  # what setting up left resident is in every reading below
     for k, batch in enumerate(batches):
@@ -99,7 +99,8 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
     from engine import allocator
 
     return {"memory": rss.peak_since_start() - baseline, "seconds": statistics.median(times[1:]), "digest": digest,
-            "over": over, "threads": torch.get_num_threads(), "caching_allocator": allocator.installed() is not None,
+            "over": over, "agent_memory": max(seen, default=None), "threads": torch.get_num_threads(),
+            "caching_allocator": allocator.installed() is not None,
             MMAP_VARIABLE: os.environ.get(MMAP_VARIABLE)}
 
 
@@ -109,8 +110,9 @@ def plain_training_memory(model: str, input: str) -> int:
     return int(_child(model, "plain", Path(tempfile.gettempdir()), 1, input=input)["memory"])
 
 
-def _method(args: argparse.Namespace, work: Any, settings: Any) -> tuple[Any, Any]:
-    """``(step(batch) -> steps over budget, optimizer_state())`` for the configuration ``args.run`` names."""
+def _method(args: argparse.Namespace, work: Any, settings: Any) -> tuple[Any, Any, list[int]]:
+    """``(step(batch) -> steps over budget, optimizer_state(), the agent's figure of each step)`` for the
+    configuration ``args.run`` names (no figures but ours')."""
     if args.run.startswith("ours:"):
         return _ours(args, work, settings)
     model = work.model
@@ -124,10 +126,10 @@ def _method(args: argparse.Namespace, work: Any, settings: Any) -> tuple[Any, An
         optimizer.zero_grad(set_to_none=True)
         return 0
 
-    return step, lambda: optimizer.state_dict()
+    return step, lambda: optimizer.state_dict(), []
 
 
-def _ours(args: argparse.Namespace, work: Any, settings: Any) -> tuple[Any, Any]:
+def _ours(args: argparse.Namespace, work: Any, settings: Any) -> tuple[Any, Any, list[int]]:
     """The agent's path: the model cut as profiled, :class:`~engine.training.Training` with its check on."""
     from engine import allocator, rss
     from engine.errors import MemoryBoundError
@@ -146,14 +148,22 @@ def _ours(args: argparse.Namespace, work: Any, settings: Any) -> tuple[Any, Any]
     training = Training(work, graph, segments, schedule, settings, folder / "swap",
                         first_run_bytes=rss.anonymous_growth_since(loaded))
 
+    seen: list[int] = []  # the step memory the agent's check measured, each step
+
     def step(batch: Any) -> int:
         try:
-            training.step([batch])
-        except MemoryBoundError:  # the step was applied; the agent would stop its window here
-            return 1
-        return 0
+            report = training.step([batch])
+        except MemoryBoundError as exc:  # the step was applied; the agent would stop its window here
+            report = exc.report
+            over = 1
+            print(f"over: {exc}", file=sys.stderr)
+        else:
+            over = 0
+        if report is not None and report.memory_bytes is not None:
+            seen.append(report.memory_bytes)
+        return over
 
-    return step, training.fused.state_dict
+    return step, training.fused.state_dict, seen
 
 
 def _forward(run: str, work: Any) -> Any:
@@ -253,25 +263,14 @@ def bench_model(name: str, threads: int, workdir: Path, plan_time: float, rounds
                 refine: bool = False) -> dict[str, Any]:
     """Profile ``name`` at ``threads``, plan its budgets from plain's and checkpoint's measured memory, then run
     every configuration in ``rounds`` rounds of fresh processes."""
-    import torch
-
-    from engine.profile import profile_workload
     from engine.training import OptimizerSettings
-    from agent.zoo import parse_shape
     from schedules.budgets import floor_text, store_all_peak
 
     shape_text, optimizer = BENCH_MODELS[name].input, MODELS[name]
     folder = workdir / f"{name}-t{threads}"
-    folder.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(threads)
-    work = BENCH_MODELS[name].build(parse_shape(shape_text))
     print(f"\n== {name} {shape_text}, {optimizer['optimizer']}, {threads} thread(s): profiling ...", flush=True)
-    profile, _ = profile_workload(work.model, work.example, work.loss_fn, folder / "swap", name=name, repeats=3,
-                                  segments=work.segments, refine=refine)
-    graph, device = profile.graph, profile.device
+    graph, device = profile_in_child(name, threads, folder, refine)
     print(f"   {graph.size} nodes; activation floor {floor_text(graph)}", flush=True)
-    graph.save(folder / "graph.json")
-    del work
     spec = OptimizerSettings(**optimizer).spec()
     whole = store_all_peak(graph, spec)
     plain = Row("plain", "plain")
@@ -309,6 +308,39 @@ def bench_model(name: str, threads: int, workdir: Path, plan_time: float, rounds
             "parameters": graph.parameter_bytes, "whole_step_store_all": whole, "rows": [asdict(r) for r in rows]}
 
 
+def profile_in_child(name: str, threads: int, folder: Path, refine: bool = False) -> tuple[Any, Any]:
+    """``(graph, device)`` of ``name`` profiled at ``threads`` in a fresh process, as the agent's first window
+    profiles: what the model's first run leaves in the process's own memory (the profile reserves it) is only
+    there to see in a process that has not run a model yet.  Saved in ``folder`` (``graph.json``,
+    ``device.json``), where the children find them."""
+    from schedules.device import DeviceProfile
+    from schedules.graph import TrainingGraph
+
+    folder.mkdir(parents=True, exist_ok=True)
+    env = default_allocator_environment(OMP_NUM_THREADS=str(threads))
+    out = subprocess.run([sys.executable, "-m", "benchmarks.memory", "--profile-child", "--model", name,
+                          "--workdir", str(folder), "--threads", str(threads), *(["--refine"] if refine else [])],
+                         capture_output=True, text=True, env=env, timeout=3600)
+    if out.returncode != 0:
+        raise SystemExit(f"profiling {name} failed:\n{out.stderr[-3000:]}")
+    return TrainingGraph.load(folder / "graph.json"), DeviceProfile.load(folder / "device.json")
+
+
+def _profile_child(args: argparse.Namespace) -> None:
+    import torch
+
+    from agent.zoo import parse_shape
+    from engine.profile import profile_workload
+
+    torch.set_num_threads(args.threads)
+    folder = Path(args.workdir)
+    work = BENCH_MODELS[args.model].build(parse_shape(BENCH_MODELS[args.model].input))
+    profile, _ = profile_workload(work.model, work.example, work.loss_fn, folder / "swap", name=args.model,
+                                  repeats=3, segments=work.segments, refine=args.refine)
+    profile.graph.save(folder / "graph.json")
+    profile.device.save(folder / "device.json")
+
+
 def _plan(graph: Any, device: Any, spec: Any, budget: int) -> Any:
     """The least-energy whole-step schedule within ``budget``, or ``None``."""
     from schedules.plan import plan
@@ -338,11 +370,13 @@ def _row(label: str, result: Any, folder: Path, graph: Any) -> Row:
                paged_state=result.schedule.step.paged_state_bytes)
 
 
-def _child(model: str, run: str, folder: Path, threads: int, input: str | None = None) -> dict[str, Any]:
+def _child(model: str, run: str, folder: Path, threads: int, input: str | None = None,
+           steps: int = STEPS) -> dict[str, Any]:
     """One configuration in a fresh process with glibc's default allocator (ours sets its own, as the agent)."""
     env = default_allocator_environment(OMP_NUM_THREADS=str(threads))
     out = subprocess.run([sys.executable, "-m", "benchmarks.memory", "--child", "--model", model, "--run", run,
-                          "--workdir", str(folder), "--threads", str(threads), *(["--input", input] if input else [])],
+                          "--workdir", str(folder), "--threads", str(threads), "--steps", str(steps),
+                          *(["--input", input] if input else [])],
                          capture_output=True, text=True, env=env, timeout=1800)
     if out.returncode != 0:
         raise SystemExit(f"{run} failed:\n{out.stderr[-3000:]}")
@@ -439,13 +473,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="profile with the refined cut (poet-edge profile's default) instead of the default cut")
     parser.add_argument("--json", metavar="FILE", help="write every figure here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--profile-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--input", help=argparse.SUPPRESS)
     parser.add_argument("--run", help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=int, default=STEPS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.child:
+    if args.child or args.profile_child:
         args.threads = int(args.threads)
-        print(json.dumps(run_child(args)))
+        if args.profile_child:
+            _profile_child(args)
+        else:
+            print(json.dumps(run_child(args)))
         return 0
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in models if m not in MODELS]

@@ -40,7 +40,9 @@ LARGE_VOCAB = 32768
 
 BENCH_MODELS: dict[str, BenchModel] = {
     "resnet18": BenchModel("resnet18", "32x3x64x64"),
+    "mobilenet_v2": BenchModel("mobilenet_v2", "32x3x64x64"),
     "vgg11_bn": BenchModel("vgg11_bn", "16x3x64x64"),
+    "unet": BenchModel("unet", "8x3x64x64"),
     "bert": BenchModel("bert", "8x128"),
     "gpt2": BenchModel("gpt2", "8x128"),
     "gpt2-32k": BenchModel("gpt2", "8x128", LARGE_VOCAB),
