@@ -156,7 +156,6 @@ def _ours(args: argparse.Namespace, work: Any, settings: Any) -> tuple[Any, Any,
         except MemoryBoundError as exc:  # the step was applied; the agent would stop its window here
             report = exc.report
             over = 1
-            print(f"over: {exc}", file=sys.stderr)
         else:
             over = 0
         if report is not None and report.memory_bytes is not None:
