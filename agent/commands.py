@@ -58,6 +58,10 @@ def add_commands(subparsers: Any) -> None:
     export.add_argument("--format", choices=EXPORT_FORMATS, default="torchscript",
                         help="default: %(default)s")
     export.add_argument("--out", required=True, type=Path, metavar="FILE", help="where to write it")
+    export.add_argument("--weights", type=Path, metavar="FILE",
+                        help="export these weights in the config's model instead of the personalized one: a "
+                             ".safetensors or .pt state dict (such as a global version `poet-edge server versions "
+                             "export` wrote), every name and shape checked")
     export.set_defaults(handler=export_model)
 
 
@@ -120,17 +124,33 @@ def show_status(args: argparse.Namespace) -> int:
 
 
 def export_model(args: argparse.Namespace) -> int:
-    """Write the kept personalized model as TorchScript or ONNX."""
+    """Write the kept personalized model (or the weights ``--weights`` names) as TorchScript or ONNX."""
     from agent.config import load_config
     from agent.prepare import build_workload
     from agent.personal_model import export, read_provenance
+    from agent.weight_files import describe as describe_weights, fingerprint as weights_fingerprint
 
     config = load_config(args.config)
-    provenance = read_provenance(config.device.state_dir)
     workload = build_workload(config)
+    if args.weights is not None:
+        from agent.personal_model import write_inference
+        from agent.weights import load_weights
+
+        load_weights(workload.model, args.weights)
+        write_inference(workload.model, workload.inputs, args.out, args.format)
+        print(f"wrote {args.out} ({args.format}): {workload.name} with the weights of {args.weights}")
+        return ExitCode.OK
+    provenance = read_provenance(config.device.state_dir)
     if provenance is not None and (provenance.model, provenance.input) != (workload.name, config.workload.input):
         raise CommandError(f"the kept personalized model is a {provenance.model} for {provenance.input}, but the "
                            f"config names a {workload.name} for {config.workload.input}: personalize again",
+                           ExitCode.BAD_FILE)
+    configured = weights_fingerprint(config.workload.weights) if config.workload.weights is not None else None
+    if provenance is not None and provenance.weights_sha256 != configured:
+        kept_from = describe_weights(provenance.weights_sha256)
+        raise CommandError(f"the kept personalized model's device started from {kept_from}, but the config names "
+                           f"{describe_weights(configured)}: export with the config it was personalized under, "
+                           "or personalize again",
                            ExitCode.BAD_FILE)
     export(config.device.state_dir, workload.model, workload.inputs, args.out, args.format)
     print(f"wrote {args.out} ({args.format}): personalized from global model "

@@ -21,6 +21,7 @@ from engine.energy.detect import MeterConfig
 from agent.errors import ConfigError
 from agent.monitors.quiet import parse_window
 from agent.zoo_names import ZOO_INPUTS, chunked_loss_problems, model_problems
+from agent.weight_files import is_pretrained_folder, problems as weights_problems
 from common.units import parse_bytes
 
 if TYPE_CHECKING:
@@ -51,6 +52,8 @@ class WorkloadSection:
     threads: int | str = "all"  # torch compute threads while a window trains: "all" (every core) or a number
     profile_repeats: int = 5
     chunked_loss: bool = False  # language models: the next-token loss without all logits (not bit-identical)
+    # pretrained weights to start from: a .safetensors/.pt state dict, or a save_pretrained folder (agent.weights)
+    weights: Path | None = None
 
     @property
     def compute_threads(self) -> int:
@@ -230,7 +233,7 @@ _SECTIONS: dict[str, type] = {
     "server": ServerSection, "flower": FlowerSection,
 }
 _PATHS = {"state_dir", "swap_dir", "sysfs_root", "path", "file", "public_key", "ca_file", "root_certificates",
-          "auth_key", "tokenizer"}
+          "auth_key", "tokenizer", "weights"}
 _SIZES = {"memory_budget", "memory_tolerance", "min_free_storage"}
 _PATTERNS = {"allowed_interfaces", "metered_interfaces"}  # lists of shell patterns
 _RENAMED = {("training", "memory_slack"): "training.memory_slack was replaced by training.memory_tolerance: bytes a "
@@ -366,8 +369,15 @@ def _check(c: AgentConfig) -> list[str]:
                      "(\"/\")")
     if not c.device.name:
         found.append("device.name is required (how the fleet knows this device)")
-    if not c.workload.model:
-        found.append(f"workload.model is required: a zoo name ({', '.join(ZOO_INPUTS)}) or package.module:factory")
+    if c.workload.weights is not None:
+        found += weights_problems(c.workload.weights)
+    from_folder = c.workload.weights is not None and is_pretrained_folder(c.workload.weights)
+    if not c.workload.model and not from_folder:
+        found.append(f"workload.model is required: a zoo name ({', '.join(ZOO_INPUTS)}), package.module:factory, "
+                     "or left out with workload.weights a save_pretrained folder")
+    if from_folder and not c.workload.model and not c.workload.input:
+        found.append("workload.input is required with a pretrained folder: batch x sequence for a language model "
+                     "(e.g. 8x128), else the batch shape the model takes")
     if c.workload.input and not re.fullmatch(r"\d+(x\d+)*", c.workload.input.lower()):
         found.append(f"workload.input = {c.workload.input!r}: expected a batch shape such as 8x3x32x32")
     elif c.workload.model:

@@ -32,6 +32,13 @@ class DataError(AgentError):
     exit_code = ExitCode.BAD_FILE
 
 
+class WeightsError(AgentError):
+    """Pretrained weights (``[workload] weights``) that cannot be read, or are not for the configured model;
+    the message names the file and the tensors that differ."""
+
+    exit_code = ExitCode.BAD_FILE
+
+
 class ConfigError(AgentError):
     """The agent's config file is missing, not TOML, or has values the agent cannot use; lists every problem."""
 

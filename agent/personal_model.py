@@ -18,7 +18,7 @@ import importlib.util
 import io
 import json
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,8 @@ class Provenance:
     accuracy_after: float
     sha256: str  # of model.pt
     saved_at: float
+    # the device's configured pretrained weights (agent.weights.fingerprint; None: seeded initial weights)
+    weights_sha256: str | None = None
 
 
 def folder(state_dir: Path) -> Path:
@@ -72,7 +74,8 @@ def read_provenance(state_dir: Path) -> Provenance | None:
     """The kept model's provenance, or ``None`` when none is kept (or its file is unreadable)."""
     try:
         data = json.loads((folder(state_dir) / PROVENANCE).read_text())
-        return Provenance(**{f.name: data[f.name] for f in fields(Provenance)})
+        return Provenance(**{f.name: data[f.name] for f in fields(Provenance)
+                             if f.name in data or f.default is MISSING})  # older files lack the newer fields
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -98,15 +101,18 @@ def load(state_dir: Path) -> tuple[Provenance, dict[str, Any]]:
 def export(state_dir: Path, model: Any, example: Any, out: Path, format: str) -> Path:
     """Write the kept weights in ``model`` (built as the agent builds it, ``example`` one input batch) to
     ``out`` as TorchScript (``torch.jit.trace``) or ONNX (``torch.onnx.export``), in inference mode."""
-    import torch
-
-    if format not in EXPORT_FORMATS:
-        raise PersonalModelError(f"export format {format!r} unknown; use one of {', '.join(EXPORT_FORMATS)}")
-    if format == "onnx" and importlib.util.find_spec("onnx") is None:  # torch's exporter writes with it
-        raise PersonalModelError("ONNX export needs the onnx package (pip install onnx); "
-                                 "--format torchscript needs nothing more")
+    _check_format(format)
     _, weights = load(state_dir)
     model.load_state_dict(weights)
+    return write_inference(model, example, out, format)
+
+
+def write_inference(model: Any, example: Any, out: Path, format: str) -> Path:
+    """``model`` with the weights it has, in inference mode, to ``out`` as TorchScript or ONNX (see
+    :func:`export`)."""
+    import torch
+
+    _check_format(format)
     model.eval()
     inputs = example if isinstance(example, tuple) else (example,)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -117,6 +123,14 @@ def export(state_dir: Path, model: Any, example: Any, out: Path, format: str) ->
             torch.onnx.export(model, inputs, str(out), input_names=["input"], output_names=["output"],
                               dynamo=False)
     return out
+
+
+def _check_format(format: str) -> None:
+    if format not in EXPORT_FORMATS:
+        raise PersonalModelError(f"export format {format!r} unknown; use one of {', '.join(EXPORT_FORMATS)}")
+    if format == "onnx" and importlib.util.find_spec("onnx") is None:  # torch's exporter writes with it
+        raise PersonalModelError("ONNX export needs the onnx package (pip install onnx); "
+                                 "--format torchscript needs nothing more")
 
 
 def _sha256(path: Path) -> str:

@@ -24,7 +24,10 @@ import torch
 from agent.config import AgentConfig
 from agent.schedule_sources import (FileScheduleSource, LocalSolveSource, Request, ScheduleCache, ScheduleSource,
                                   get_schedule)
+from agent.errors import ZooError
 from engine.errors import ScheduleRefusedError
+from agent.weight_files import fingerprint as weights_fingerprint
+from agent.weights import load_weights, pretrained_workload
 from agent.zoo import Workload, load_workload, parse_shape
 from schedules.device import DeviceProfile
 from schedules.errors import FormatError
@@ -50,12 +53,18 @@ class Prepared:
     # what cutting the model (its first run in this process) left in the process's own memory: it counts in
     # every step (engine.training.Training's first_run_bytes), as the profile reserved it
     first_run_bytes: int = 0
+    # the pretrained weights the model started from (agent.weights.fingerprint), None for seeded weights
+    weights_sha256: str | None = None
 
 
-def workload_key(config: AgentConfig) -> str:
-    """Names the prepared workload: what changes the graph or its times changes the key."""
+def workload_key(config: AgentConfig, weights_sha256: str | None = None) -> str:
+    """Names the prepared workload: what changes the graph or its times changes the key, and so do the
+    pretrained weights (``weights_sha256``, :func:`agent.weights.fingerprint`; hashed here when not given):
+    other weights are another model, with checkpoints of its own."""
     w = config.workload
     parts = [w.model, w.input, w.seed, w.max_nodes, torch.__version__]
+    if w.weights is not None:
+        parts.append(f"weights {weights_sha256 or weights_fingerprint(w.weights)}")
     if w.chunked_loss:  # added only when set: a device that does not chunk keeps its prepared workload
         parts.append("chunked loss")
     if w.compute_threads != 1:  # the profile's times are the thread count's: another count profiles again
@@ -65,10 +74,25 @@ def workload_key(config: AgentConfig) -> str:
 
 
 def build_workload(config: AgentConfig) -> Workload:
-    """The model at its initial weights (seeded: every process builds the same)."""
-    shape = parse_shape(config.workload.input) if config.workload.input else None
-    return load_workload(config.workload.model, shape, seed=config.workload.seed,
-                         chunked_loss=config.workload.chunked_loss)
+    """The model at its initial weights: ``workload.weights`` where configured, else seeded (every process
+    builds the same either way)."""
+    w = config.workload
+    shape = parse_shape(w.input) if w.input else None
+    if w.weights is not None and not w.model:  # the model is the save_pretrained folder's own
+        torch.manual_seed(w.seed)
+        workload = pretrained_workload(w.weights, shape)
+        if w.chunked_loss:
+            from engine.chunked_loss import chunk_loss
+
+            try:
+                workload = chunk_loss(workload)
+            except ValueError as exc:
+                raise ZooError(f"chunked loss for {workload.name}: {exc}") from exc
+        return workload
+    workload = load_workload(w.model, shape, seed=w.seed, chunked_loss=w.chunked_loss)
+    if w.weights is not None:
+        load_weights(workload.model, w.weights)
+    return workload
 
 
 def training_spec(config: AgentConfig) -> TrainingSpec:
@@ -102,7 +126,8 @@ def trusted_key(config: AgentConfig) -> Path | None:
 def prepare(config: AgentConfig, say: Callable[[str], None] = log.info,
             source: ScheduleSource | None = None) -> Prepared:
     """Profile (once per workload and device), then get and verify the schedule for the configured budget."""
-    key = workload_key(config)
+    weights_sha256 = weights_fingerprint(config.workload.weights) if config.workload.weights is not None else None
+    key = workload_key(config, weights_sha256)
     directory = config.device.state_dir / "prepared" / key
     graph_path, device_path = directory / "graph.json", directory / "device.json"
     graph = device = None
@@ -136,7 +161,8 @@ def prepare(config: AgentConfig, say: Callable[[str], None] = log.info,
     chosen = source or schedule_source(config, say)
     say(f"getting a schedule for a step in {config.training.memory_budget:,} B from {chosen.description}")
     schedule, origin = get_schedule(chosen, ScheduleCache(directory, trusted_key(config)), request)
-    return Prepared(key, workload, graph, device, segments, schedule, origin, profiled, first_run_bytes)
+    return Prepared(key, workload, graph, device, segments, schedule, origin, profiled, first_run_bytes,
+                    weights_sha256)
 
 
 def _cut(config: AgentConfig, workload: Workload, graph: TrainingGraph) -> tuple[Any, int]:

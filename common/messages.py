@@ -11,7 +11,8 @@ A message's content is a Flower ``RecordDict`` of these records:
 - :data:`METRICS` (``MetricRecord``): a device's figures for the round;
 - :data:`DEVICE` (``ConfigRecord``): who answered (:data:`DEVICE_NAME`, :data:`DEVICE_PROFILE`,
   :data:`SCHEDULE_ID`), and :data:`ABSENT` with the reason when it sends no update this round;
-- :data:`MODEL` (``ConfigRecord``): the model's identity (:data:`MODEL_NAME`), with the initial weights.
+- :data:`MODEL` (``ConfigRecord``): the model's identity (:data:`MODEL_NAME`) and its tied weights
+  (:data:`MODEL_TIED`), with the initial weights.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ ABSENT = "absent"  # a train reply's: why the device sends no update this round 
 
 # The MODEL record.
 MODEL_NAME = "name"
+MODEL_TIED = "tied"  # "alias=source" for each shared weight that is another's tensor (absent: none)
 
 # The CONFIG record the server sends.
 SERVER_ROUND = "server-round"  # as Flower's FedAvg sends it: the devices know which round it is

@@ -15,6 +15,8 @@
     poet-edge server federate [--rounds N] [--min-nodes N] [--personalization P] [--from-version V] ...
                                                       # federated rounds on the connected devices
     poet-edge server versions                         # the stored global model versions, newest first
+    poet-edge server versions import FILE --model NAME  # a pretrained model as a signed version to start from
+    poet-edge server versions export VERSION --out F  # a version's weights as .safetensors or .npz
 
 Registered in the ``poet_edge.commands`` entry-point group (see
 :mod:`common.cli`).  Importing this module is cheap: the web framework and
@@ -169,13 +171,45 @@ def _add_federate_command(commands: Any) -> None:
                         "(default: %(default)s)")
     p.add_argument("--detach", action="store_true", help="print the run id and return without waiting")
     p.set_defaults(handler=federate)
-    versions = commands.add_parser("versions", help="list the stored global model versions",
+    versions = commands.add_parser("versions", help="list, import and export the stored global model versions",
                                    description="Each version of the global model, newest first: its number, the "
-                                               "Flower run and round that made it, the version it was aggregated "
-                                               "from, the round's mean accuracy, and its weights file's hash.")
+                                               "Flower run and round that made it (or the file it was imported "
+                                               "from), the version it was aggregated from, the round's mean "
+                                               "accuracy, and its weights file's hash.")
     _storage_options(versions)
     versions.add_argument("--limit", type=_positive_int, default=20, help="how many (default: %(default)s)")
     versions.set_defaults(handler=list_model_versions)
+    actions = versions.add_subparsers(dest="versions_action", metavar="{import,export}")
+    imported = actions.add_parser(
+        "import", help="store a pretrained model as a signed version a federation starts from",
+        description="Store pretrained weights (a .safetensors or .npz file, or a save_pretrained folder) as a "
+                    "signed global model version of the devices' model: `server federate` (--from-version latest, "
+                    "or its number) starts from it. Weights tied to another (a language model's output layer) may "
+                    "be absent, as save_pretrained leaves them; the run fills them in from what the devices say.")
+    imported.add_argument("weights", type=Path, help="the weights file or save_pretrained folder")
+    imported.add_argument("--model", required=True, metavar="NAME",
+                          help="the workload name the devices report (as `server versions` shows it, before the "
+                               "hash): a zoo name such as gpt2, or pretrained:FOLDER for a device that builds its "
+                               "model from a save_pretrained folder")
+    _storage_options(imported, suppress=True)
+    imported.set_defaults(handler=import_model_version)
+    exported = actions.add_parser(
+        "export", help="write a stored version's weights to a file",
+        description="Write global model version VERSION (latest: the newest), checked against its signature and "
+                    "hash, to OUT as a state dict: .safetensors (what [workload] weights, transformers and most "
+                    "tools read) or .npz. `poet-edge agent export --weights OUT` makes TorchScript or ONNX of it.")
+    exported.add_argument("version", type=_version_choice, help="a version number, or latest")
+    exported.add_argument("--out", type=Path, required=True, help="the file to write (.safetensors or .npz)")
+    _storage_options(exported, suppress=True)
+    exported.set_defaults(handler=export_model_version)
+
+
+def _version_choice(text: str) -> int | None:
+    if text == "latest":
+        return None
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    raise argparse.ArgumentTypeError(f"{text!r}: use a version number or latest")
 
 
 def _initial_version(text: str) -> str:
@@ -212,10 +246,13 @@ def _add_operator_commands(commands: Any) -> None:
     listing.set_defaults(handler=list_operators)
 
 
-def _storage_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, metavar="DIR",
-                   help="the server's folder: database and signing key (default: ./%(default)s)")
-    p.add_argument("--database", metavar="URL", help="SQLAlchemy database URL (default: sqlite:///DIR/server.db)")
+def _storage_options(p: argparse.ArgumentParser, suppress: bool = False) -> None:
+    """``--data-dir`` and ``--database``; ``suppress``: a subcommand's, which leave its parent's value alone
+    unless given."""
+    p.add_argument("--data-dir", type=Path, default=argparse.SUPPRESS if suppress else DEFAULT_DATA_DIR,
+                   metavar="DIR", help=f"the server's folder: database and signing key (default: ./{DEFAULT_DATA_DIR})")
+    p.add_argument("--database", metavar="URL", default=argparse.SUPPRESS if suppress else None,
+                   help="SQLAlchemy database URL (default: sqlite:///DIR/server.db)")
 
 
 def settings_from(args: argparse.Namespace) -> ServerSettings:
@@ -478,6 +515,41 @@ def list_model_versions(args: argparse.Namespace) -> int:
         parent = v.parent if v.parent is not None else "-"
         print(f"v{v.version}\trun {v.run_id} round {v.round}\tfrom {parent}\taccuracy {shown}\t{v.model}\t"
               f"{v.sha256[:16]}\t{made}")
+    return ExitCode.OK
+
+
+def import_model_version(args: argparse.Namespace) -> int:
+    """Store a pretrained model's weights as a signed version of the devices' model."""
+    from server.datadir import open_database
+    from server.keys import load_or_create
+    from server.model_files import read_weights
+    from server.model_versions import import_version
+
+    settings = settings_from(args)
+    arrays = read_weights(args.weights)
+    info = import_version(open_database(settings), settings.data_dir, load_or_create(settings.keys_dir).private_key,
+                          arrays, name=args.model, source=str(args.weights))
+    size = sum(a.nbytes for a in arrays.values())
+    print(f"v{info.version}\timported from {args.weights} ({len(arrays)} arrays, {size / 1e6:,.1f} MB)\t{info.model}\t"
+          f"{info.sha256[:16]}")
+    print(f"`poet-edge server federate --from-version {info.version}` (or latest) starts the devices that train "
+          f"{args.model} from it")
+    return ExitCode.OK
+
+
+def export_model_version(args: argparse.Namespace) -> int:
+    """Write a stored version's weights, checked against its signature and hash, to a file."""
+    from server.datadir import open_database
+    from server.keys import load_or_create
+    from server.model_files import write_weights
+    from server.model_versions import load_version
+
+    settings = settings_from(args)
+    key = load_or_create(settings.keys_dir).private_key.public_key()
+    info, arrays = load_version(open_database(settings), settings.data_dir, key, args.version)
+    write_weights(arrays, args.out)
+    print(f"wrote {args.out}: global model v{info.version} ({info.model}, run {info.run_id} round {info.round}), "
+          f"{len(arrays)} arrays")
     return ExitCode.OK
 
 

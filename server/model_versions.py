@@ -18,7 +18,7 @@ import hashlib
 import io
 import time
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,8 +65,48 @@ class VersionInfo:
 
 
 def model_identity(name: str, arrays: Mapping[str, np.ndarray]) -> str:
-    """``name`` and a hash of the arrays' names, shapes and dtypes: versions of one identity fit one model."""
-    layout = ";".join(f"{key}:{tuple(value.shape)}:{value.dtype.str}" for key, value in arrays.items())
+    """``name`` and a hash of the arrays' names, shapes and dtypes in name order: versions of one identity fit
+    one model, whatever order a file lists its arrays in (safetensors sorts them its own way)."""
+    return _identity(name, [(key, arrays[key]) for key in sorted(arrays)])
+
+
+def identities(name: str, arrays: Mapping[str, np.ndarray], tied: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """Every identity a version that fits the devices' ``arrays`` may carry: :func:`model_identity`; the same
+    without the arrays ``tied`` to another (``alias -> source``: a file written by ``save_pretrained`` holds a
+    tied weight once); and the identity of the arrays in the devices' order, which versions stored before
+    identities were order-free carry."""
+    untied = {key: value for key, value in arrays.items() if key not in (tied or {})}
+    found = (model_identity(name, arrays), model_identity(name, untied), _identity(name, list(arrays.items())))
+    return tuple(dict.fromkeys(found))
+
+
+def fit(weights: Mapping[str, np.ndarray], like: Mapping[str, np.ndarray], tied: Mapping[str, str] | None = None,
+        what: str = "the version") -> dict[str, np.ndarray]:
+    """``weights`` in ``like``'s order and dtypes, each tied array absent from ``weights`` taken from its source
+    (FedAvg's mean makes a float of an integer counter; a float16 file loads into float32).
+
+    Raises :class:`ModelVersionError` naming the arrays that are missing, extra or of another shape.
+    """
+    tied = tied or {}
+    filled = dict(weights)
+    for alias, source in tied.items():
+        if alias not in filled and source in filled:
+            filled[alias] = filled[source]
+    missing = [k for k in like if k not in filled]
+    extra = [k for k in filled if k not in like]
+    differ = [f"{k} {tuple(filled[k].shape)} (the devices' {tuple(like[k].shape)})"
+              for k in like if k in filled and filled[k].shape != like[k].shape]
+    reasons = [f"{label}: {', '.join(names[:5])}{f' and {len(names) - 5} more' if len(names) > 5 else ''}"
+               for label, names in (("missing", missing), ("not in the devices' model", extra), ("differ", differ))
+               if names]
+    if reasons:
+        raise ModelVersionError(f"{what} does not fit the devices' model ({'; '.join(reasons)}): import weights "
+                                "of the model the devices train")
+    return {k: filled[k].astype(like[k].dtype, copy=False) for k in like}
+
+
+def _identity(name: str, layout_of: list[tuple[str, np.ndarray]]) -> str:
+    layout = ";".join(f"{key}:{tuple(value.shape)}:{value.dtype.str}" for key, value in layout_of)
     return f"{name[:170]} {hashlib.sha256(layout.encode()).hexdigest()[:16]}"
 
 
@@ -117,6 +157,20 @@ def store_version(database: Database, data_dir: Path, private_key: Any, arrays: 
         raise DatabaseError(f"cannot store model version: {getattr(exc, 'orig', None) or exc}") from exc
 
 
+IMPORTED = "import"  # the run_id of a version imported from a file, not made by a Flower run
+
+
+def import_version(database: Database, data_dir: Path, private_key: Any, arrays: Mapping[str, np.ndarray], *,
+                   name: str, source: str) -> VersionInfo:
+    """Store pretrained ``arrays`` as a signed version of the devices' model ``name`` (the workload name they
+    report: ``poet-edge server versions`` shows it before each identity's hash), with no parent; a federation
+    of that model starts from it (``--from-version latest`` or its number)."""
+    if not arrays:
+        raise ModelVersionError(f"{source} holds no arrays")
+    return store_version(database, data_dir, private_key, arrays, run_id=IMPORTED, round=0, parent=None,
+                         model=model_identity(name, arrays), metrics={"imported-from": Path(source).name[:200]})
+
+
 def list_versions(database: Database, limit: int = 100, run_id: str | None = None) -> list[VersionInfo]:
     """The newest ``limit`` versions (of one Flower run where ``run_id`` is given), newest first."""
     query = select(ModelVersion).order_by(desc(ModelVersion.version)).limit(limit)
@@ -126,16 +180,17 @@ def list_versions(database: Database, limit: int = 100, run_id: str | None = Non
         return [VersionInfo.of(row) for row in session.scalars(query)]
 
 
-def version_info(database: Database, version: int | None = None, model: str | None = None) -> VersionInfo | None:
-    """Version ``version``'s row, or the newest's (of ``model`` where given) when ``None``; ``None`` when there
-    is none."""
+def version_info(database: Database, version: int | None = None,
+                 model: str | Sequence[str] | None = None) -> VersionInfo | None:
+    """Version ``version``'s row, or the newest's (of ``model``, or of any of several identities, where given)
+    when ``None``; ``None`` when there is none."""
     with database.read() as session:
         if version is not None:
             row = session.get(ModelVersion, version)
         else:
             query = select(ModelVersion).order_by(desc(ModelVersion.version)).limit(1)
             if model is not None:
-                query = query.where(ModelVersion.model == model)
+                query = query.where(ModelVersion.model.in_([model] if isinstance(model, str) else list(model)))
             row = session.scalars(query).first()
         return VersionInfo.of(row) if row is not None else None
 

@@ -30,6 +30,7 @@ from agent.errors import CheckpointError
 from agent.config import AgentConfig
 from agent.prepare import Prepared
 from agent.data import LocalDataset
+from agent.weight_files import describe as describe_weights
 from engine.errors import MemoryBoundError, UpdateInterrupted
 from agent.holdout import Evaluation, evaluate
 from engine.training import OptimizerSettings, StepReport, Training
@@ -81,6 +82,12 @@ class Trainer:
         if loaded is None:
             return None
         state = loaded.state
+        started_from = state.get("weights_sha256")
+        if started_from != self.prepared.weights_sha256:  # another model's training: never mixed into this one
+            configured = describe_weights(self.prepared.weights_sha256)
+            raise CheckpointError(f"{loaded.path} continues training that started from "
+                                  f"{describe_weights(started_from)}, but this workload starts from {configured}: "
+                                  f"move {self.store.directory} aside to train from the configured weights")
         self.training.load_state({"model": state["model"], "optimizer": state["optimizer"]})
         self.steps_done = int(_value(state["steps_done"]))
         self.position = (int(state["position"][0]), int(state["position"][1]))
@@ -98,6 +105,7 @@ class Trainer:
             "position": list(self.position),
             "rng": {"torch": torch.get_rng_state(), "python": _python_rng_state()},
             "schedule_id": self.prepared.schedule.schedule_id,
+            "weights_sha256": self.prepared.weights_sha256,  # what training started from
         })
         return time.perf_counter() - started
 

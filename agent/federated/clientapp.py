@@ -64,10 +64,11 @@ from agent.federated.task import DevicePlan, Task, TrainOutcome, metric_values
 from agent.personalization import Strategy, strategy as strategy_named
 from agent.personalization.ditto import Ditto
 from agent.federated.virtual import FleetData, RoundPart, round_part, virtual_node_config
+from agent.weights import tied_aliases
 from common.errors import RunConfigError
 from common.messages import (ABSENT, ARRAYS, CONFIG, DEVICE, DEVICE_NAME, DEVICE_PROFILE, FINETUNE_STEPS, GLOBAL_VERSION,
-                             INITIAL, LOCAL_BASELINE, LOCAL_STEPS, LR, METRICS, MODEL, MODEL_NAME, NAME, PERSONALIZE,
-                             SCHEDULE_ID, SERVER_ROUND)
+                             INITIAL, LOCAL_BASELINE, LOCAL_STEPS, LR, METRICS, MODEL, MODEL_NAME, MODEL_TIED, NAME,
+                             PERSONALIZE, SCHEDULE_ID, SERVER_ROUND)
 from common.runconfig import RunConfig
 from schedules.graph import TrainingGraph
 
@@ -248,6 +249,7 @@ class _Device:
     state_dir: Path | None = None  # a device agent's: where its personalized model is kept
     input: str = ""  # the input shape it trains on, as the agent's config says it
     held_bytes: int = 0  # memory held beside every step and planned around (ditto's second model)
+    weights_sha256: str | None = None  # a device agent's configured pretrained weights (agent.weights.fingerprint)
 
     @property
     def budget_bytes(self) -> int:
@@ -288,7 +290,7 @@ def agent_device(config_path: str) -> _Device:
         setup = DeviceSetup(config.device.name, prepared.device.name, None, config.training.memory_budget, 0, 1,
                             None, 0.0, config.workload.seed)
         _AGENTS[config_path] = _Device(setup, task, data, plan, frozenset(), state_dir=config.device.state_dir,
-                                       input=config.workload.input)
+                                       input=config.workload.input, weights_sha256=prepared.weights_sha256)
     return _AGENTS[config_path]
 
 
@@ -350,8 +352,12 @@ def initial(msg: Message, context: Context) -> Message:
         setup = DeviceSetup.from_context(context)
         task = task_for(setup.seed, run_config(context).graph_file, data=setup.data)
     personal = personalization(context).personal_keys(task.model)
-    return Message(RecordDict({ARRAYS: shared(task.initial, personal),
-                               MODEL: ConfigRecord({MODEL_NAME: task.workload.name})}), reply_to=msg)
+    model: dict[str, Any] = {MODEL_NAME: task.workload.name}
+    tied = [f"{alias}={source}" for alias, source in tied_aliases(task.model).items()
+            if alias not in personal and source not in personal]
+    if tied:  # an imported version may hold each once, as save_pretrained writes them
+        model[MODEL_TIED] = tied
+    return Message(RecordDict({ARRAYS: shared(task.initial, personal), MODEL: ConfigRecord(model)}), reply_to=msg)
 
 
 def ditto_train(d: _Device, context: Context, anchor: dict[str, torch.Tensor], steps: int, config: ConfigRecord,
@@ -463,5 +469,5 @@ def personalize(msg: Message, context: Context) -> Message:
         keep(d.state_dir, outcome.weights, model=d.task.workload.name, input=d.input,
              global_version=version if version >= 0 else None, run_id=int(context.run_id),
              personalization=personalization(context).name, steps=outcome.steps, accuracy_before=global_accuracy,
-             accuracy_after=accuracy)
+             accuracy_after=accuracy, weights_sha256=d.weights_sha256)
     return Message(RecordDict({METRICS: MetricRecord(metrics), DEVICE: _info(d.setup, d.plan)}), reply_to=msg)

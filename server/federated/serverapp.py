@@ -55,13 +55,14 @@ from flwr.serverapp.strategy import FedAvg
 
 from common.errors import RunConfigError
 from common.messages import (ABSENT, ARRAYS, CONFIG, DEVICE, DEVICE_NAME, FINETUNE_STEPS, GLOBAL_VERSION, LOCAL_BASELINE,
-                             LOCAL_STEPS, LR, MODEL, MODEL_NAME, QUERY_INITIAL, QUERY_NAME, SCHEDULE_ID, SERVER_ROUND,
-                             TRAIN_PERSONALIZE)
+                             LOCAL_STEPS, LR, MODEL, MODEL_NAME, MODEL_TIED, QUERY_INITIAL, QUERY_NAME, SCHEDULE_ID,
+                             SERVER_ROUND, TRAIN_PERSONALIZE)
 from common.runconfig import RunConfig
 from server.db.engine import Database
 from server.errors import ModelVersionError, ServerConfigError, ServerError
 from server.keys import ServerKey, load_or_create
-from server.model_versions import checked_weights, load_version, model_identity, store_version, version_info
+from server.model_versions import (checked_weights, fit, identities, load_version, model_identity, store_version,
+                                   version_info)
 from server.config import ServerSettings
 from server.federated.rounds import RoundRow, open_store, record_rounds
 from server.federated.superlink import DATA_DIR_VARIABLE, DATABASE_VARIABLE
@@ -231,9 +232,28 @@ class DeviceSampler:
             self.names.setdefault(node, "")
 
 
-def initial_arrays(grid: Grid, config: RunConfig) -> tuple[ArrayRecord, str]:
-    """Ask one device for the model's initial shared weights (``query.initial``); them and the model's identity
-    (:func:`server.model_versions.model_identity`: its name and the weights' layout)."""
+@dataclass(frozen=True)
+class DevicesModel:
+    """The model the devices train, as one of them describes it: its initial shared weights, its name, and which
+    weights are tied to another (``alias -> source``)."""
+
+    arrays: ArrayRecord
+    name: str
+    tied: dict[str, str]
+
+    @property
+    def identity(self) -> str:
+        """What its versions are stored as (:func:`server.model_versions.model_identity`)."""
+        return model_identity(self.name, _numpy(self.arrays))
+
+    def identities(self) -> tuple[str, ...]:
+        """Every identity a version it can start from may carry (:func:`server.model_versions.identities`)."""
+        return identities(self.name, _numpy(self.arrays), self.tied)
+
+
+def initial_arrays(grid: Grid, config: RunConfig) -> DevicesModel:
+    """Ask one device for the model's initial shared weights (``query.initial``), its name and its tied
+    weights."""
     nodes = sorted(grid.get_node_ids())
     if not nodes:
         raise ServerError("no device is connected: start SuperNodes (or agents) before the run")
@@ -242,9 +262,9 @@ def initial_arrays(grid: Grid, config: RunConfig) -> tuple[ArrayRecord, str]:
     if not replies or ARRAYS not in replies[0].content:
         raise ServerError(f"node {nodes[0]} sent no initial weights: check its log (flwr log RUN_ID)")
     content = replies[0].content
-    name = str(content[MODEL].get(MODEL_NAME, "model")) if MODEL in content else "model"
-    arrays = content[ARRAYS]
-    return arrays, model_identity(name, _numpy(arrays))
+    model = content[MODEL] if MODEL in content else {}
+    tied = dict(str(pair).split("=", 1) for pair in model.get(MODEL_TIED, []) if "=" in str(pair))
+    return DevicesModel(content[ARRAYS], str(model.get(MODEL_NAME, "model")), tied)
 
 
 def personalize(grid: Grid, arrays: ArrayRecord, config: RunConfig, recorder: Recorder,
@@ -280,10 +300,10 @@ def run_federation(grid: Grid, config: RunConfig, recorder: Recorder,
                                fraction_evaluate=config.fraction_evaluate, min_train_nodes=config.min_nodes,
                                min_evaluate_nodes=config.min_nodes if config.fraction_evaluate else 0,
                                min_available_nodes=config.min_nodes)
-    arrays, model = initial_arrays(grid, config)
-    version = None
+    devices = initial_arrays(grid, config)
+    arrays, model, version = devices.arrays, devices.identity, None
     if models is not None:
-        arrays, version = models.start(config.initial_version, model, arrays)
+        arrays, version = models.start(config.initial_version, devices)
     train_config = ConfigRecord({LOCAL_STEPS: config.local_steps, LR: config.lr})
     last = config.first_round + config.num_server_rounds - 1
     for server_round in range(config.first_round, last + 1):
@@ -333,25 +353,29 @@ class GlobalModels:
         settings = ServerSettings(data_dir=Path(data_dir))
         return cls(open_store(config.database_url), settings.data_dir, load_or_create(settings.keys_dir))
 
-    def start(self, choice: str, model: str, initial: ArrayRecord) -> tuple[ArrayRecord, int | None]:
-        """The weights a run starts from: ``initial`` (``choice`` ``none``, or ``latest`` with no version of
-        this model stored yet), the newest version of ``model`` (``latest``), or version ``choice``."""
+    def start(self, choice: str, devices: DevicesModel) -> tuple[ArrayRecord, int | None]:
+        """The weights a run starts from: the devices' initial ones (``choice`` ``none``, or ``latest`` with no
+        version of their model stored yet), the newest version of their model, a federated or an imported one
+        (``latest``), or version ``choice``; in the devices' order, tied weights filled in."""
         if choice == "none":
-            return initial, None
+            return devices.arrays, None
         key = self.key.private_key.public_key()
+        accepted = devices.identities()
         try:
             if choice == "latest":
-                info = version_info(self.database, model=model)
+                info = version_info(self.database, model=accepted)
                 if info is None:
-                    return initial, None
+                    return devices.arrays, None
                 weights = checked_weights(info, self.data_dir, key)
             else:
                 info, weights = load_version(self.database, self.data_dir, key, int(choice))
+            if info.model not in accepted:
+                raise ServerConfigError(f"global model version {info.version} is of {info.model!r}, but the devices "
+                                        f"train {devices.identity!r}: name a version of their model, or "
+                                        "initial-version = \"none\"")
+            weights = fit(weights, _numpy(devices.arrays), devices.tied, f"global model version {info.version}")
         except ModelVersionError as exc:
             raise ServerConfigError(f"{exc} (run config initial-version = \"none\" starts afresh)") from exc
-        if info.model != model:
-            raise ServerConfigError(f"global model version {info.version} is of {info.model!r}, but the devices "
-                                    f"train {model!r}: name a version of their model, or initial-version = \"none\"")
         log.info("starting from global model version %d (run %s, round %d)", info.version, info.run_id, info.round)
         return ArrayRecord({name: Array(value) for name, value in weights.items()}), info.version
 

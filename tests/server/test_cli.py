@@ -187,3 +187,34 @@ def test_a_trusted_proxy_that_is_no_address_is_refused_at_start(tmp_path: Path) 
                            str(tmp_path / "s"), "--port", "0", "--trusted-proxy", "proxy.example"],
                           capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 2 and "trusted proxy 'proxy.example' is not an IP address" in done.stderr
+
+
+def test_an_operator_imports_a_pretrained_model_and_exports_it_back(tmp_path: Path, capsys) -> None:
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    data = tmp_path / "server"
+    rng = np.random.default_rng(0)
+    pretrained = {"wte.weight": rng.standard_normal((16, 4), dtype=np.float32),
+                  "ln.bias": rng.standard_normal(4, dtype=np.float32)}
+    save_file(pretrained, str(tmp_path / "vendor.safetensors"))
+
+    assert main(["server", "versions", "import", str(tmp_path / "vendor.safetensors"), "--model", "gpt2",
+                 "--data-dir", str(data)]) == ExitCode.OK
+    assert main(["server", "versions", "--data-dir", str(data)]) == ExitCode.OK
+    out = capsys.readouterr().out
+    assert "v1\timported from" in out and "--from-version 1" in out
+    assert "v1\trun import round 0\tfrom -" in out and "\tgpt2 " in out
+    assert main(["server", "versions", "export", "latest", "--out", str(tmp_path / "v1.safetensors"),
+                 "--data-dir", str(data)]) == ExitCode.OK
+    back = load_file(str(tmp_path / "v1.safetensors"))
+    assert set(back) == set(pretrained) and all(np.array_equal(back[k], v) for k, v in pretrained.items())
+    # a pickle is refused, and so is a version that is not stored, each saying what to do
+    (tmp_path / "vendor.pt").write_bytes(b"\x80\x04.")
+    assert main(["server", "versions", "import", str(tmp_path / "vendor.pt"), "--model", "gpt2",
+                 "--data-dir", str(data)]) == ExitCode.BAD_FILE
+    assert main(["server", "versions", "export", "7", "--out", str(tmp_path / "v7.npz"),
+                 "--data-dir", str(data)]) == ExitCode.BAD_FILE
+    err = capsys.readouterr().err
+    assert "convert it to safetensors" in err and "no global model version 7" in err
+    assert not (tmp_path / "v7.npz").exists()

@@ -13,7 +13,7 @@ from flwr.app import Array, ArrayRecord
 
 from server.db.models import ModelVersion
 from server.errors import ModelVersionError, ServerConfigError
-from server.federated.serverapp import GlobalModels
+from server.federated.serverapp import DevicesModel, GlobalModels
 from server.keys import load_or_create
 from server.model_versions import list_versions, load_version, model_identity, store_version, weights_path
 from server.federated.rounds import open_store
@@ -114,19 +114,104 @@ def test_a_run_starts_from_the_newest_version_of_its_own_model(store) -> None:
     digits = model_identity("digits", weights(0))
     wider = model_identity("digits", weights(0, width=8))  # same name, another layout: another model
     assert digits != wider
-    arrays, version = models.start("latest", digits, initial)
+    devices = DevicesModel(initial, "digits", {})
+    assert devices.identity == digits
+    arrays, version = models.start("latest", devices)
     assert arrays is initial and version is None  # nothing stored yet: the seeded weights
     mine = stored(store, weights(1), 1, None, model=digits)
     theirs = stored(store, weights(2, width=8), 1, None, model=wider)
-    arrays, version = models.start("latest", digits, initial)
+    arrays, version = models.start("latest", devices)
     assert version == mine.version
     assert np.array_equal(arrays["conv.weight"].numpy(), weights(1)["conv.weight"])
-    assert models.start("none", digits, initial) == (initial, None)
-    assert models.start(str(mine.version), digits, initial)[1] == mine.version
+    assert models.start("none", devices) == (initial, None)
+    assert models.start(str(mine.version), devices)[1] == mine.version
     with pytest.raises(ServerConfigError, match=f"version {theirs.version} is of .* but the devices train"):
-        models.start(str(theirs.version), digits, initial)
+        models.start(str(theirs.version), devices)
     with pytest.raises(ServerConfigError, match="no global model version 99"):
-        models.start("99", digits, initial)
+        models.start("99", devices)
     weights_path(data_dir, mine.sha256).unlink()
     with pytest.raises(ServerConfigError, match="initial-version = \"none\" starts afresh"):
-        models.start("latest", digits, initial)
+        models.start("latest", devices)
+
+
+def lm_weights(seed: int) -> dict[str, np.ndarray]:
+    """A language model's weights in its own order, the output layer tied to the token embedding."""
+    rng = np.random.default_rng(seed)
+    embedding = rng.standard_normal((16, 4), dtype=np.float32)
+    return {"wte.weight": embedding, "block.weight": rng.standard_normal((4, 4), dtype=np.float32),
+            "ln.bias": rng.standard_normal(4, dtype=np.float32), "lm_head.weight": embedding.copy()}
+
+
+def test_an_imported_pretrained_model_starts_the_federation_in_the_devices_order(store, tmp_path: Path) -> None:
+    from safetensors.numpy import save_file
+
+    from server.model_files import read_weights
+    from server.model_versions import IMPORTED, import_version
+
+    database, data_dir, key = store
+    devices = DevicesModel(ArrayRecord({k: Array(v) for k, v in lm_weights(0).items()}), "gpt2",
+                           {"lm_head.weight": "wte.weight"})
+    pretrained = lm_weights(1)
+    file = tmp_path / "pretrained.safetensors"  # as save_pretrained writes it: the tied weight once, names sorted
+    save_file({k: v for k, v in pretrained.items() if k != "lm_head.weight"}, str(file))
+    assert list(read_weights(file)) != [k for k in pretrained if k != "lm_head.weight"]  # another order
+    info = import_version(database, data_dir, key.private_key, read_weights(file), name="gpt2", source=str(file))
+    assert info.run_id == IMPORTED and info.parent is None and info.metrics == {"imported-from": file.name}
+
+    arrays, version = GlobalModels(database, data_dir, key).start("latest", devices)
+
+    assert version == info.version
+    assert list(arrays) == list(devices.arrays)  # the devices' order
+    for name in pretrained:
+        assert np.array_equal(arrays[name].numpy(), pretrained[name])  # the tied layer from its source
+    # a model of another name, or of other shapes, is not the devices' model
+    other = import_version(database, data_dir, key.private_key, {**read_weights(file), "ln.bias": np.zeros(5, np.float32)},
+                           name="gpt2", source="other.safetensors")
+    with pytest.raises(ServerConfigError, match=f"version {other.version} is of .* but the devices train"):
+        GlobalModels(database, data_dir, key).start(str(other.version), devices)
+    assert GlobalModels(database, data_dir, key).start("latest", devices)[1] == info.version
+
+
+def test_versions_stored_before_identities_were_order_free_still_start_a_run(store) -> None:
+    from server.model_versions import identities
+
+    database, data_dir, key = store
+    devices = DevicesModel(ArrayRecord({k: Array(v) for k, v in weights(0).items()}), "digits", {})
+    legacy = identities("digits", weights(0))[-1]  # the devices' order hashed, as older servers stored it
+    assert legacy != devices.identity
+    old = stored(store, weights(3), 4, None, model=legacy)
+    arrays, version = GlobalModels(database, data_dir, key).start("latest", devices)
+    assert version == old.version and np.array_equal(arrays["conv.weight"].numpy(), weights(3)["conv.weight"])
+
+
+def test_weights_files_in_and_out_without_torch(tmp_path: Path) -> None:
+    import json
+
+    from safetensors.numpy import save_file
+
+    from server.model_files import read_weights, write_weights
+
+    arrays = weights(5)
+    for suffix in (".safetensors", ".npz"):
+        written = write_weights(arrays, tmp_path / f"v1{suffix}")
+        back = read_weights(written)
+        assert set(back) == set(arrays)
+        assert all(back[k].dtype == arrays[k].dtype and np.array_equal(back[k], arrays[k]) for k in arrays)
+    folder = tmp_path / "sharded"  # save_pretrained's sharded folder: an index naming each shard
+    folder.mkdir()
+    save_file({"conv.weight": arrays["conv.weight"]}, str(folder / "model-00001-of-00002.safetensors"))
+    save_file({"conv.bias": arrays["conv.bias"]}, str(folder / "model-00002-of-00002.safetensors"))
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "conv.weight": "model-00001-of-00002.safetensors", "conv.bias": "model-00002-of-00002.safetensors"}}))
+    assert set(read_weights(folder)) == {"conv.weight", "conv.bias"}
+
+    (tmp_path / "model.pt").write_bytes(b"\x80\x04pickle")
+    (tmp_path / "cut.safetensors").write_bytes((tmp_path / "v1.safetensors").read_bytes()[:40])
+    for path, says in ((tmp_path / "model.pt", "does not unpickle .* convert it to safetensors"),
+                       (tmp_path / "cut.safetensors", "not a safetensors file"),
+                       (tmp_path / "absent.npz", "does not exist"), (tmp_path, "holds no model.safetensors"),
+                       (tmp_path / "weights.h5", "unknown kind of weights file")):
+        with pytest.raises(ModelVersionError, match=says):
+            read_weights(path)
+    with pytest.raises(ModelVersionError, match="write a .safetensors or .npz"):
+        write_weights(arrays, tmp_path / "out.pt")
