@@ -200,11 +200,22 @@ def format_status(s: dict[str, Any]) -> str:
                                      f"{p['personalization']}, {p['steps']} steps, {made}): held-out accuracy "
                                      f"{100 * p['accuracy_before']:.1f}% -> {100 * p['accuracy_after']:.1f}%, "
                                      f"in {p['path']}"))
+        rows.append(("  kept", _kept(p)))
     for damaged in s.get("checkpoints_passed_over") or []:
         rows.append(("passed over", f"{damaged} (renamed aside to .damaged; resumed from the one before)"))
     rows.append(("last error", s.get("last_error") or "none"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _kept(p: dict[str, Any]) -> str:
+    """The kept candidate and its margins over the others, on the held-out half the choice never saw."""
+    kept = p.get("kept") or "personal"
+    accuracy = {"global": p["accuracy_before"], "personal": p["accuracy_after"], "local": p.get("accuracy_local")}
+    mine = p.get("accuracy_kept") if p.get("accuracy_kept") is not None else accuracy[kept]
+    margins = ", ".join(f"{100 * (mine - value):+.1f} points over {name}" for name, value in accuracy.items()
+                        if name != kept and value is not None)
+    return f"{kept} model ({100 * mine:.1f}%{'; ' + margins if margins else ''})"
 
 
 def _mb(value: Any) -> str:

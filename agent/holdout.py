@@ -3,12 +3,13 @@ round's evaluation both report."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
 
 from agent.data import LocalDataset
+from common.keep_best import interleaved_halves
 
 
 @dataclass(frozen=True)
@@ -67,3 +68,11 @@ def _class_axis(logits: Any, targets: torch.Tensor, classes_last: bool) -> int |
     if not fits:
         return None
     return fits[-1] if classes_last else fits[0]
+
+
+def holdout_halves(data: LocalDataset) -> tuple[LocalDataset, LocalDataset]:
+    """``data`` twice, holding out its selection and its test half (:func:`common.keep_best.interleaved_halves`):
+    a device chooses the model it keeps on one and reports every candidate on the other."""
+    selection, test = interleaved_halves(len(data.holdout_y))
+    return tuple(replace(data, holdout_x=data.holdout_x[list(rows)], holdout_y=data.holdout_y[list(rows)])
+                 for rows in (selection, test))

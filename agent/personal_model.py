@@ -1,7 +1,7 @@
 """A device's personalized model: kept in its state directory with where it came from, exported for inference.
 
-``STATE_DIR/personal/model.pt`` holds the whole model's weights (the shared layers as fine-tuned and the
-personal ones; ``torch.save`` of the state dict, written atomically) and ``STATE_DIR/personal/model.json``
+``STATE_DIR/personal/model.pt`` holds the whole model's weights (the candidate the device kept:
+:mod:`common.keep_best`; ``torch.save`` of the state dict, written atomically) and ``STATE_DIR/personal/model.json``
 its provenance (:class:`Provenance`: the global model version it was personalized from, the Flower run, the
 steps, held-out accuracy before and after, and the weights file's SHA-256, which ties the two files
 together).  A later personalization replaces both; neither ever leaves the device.
@@ -18,40 +18,15 @@ import importlib.util
 import io
 import json
 import time
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from agent.errors import PersonalModelError
+from agent.provenance import PROVENANCE, WEIGHTS, Provenance, folder, read_provenance  # noqa: F401 - also here
 from common.files import write_atomically
 
-FOLDER = "personal"
-WEIGHTS = "model.pt"
-PROVENANCE = "model.json"
 EXPORT_FORMATS = ("torchscript", "onnx")
-
-
-@dataclass(frozen=True)
-class Provenance:
-    """Where a personalized model came from."""
-
-    model: str  # the workload's model name
-    input: str  # the input shape it was trained on, e.g. 16x1x8x8
-    global_version: int | None  # the server's global model version it started from (None: not stored there)
-    run_id: int  # the Flower run that personalized it
-    personalization: str  # finetune, fedper, fedbn, ...
-    steps: int
-    accuracy_before: float  # held-out accuracy of the global model on this device's data
-    accuracy_after: float
-    sha256: str  # of model.pt
-    saved_at: float
-    # the device's configured pretrained weights (agent.weights.fingerprint; None: seeded initial weights)
-    weights_sha256: str | None = None
-
-
-def folder(state_dir: Path) -> Path:
-    """Where the personalized model lives in ``state_dir``."""
-    return Path(state_dir) / FOLDER
 
 
 def keep(state_dir: Path, weights: dict[str, Any], **provenance: Any) -> Provenance:
@@ -68,16 +43,6 @@ def keep(state_dir: Path, weights: dict[str, Any], **provenance: Any) -> Provena
     record = Provenance(sha256=digest, saved_at=time.time(), **provenance)
     write_atomically(target / PROVENANCE, json.dumps(asdict(record), indent=1).encode())
     return record
-
-
-def read_provenance(state_dir: Path) -> Provenance | None:
-    """The kept model's provenance, or ``None`` when none is kept (or its file is unreadable)."""
-    try:
-        data = json.loads((folder(state_dir) / PROVENANCE).read_text())
-        return Provenance(**{f.name: data[f.name] for f in fields(Provenance)
-                             if f.name in data or f.default is MISSING})  # older files lack the newer fields
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def load(state_dir: Path) -> tuple[Provenance, dict[str, Any]]:

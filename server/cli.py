@@ -579,6 +579,8 @@ def print_rounds(settings: ServerSettings, run_ids: list[int]) -> None:
     from server.datadir import open_database
     from server.federated.rounds import round_rows
 
+    from common.keep_best import kept_name
+
     database = open_database(settings)
     rows = sorted((row for run_id in run_ids for row in round_rows(database, run_id)),
                   key=lambda r: (r.round, r.phase, r.device_name))
@@ -592,6 +594,8 @@ def print_rounds(settings: ServerSettings, run_ids: list[int]) -> None:
                  if row.phase == "personalize" else f" loss {m.get('eval-loss', -1):.4f}")
         if "local-accuracy" in m:
             extra += f" (alone {m['local-accuracy']:.3f})"
+        if kept_name(m.get("kept")):
+            extra += f", kept {kept_name(m['kept'])} {m['kept-accuracy']:.3f}"
         peak, budget = (f"{int(m[k]):,} B" if m.get(k, -1) >= 0 else "-" for k in ("peak-bytes", "budget-bytes"))
         print(f"round {row.round} {row.phase:<11} {row.device_name:<24} accuracy {accuracy}{extra} "
               f"peak {peak} / budget {budget}")

@@ -28,6 +28,7 @@ from typing import Any, TextIO
 
 from common.runconfig import PERSONALIZATIONS
 from common.errors import CommandError
+from common.keep_best import CANDIDATES, Choice, choose
 from simulation.report import MEMORY_TOLERANCE_BYTES, SimulationReport, mean
 
 STRATEGIES = tuple(p for p in PERSONALIZATIONS if p != "none")
@@ -60,6 +61,10 @@ class Comparison:
         figures = {"local-only": 100 * base.mean_local, "global": 100 * base.mean_global,
                    "centralized": 100 * mean(list(self.centralized.values()))}
         figures.update({strategy: 100 * run.mean_personal for strategy, run in self.runs.items()})
+        for strategy in self.runs:
+            kept = self.choices(strategy)
+            if kept:
+                figures[f"{strategy} kept"] = 100 * mean([c.kept_accuracy for c in kept.values()])
         figures["gap"] = max(figures[s] for s in self.runs) - max(figures["local-only"], figures["global"])
         return figures
 
@@ -67,6 +72,32 @@ class Comparison:
     def best_strategy(self) -> str:
         figures = self.figures()
         return max(self.runs, key=lambda s: figures[s])
+
+    def choices(self, strategy: str) -> dict[str, Choice]:
+        """What each device keeps after ``strategy``'s run (:mod:`common.keep_best`): its global and personal
+        models, and the local-only model the first run trained (the same model: the same initial weights, data
+        and steps), chosen on the selection half of its held-out data, reported on the test half."""
+        base = {d.name: d for d in self.baseline_run.devices}
+        kept = {}
+        for d in self.runs[strategy].devices:
+            if not {"global", "personal"} <= set(d.selection):
+                continue
+            selection = {"global": d.selection["global"], "personal": d.selection["personal"]}
+            test = {"global": d.global_accuracy, "personal": d.personal_accuracy}
+            alone = base.get(d.name)
+            if alone is not None and "local" in alone.selection and alone.local_accuracy >= 0:
+                selection["local"], test["local"] = alone.selection["local"], alone.local_accuracy
+            kept[d.name] = choose(selection, test)
+        return kept
+
+    def wins(self, strategy: str) -> dict[str, tuple[int, float, float]]:
+        """Per candidate: on how many devices it was kept, and by how much it beat the best other candidate on
+        those devices' test halves, in points (mean, 95% half-width over the devices)."""
+        by_candidate: dict[str, list[float]] = {c: [] for c in CANDIDATES}
+        for choice in self.choices(strategy).values():
+            others = [v for c, v in choice.test.items() if c != choice.kept]
+            by_candidate[choice.kept].append(100 * (choice.kept_accuracy - max(others)) if others else 0.0)
+        return {c: (len(v), *interval(v)) for c, v in by_candidate.items() if v}
 
     def tuning(self) -> dict[str, dict[str, float]]:
         """Per strategy, the fine-tuning's mean planned step peak (bytes) and its energy over the fleet (J)."""
@@ -103,6 +134,13 @@ class Comparison:
         out.write("\nmean over devices: " + ", ".join(f"{k} {f[k]:.1f}%" for k in (*BASELINES, *strategies))
                   + f"; best strategy {self.best_strategy} {f['gap']:+.1f} points over the better of local-only "
                   f"and global (target >= {GAP_TARGET_POINTS:.0f})\n")
+        for strategy in self.runs:
+            wins = self.wins(strategy)
+            if wins:
+                out.write(f"{strategy}: each device keeps the best on half its held-out data, "
+                          f"{f.get(f'{strategy} kept', float('nan')):.1f}% on the other half; kept "
+                          + ", ".join(f"{c} on {n} ({m:+.1f} +- {h:.1f} points over the next best)"
+                                      for c, (n, m, h) in wins.items()) + "\n")
         for strategy, reason in self.failed.items():
             out.write(f"{strategy}: failed, left out ({reason})\n")
         for strategy, run in self.runs.items():
@@ -172,6 +210,8 @@ class SeedRuns:
         figures = {k: interval([f[k] for f in seeds if k in f]) for k in keys}
         best = self.best_strategy
         figures["gap"] = interval([f[best] - max(f["local-only"], f["global"]) for f in seeds if best in f])
+        kept = f"{best} kept"
+        figures["kept gap"] = interval([f[kept] - max(f["local-only"], f["global"]) for f in seeds if kept in f])
         return figures
 
     @property
@@ -188,7 +228,7 @@ class SeedRuns:
     def print(self, out: TextIO) -> None:
         """The seeds side by side, then their mean and interval against the target."""
         f, best = self.figures(), self.best_strategy
-        keys = [k for k in f if k != "gap"]
+        keys = [k for k in f if k not in ("gap", "kept gap")]
         out.write(f"\n{'seed':>5} " + " ".join(f"{k:>11}" for k in keys) + f" {'gap':>7}\n")
         for c in self.comparisons:
             seed = c.figures()
@@ -200,6 +240,10 @@ class SeedRuns:
                   + f"; the best strategy on average, {best}, over the better of local-only and global "
                   f"{f['gap'][0]:+.1f} +- {f['gap'][1]:.1f} points (target >= {GAP_TARGET_POINTS:.0f}: "
                   f"{'met' if self.target_met else 'NOT met'})\n")
+        if f["kept gap"][0] == f["kept gap"][0]:  # not NaN: the devices reported what they kept
+            out.write(f"the model each device keeps after {best}, over the better of local-only and global: "
+                      f"{f['kept gap'][0]:+.1f} +- {f['kept gap'][1]:.1f} points (target >= 0: "
+                      f"{'met' if f['kept gap'][0] >= 0 else 'NOT met'})\n")
 
     def to_json(self) -> dict[str, Any]:
         f = self.figures()
@@ -216,7 +260,7 @@ class Sweep:
 
     def print(self, out: TextIO) -> None:
         """One line per size: the mean of every figure over the seeds, and the gap with its interval."""
-        keys = list(dict.fromkeys(k for setup in self.setups for k in setup.figures() if k != "gap"))
+        keys = list(dict.fromkeys(k for setup in self.setups for k in setup.figures() if k not in ("gap", "kept gap")))
         out.write(f"\n{'digits/device':>13} " + " ".join(f"{k:>11}" for k in keys)
                   + f" {'best':>12} {'gap (95% CI)':>16}\n")
         for setup in self.setups:

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.keep_best import CANDIDATES, kept_name
 from common.messages import ABSENT
 from server.federated.rounds import RoundRow
 
@@ -37,7 +38,7 @@ class DeviceResult:
     budget_bytes: int | None
     peak_bytes: int
     energy_j: float  # train and fine-tune steps, as the device's schedule predicts them on its profile
-    global_accuracy: float  # the final global model on its own held-out data
+    global_accuracy: float  # the final global model on its own held-out data (the test half, after a personalization)
     personal_accuracy: float  # after fine-tuning (and with its personal layers)
     local_accuracy: float = -1.0  # the device alone with the same steps from the initial weights (-1: not run)
     steps: int = 0  # optimizer steps it trained: its rounds and its fine-tuning
@@ -45,6 +46,11 @@ class DeviceResult:
     tuning_planned_bytes: int = -1  # the fine-tuning schedule's predicted whole-step peak (-1: no fine-tuning)
     tuning_peak_bytes: int = -1  # ... and as measured
     tuning_energy_j: float = 0.0  # the fine-tuning steps' energy
+    kept: str = ""  # the candidate the device kept (common.keep_best), "" where it reported none
+    kept_accuracy: float = -1.0
+    # each candidate's accuracy on the selection half of its held-out data (the accuracies above are the test
+    # half's): what the choice was made on
+    selection: dict[str, float] = field(default_factory=dict)
 
     @property
     def within_budget(self) -> bool:
@@ -146,7 +152,11 @@ def _device(name: str, node: dict[str, Any], rows: list[RoundRow], rounds: list[
                         int(final.metrics.get("local-steps-total", -1)) if final else -1,
                         int(final.metrics.get("planned-peak-bytes", -1)) if final else -1,
                         int(final.metrics["peak-bytes"]) if final else -1,
-                        max(final.metrics["energy-j"], 0.0) if final else 0.0)
+                        max(final.metrics["energy-j"], 0.0) if final else 0.0,
+                        kept_name(final.metrics.get("kept")) or "" if final else "",
+                        float(final.metrics.get("kept-accuracy", -1.0)) if final else -1.0,
+                        {c: float(final.metrics[f"select-{c}-accuracy"]) for c in CANDIDATES
+                         if f"select-{c}-accuracy" in final.metrics} if final else {})
 
 
 def mean(values: list[float]) -> float:

@@ -19,7 +19,9 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, Metadata, RecordDict  # noqa: E402
 
+from agent.holdout import holdout_halves  # noqa: E402
 from agent.federated import clientapp as client  # noqa: E402
+from common.keep_best import CANDIDATES, kept_name  # noqa: E402
 from agent.federated.task import METRIC_KEYS  # noqa: E402
 from agent.personalization import strategy  # noqa: E402
 from engine.parity import bits_equal  # noqa: E402
@@ -244,8 +246,15 @@ def test_the_local_only_baseline_trains_the_device_alone_with_the_steps_it_spent
     rng = torch.get_rng_state()
     alone = task.train(task.initial, data, plan, steps=10, lr=0.05)
     torch.set_rng_state(rng)
-    _, accuracy, _ = task.evaluate(alone.weights, data)
-    assert metrics["local-accuracy"] == pytest.approx(accuracy)
+    selection, test = holdout_halves(data)
+    assert metrics["local-accuracy"] == pytest.approx(task.evaluate(alone.weights, test)[1])
+    assert metrics["select-local-accuracy"] == pytest.approx(task.evaluate(alone.weights, selection)[1])
+    # the device keeps the candidate best on the selection half, and reports it on the test half
+    chosen = {c: metrics[f"select-{c}-accuracy"] for c in CANDIDATES}
+    kept = kept_name(metrics["kept"])
+    assert chosen[kept] == max(chosen.values())
+    assert all(chosen[c] < chosen[kept] for c in CANDIDATES[:CANDIDATES.index(kept)])  # ties: the earlier
+    assert metrics["kept-accuracy"] == metrics[f"{kept}-accuracy"]
     # not asked for, not trained
     plain = device.ask("train.personalize", weights_message(trained, **{"finetune-steps": 4}))
     assert "local-accuracy" not in plain.content["metrics"]
@@ -277,8 +286,10 @@ def test_an_agents_device_keeps_its_personalized_model_shows_it_and_exports_it(t
     assert provenance.personalization == personalization and provenance.input == "16x1x8x8"
     assert provenance.accuracy_after == pytest.approx(metrics["personal-accuracy"])
     assert provenance.accuracy_before == pytest.approx(metrics["global-accuracy"])
+    assert provenance.kept == kept_name(metrics["kept"]) and provenance.accuracy_kept == metrics["kept-accuracy"]
     shared = initial.to_torch_state_dict()
-    assert any(not bits_equal(weights[k], shared[k]) for k in shared)  # fine-tuned, not the weights it was sent
+    fine_tuned = any(not bits_equal(weights[k], shared[k]) for k in shared)
+    assert fine_tuned == (provenance.kept == "personal")  # the kept candidate's weights, not the others'
     show_status(config)
     shown = capsys.readouterr().out
     assert "personalized  from global model v7 (run 1" in shown and str(folder(tmp_path / "state")) in shown

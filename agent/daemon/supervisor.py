@@ -49,6 +49,7 @@ from agent.config import AgentConfig
 from agent.daemon.notify import Notifier
 from agent.schedule_sources import NoReporter, Reporter
 from agent.daemon.status import initial_status, write_status
+from agent.provenance import kept_summary
 from agent.monitors import Decision, Eligibility
 from common.backoff import Backoff
 
@@ -443,6 +444,7 @@ class Daemon:
         if problem and problem != self._reporter_problem:
             self._reporter_problem = self.status["last_error"] = problem
             self._write(now)
+        self.status.update(kept_summary(self.config.device.state_dir))  # a federated run may have kept a model
         self.reporter.report(dict(self.status))
         self._last_report = now
 

@@ -64,7 +64,9 @@ from agent.federated.task import DevicePlan, Task, TrainOutcome, metric_values
 from agent.personalization import Strategy, strategy as strategy_named
 from agent.personalization.ditto import Ditto
 from agent.federated.virtual import FleetData, RoundPart, round_part, virtual_node_config
+from agent.holdout import holdout_halves
 from agent.weights import tied_aliases
+from common.keep_best import CANDIDATES, Choice, choose
 from common.errors import RunConfigError
 from common.messages import (ABSENT, ARRAYS, CONFIG, DEVICE, DEVICE_NAME, DEVICE_PROFILE, FINETUNE_STEPS, GLOBAL_VERSION,
                              INITIAL, LOCAL_BASELINE, LOCAL_STEPS, LR, METRICS, MODEL, MODEL_NAME, MODEL_TIED, NAME,
@@ -429,13 +431,20 @@ def evaluate(msg: Message, context: Context) -> Message:
     return Message(RecordDict({METRICS: MetricRecord(metrics), DEVICE: _info(d.setup, d.plan)}), reply_to=msg)
 
 
-def _local_baseline(d: _Device, context: Context, config: ConfigRecord, finetune_steps: int) -> dict[str, Any]:
+def _local_baseline(d: _Device, context: Context, config: ConfigRecord,
+                    finetune_steps: int) -> tuple[dict[str, torch.Tensor], int]:
     """The device alone: the initial weights trained on its own data, from its first batch, for as many steps as
-    it trained in the run (rounds and fine-tuning), under the same schedule; its held-out accuracy."""
+    it trained in the run (rounds and fine-tuning), under the same schedule; its weights and steps."""
     steps = _steps_trained(context) + finetune_steps
-    outcome = d.task.train(d.task.initial, d.data, d.plan, steps=steps, lr=d.learning_rate(config))
-    loss, accuracy, _ = d.task.evaluate(outcome.weights, d.data)
-    return {"local-accuracy": accuracy, "local-loss": loss, "local-steps-total": steps}
+    return d.task.train(d.task.initial, d.data, d.plan, steps=steps, lr=d.learning_rate(config)).weights, steps
+
+
+def _choice(task: Task, candidates: dict[str, dict[str, torch.Tensor]], data: LocalDataset) -> Choice:
+    """Each candidate on both halves of ``data``'s held-out samples, and the one kept
+    (:mod:`common.keep_best`)."""
+    selection, test = holdout_halves(data)
+    return choose({name: task.evaluate(weights, selection)[1] for name, weights in candidates.items()},
+                  {name: task.evaluate(weights, test)[1] for name, weights in candidates.items()})
 
 
 @app.train(PERSONALIZE)
@@ -445,7 +454,7 @@ def personalize(msg: Message, context: Context) -> Message:
     d = _device(context)
     config = _config(msg)
     weights = merged(msg.content[ARRAYS], context, d.task, d.personal)
-    global_loss, global_accuracy, _ = d.task.evaluate(weights, d.data)
+    global_loss, _, _ = d.task.evaluate(weights, d.data)
     task, plan = tuning_for(d, context)
     finetune_steps = int(config.get(FINETUNE_STEPS, DEFAULTS.finetune_steps))
     if personalization(context).trains_beside:  # the personal model, trained on towards the final global model
@@ -459,15 +468,22 @@ def personalize(msg: Message, context: Context) -> Message:
         "steps": outcome.steps, "peak-bytes": outcome.peak_bytes, "budget-bytes": d.budget_bytes,
         "energy-j": outcome.energy_j, "seconds": outcome.seconds, "startup-seconds": startup})
     version = int(config.get(GLOBAL_VERSION, -1))
-    metrics.update({"global-accuracy": global_accuracy, "global-loss": global_loss, "personal-accuracy": accuracy,
-                    GLOBAL_VERSION: version, "planned-peak-bytes": plan.schedule.predicted_peak_bytes + d.held_bytes})
+    metrics.update({"global-loss": global_loss, GLOBAL_VERSION: version,
+                    "planned-peak-bytes": plan.schedule.predicted_peak_bytes + d.held_bytes})
+    candidates = {"global": weights, "personal": outcome.weights}
     if bool(config.get(LOCAL_BASELINE, False)):
-        metrics.update(_local_baseline(d, context, config, outcome.steps))
+        candidates["local"], metrics["local-steps-total"] = _local_baseline(d, context, config, outcome.steps)
+    choice = _choice(task, candidates, d.data)
+    metrics.update({f"{name}-accuracy": value for name, value in choice.test.items()})  # the reporting half
+    metrics.update({f"select-{name}-accuracy": value for name, value in choice.selection.items()})
+    metrics.update({"kept": CANDIDATES.index(choice.kept), "kept-accuracy": choice.kept_accuracy})
     if d.state_dir is not None:  # a device agent keeps what it made (the simulation's devices do not)
         from agent.personal_model import keep
 
-        keep(d.state_dir, outcome.weights, model=d.task.workload.name, input=d.input,
+        keep(d.state_dir, candidates[choice.kept], model=d.task.workload.name, input=d.input,
              global_version=version if version >= 0 else None, run_id=int(context.run_id),
-             personalization=personalization(context).name, steps=outcome.steps, accuracy_before=global_accuracy,
-             accuracy_after=accuracy, weights_sha256=d.weights_sha256)
+             personalization=personalization(context).name, steps=outcome.steps,
+             accuracy_before=choice.test["global"], accuracy_after=choice.test["personal"],
+             weights_sha256=d.weights_sha256, kept=choice.kept, accuracy_kept=choice.kept_accuracy,
+             accuracy_local=choice.test.get("local"))
     return Message(RecordDict({METRICS: MetricRecord(metrics), DEVICE: _info(d.setup, d.plan)}), reply_to=msg)

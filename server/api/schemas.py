@@ -104,6 +104,10 @@ class Heartbeat(BaseModel):
     loss: Number | None = None
     holdout_loss: Number | None = None
     holdout_accuracy: Annotated[float, Strict(), Field(ge=0, le=1, allow_inf_nan=False)] | None = None
+    kept_model: Literal["global", "personal", "local"] | None = None
+    kept_accuracy: Annotated[float, Strict(), Field(ge=0, le=1, allow_inf_nan=False)] | None = None
+    kept_margin_global: Annotated[float, Strict(), Field(ge=-1, le=1, allow_inf_nan=False)] | None = None
+    kept_margin_local: Annotated[float, Strict(), Field(ge=-1, le=1, allow_inf_nan=False)] | None = None
     schedule_id: Annotated[str, Field(max_length=64, pattern=NO_NUL)] | None = None
     schedule_from: Line | None = None
     memory_budget_bytes: Bytes | None = None

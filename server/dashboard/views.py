@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from common.keep_best import kept_name
 from server import devices
 from server.dashboard import display
 from server.db.engine import Database
@@ -107,7 +108,17 @@ def _personalization(row: FederatedRound) -> dict[str, str]:
     return {"version": f"v{int(version)}" if isinstance(version, (int, float)) and version >= 0 else display.DASH,
             "run": row.run_id, "round": str(row.round), "when": display.clock(row.recorded_at),
             "error": str(m["error"]) if "error" in m else "",
-            "accuracy": f"{display.percent(m.get('global-accuracy'))} → {display.percent(m.get('personal-accuracy'))}"}
+            "accuracy": f"{display.percent(m.get('global-accuracy'))} → {display.percent(m.get('personal-accuracy'))}"
+                        + _kept(m)}
+
+
+def _kept(m: dict[str, Any]) -> str:
+    """Which model the device kept and its held-out accuracy, where it says (:mod:`common.keep_best`)."""
+    name = kept_name(m.get("kept"))
+    if name is None:
+        return ""
+    alone = f", alone {display.percent(m.get('local-accuracy'))}" if "local-accuracy" in m else ""
+    return f"{alone}; kept {name} {display.percent(m.get('kept-accuracy'))}"
 
 
 CLOCK_FIELDS = {"sent_at", "since"}  # Unix times a heartbeat carries (device clock)
@@ -228,7 +239,8 @@ def _round_cells(row: RoundRow) -> dict[str, Any]:
     cells = {key: show(m.get(key)) for key, _, show in ROUND_COLUMNS}
     cells["memory"] = display.memory(m.get("budget-bytes"), m.get("peak-bytes"))
     if "personal-accuracy" in m:
-        cells["accuracy"] = f"{display.percent(m.get('global-accuracy'))} → {display.percent(m['personal-accuracy'])}"
+        cells["accuracy"] = (f"{display.percent(m.get('global-accuracy'))} → "
+                             f"{display.percent(m['personal-accuracy'])}{_kept(m)}")
     return {"round": row.round, "phase": row.phase, "device": row.device_name, "node_id": str(row.node_id),
             "schedule_id": row.schedule_id, "cells": cells,
             "error": m.get("error") or (f"absent: {m['absent']}" if m.get("absent") else None)}

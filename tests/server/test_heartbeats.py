@@ -90,6 +90,8 @@ def test_invalid_heartbeats_are_422_with_where_and_why_and_nothing_is_stored(cli
         "reason": heartbeat(reason="x" * 5000),
         "holdout_accuracy": heartbeat(holdout_accuracy=1.5),
         "eligible": heartbeat(eligible="yes"),
+        "kept_model": heartbeat(kept_model="the best one"),
+        "kept_margin_local": heartbeat(kept_margin_local=2.0),  # a difference of two shares is at most 1
     }
     for field, beat in cases.items():
         response = client.post("/api/v1/heartbeats", json=beat, headers=device.headers)
@@ -163,3 +165,10 @@ def test_the_alert_rules_in_deploy_name_only_series_the_server_exports_and_fire_
     text = client.get("/metrics").text
     assert metric(text, "poet_server_devices_with_error") == 1
     assert metric(text, "poet_server_devices_over_budget") == 1
+
+
+def test_the_kept_model_and_its_margins_are_stored_with_the_heartbeat(client, device) -> None:
+    beat = heartbeat(kept_model="local", kept_accuracy=0.8, kept_margin_global=0.05, kept_margin_local=0.0)
+    assert client.post("/api/v1/heartbeats", json=beat, headers=device.headers).status_code == 204
+    kept = stored(client)[0]
+    assert (kept["kept_model"], kept["kept_accuracy"], kept["kept_margin_global"]) == ("local", 0.8, 0.05)

@@ -1,0 +1,64 @@
+"""Which model a device keeps after personalization: the best of its candidates on data it did not train on.
+
+A device ends a federated run holding up to three models: the final **global** model, its **personal** model
+(the global one fine-tuned, or the strategy's own), and, where the run trains it, its **local**-only model (the
+device alone, with the steps it spent in the run).  It keeps the one with the highest accuracy on the
+**selection** half of its held-out data, and reports every candidate's accuracy on the other, **test**, half:
+choosing and reporting on the same samples would flatter the kept model by the choice itself, so the figures
+an operator reads are of data the choice never saw.  Ties keep the earlier candidate in
+:data:`CANDIDATES` (the global model needs nothing the device made).
+
+Pure and torch-free: the device's ClientApp (:mod:`agent.federated.clientapp`) chooses with it, and
+``poet-edge simulate``'s report applies the same rule when it adds a local-only model trained in another run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+CANDIDATES = ("global", "personal", "local")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The kept candidate and every candidate's accuracy on both halves of the held-out data."""
+
+    kept: str
+    selection: dict[str, float]  # accuracy on the half that chose
+    test: dict[str, float]  # accuracy on the half that reports
+
+    @property
+    def kept_accuracy(self) -> float:
+        """The kept model's accuracy on the test half."""
+        return self.test[self.kept]
+
+    def margin_over(self, other: str) -> float | None:
+        """Kept minus ``other`` on the test half (``None`` where ``other`` is not a candidate)."""
+        return self.test[self.kept] - self.test[other] if other in self.test else None
+
+
+def choose(selection: Mapping[str, float], test: Mapping[str, float]) -> Choice:
+    """The candidate best on ``selection`` (name -> accuracy; a negative accuracy is unknown and never kept
+    unless every one is), with ``test`` beside it; candidates in :data:`CANDIDATES` order."""
+    names = [c for c in CANDIDATES if c in selection and c in test]
+    if not names:
+        raise ValueError(f"no candidate to choose from: give accuracies of {', '.join(CANDIDATES)}")
+    kept = max(names, key=lambda c: (selection[c], -names.index(c)))  # ties: the earlier candidate
+    return Choice(kept, {c: float(selection[c]) for c in names}, {c: float(test[c]) for c in names})
+
+
+def interleaved_halves(count: int) -> tuple[Sequence[int], Sequence[int]]:
+    """Row indices of the selection and the test half of ``count`` held-out samples (even and odd rows, so
+    both halves keep the file's mix); with fewer than two samples both halves are all of them."""
+    if count < 2:
+        every = range(count)
+        return every, every
+    return range(0, count, 2), range(1, count, 2)
+
+
+def kept_name(code: float | int | None) -> str | None:
+    """The candidate a round row's numeric ``kept`` metric names (``None`` where it names none)."""
+    if isinstance(code, (int, float)) and 0 <= code < len(CANDIDATES) and int(code) == code:
+        return CANDIDATES[int(code)]
+    return None

@@ -1,0 +1,36 @@
+"""The model a device keeps: the best on the half of its held-out data that chooses, reported on the other half;
+and the fleet's summary of what devices kept."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.keep_best import CANDIDATES, choose, interleaved_halves, kept_name
+
+
+def test_the_best_on_the_selection_half_is_kept_and_reported_on_the_test_half() -> None:
+    choice = choose({"global": 0.60, "personal": 0.75, "local": 0.70}, {"global": 0.65, "personal": 0.70,
+                                                                        "local": 0.80})
+    assert choice.kept == "personal"
+    assert choice.kept_accuracy == 0.70  # the test half's figure, though local reads better there
+    assert choice.margin_over("global") == pytest.approx(0.05) and choice.margin_over("local") == pytest.approx(-0.10)
+
+
+def test_ties_keep_the_earlier_candidate_and_absent_ones_are_not_candidates() -> None:
+    assert choose({"personal": 0.5, "global": 0.5}, {"personal": 0.9, "global": 0.1}).kept == "global"
+    assert choose({"local": 0.5, "personal": 0.5}, {"local": 0.5, "personal": 0.5}).kept == "personal"
+    choice = choose({"global": 0.4, "personal": 0.3}, {"global": 0.4, "personal": 0.3})
+    assert set(choice.test) == {"global", "personal"} and choice.margin_over("local") is None
+    with pytest.raises(ValueError, match="no candidate"):
+        choose({}, {})
+
+
+def test_the_halves_interleave_and_never_share_a_sample() -> None:
+    selection, test = interleaved_halves(7)
+    assert list(selection) == [0, 2, 4, 6] and list(test) == [1, 3, 5]
+    assert list(interleaved_halves(1)[0]) == list(interleaved_halves(1)[1]) == [0]  # too few to split
+
+
+def test_a_round_rows_kept_code_names_its_candidate() -> None:
+    assert [kept_name(i) for i in range(len(CANDIDATES))] == list(CANDIDATES)
+    assert kept_name(-1) is None and kept_name(1.5) is None and kept_name(None) is None

@@ -1,0 +1,46 @@
+"""The simulation's comparison of what devices keep: the local-only model of the first run is a candidate in
+every strategy's run, and the fleet's summary counts what each device kept and by how much."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from simulation.compare import Comparison
+from simulation.report import DeviceResult, SimulationReport
+
+
+def device(name: str, global_: float, personal: float, local: float, selection: dict[str, float]) -> DeviceResult:
+    return DeviceResult(name, "small", "rpi4", None, None, 1, 0.0, global_, personal, local, 10, 10,
+                        selection=selection)
+
+
+def test_every_strategy_keeps_the_best_of_its_own_models_and_the_first_runs_local_only_model() -> None:
+    finetune = SimulationReport({}, [], [
+        device("a", 0.50, 0.70, 0.60, {"global": 0.5, "personal": 0.8, "local": 0.6}),  # keeps personal
+        device("b", 0.60, 0.55, 0.90, {"global": 0.5, "personal": 0.5, "local": 0.9}),  # keeps local
+        device("c", 0.80, 0.70, 0.40, {"global": 0.9, "personal": 0.9, "local": 0.3}),  # tie: keeps global
+    ], 1.0)
+    fedbn = SimulationReport({}, [], [  # no local-only model of its own: the first run's is the same model
+        device("a", 0.50, 0.40, -1.0, {"global": 0.7, "personal": 0.4}),
+        device("b", 0.60, 0.65, -1.0, {"global": 0.5, "personal": 0.6}),
+        device("c", 0.80, 0.85, -1.0, {"global": 0.6, "personal": 0.8}),
+    ], 1.0)
+    comparison = Comparison(0, {"finetune": finetune, "fedbn": fedbn}, {"a": 0.9, "b": 0.9, "c": 0.9})
+
+    assert {n: c.kept for n, c in comparison.choices("finetune").items()} == {"a": "personal", "b": "local",
+                                                                             "c": "global"}
+    assert {n: c.kept for n, c in comparison.choices("fedbn").items()} == {"a": "global", "b": "local",
+                                                                          "c": "personal"}
+    figures = comparison.figures()
+    assert figures["finetune kept"] == pytest.approx(100 * (0.70 + 0.90 + 0.80) / 3)
+    assert figures["fedbn kept"] == pytest.approx(100 * (0.50 + 0.90 + 0.85) / 3)
+    wins = comparison.wins("finetune")
+    assert {c: n for c, (n, _, _) in wins.items()} == {"global": 1, "personal": 1, "local": 1}
+    assert wins["local"][1] == pytest.approx(100 * (0.90 - 0.60))  # over the next best on its test half
+    assert wins["personal"][1] == pytest.approx(100 * (0.70 - 0.60))
+    out = io.StringIO()
+    comparison.print(out)
+    assert "finetune: each device keeps the best on half its held-out data, 80.0% on the other half; kept " \
+           "global on 1" in out.getvalue()
