@@ -216,12 +216,18 @@ def _keep(context: Context, weights: dict[str, torch.Tensor], personal: frozense
         context.state[PERSONAL] = ArrayRecord({k: weights[k] for k in personal})
     if position is not None:
         context.state[POSITION] = ConfigRecord({"epoch": position[0], "index": position[1],
-                                                "steps": _steps_trained(context) + steps})
+                                                "steps": _steps_trained(context) + steps,
+                                                "rounds": [*_round_steps(context), steps]})
 
 
 def _steps_trained(context: Context) -> int:
     """Optimizer steps this device trained in the run's rounds so far."""
     return int(context.state[POSITION].get("steps", 0)) if POSITION in context.state else 0
+
+
+def _round_steps(context: Context) -> list[int]:
+    """The steps of each round this device trained in, in order (each with an optimizer of its own)."""
+    return [int(n) for n in context.state[POSITION].get("rounds", [])] if POSITION in context.state else []
 
 
 def _position(context: Context) -> tuple[int, int]:
@@ -432,11 +438,31 @@ def evaluate(msg: Message, context: Context) -> Message:
 
 
 def _local_baseline(d: _Device, context: Context, config: ConfigRecord,
-                    finetune_steps: int) -> tuple[dict[str, torch.Tensor], int]:
+                    finetune_steps: int) -> tuple[dict[str, dict[str, torch.Tensor]], int]:
     """The device alone: the initial weights trained on its own data, from its first batch, for as many steps as
-    it trained in the run (rounds and fine-tuning), under the same schedule; its weights and steps."""
-    steps = _steps_trained(context) + finetune_steps
-    return d.task.train(d.task.initial, d.data, d.plan, steps=steps, lr=d.learning_rate(config)).weights, steps
+    it trained in the run (rounds and fine-tuning), under the same schedule, twice: with one optimizer for all
+    of them (``local``), and with the optimizer restarted where the run restarted it, at each round and for
+    the fine-tuning (``local-restarted``); both models and the steps.  The device keeps the better of the two
+    as its local-only candidate (:func:`_local_candidate`)."""
+    lr, parts = d.learning_rate(config), [*_round_steps(context), finetune_steps]
+    steps = sum(parts)
+    once = d.task.train(d.task.initial, d.data, d.plan, steps=steps, lr=lr).weights
+    weights, position = d.task.initial, (0, 0)
+    for part in (p for p in parts if p > 0):
+        outcome = d.task.train(weights, d.data, d.plan, steps=part, lr=lr, position=position)
+        weights, position = outcome.weights, outcome.position
+    return {"local": once, "local-restarted": weights}, steps
+
+
+def _local_candidate(task: Task, variants: dict[str, dict[str, torch.Tensor]], data: LocalDataset,
+                     metrics: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The better local-only model on the selection half of the held-out data (one optimizer first on a tie);
+    ``metrics`` says which (``local-restarted``: 1 where the restarted one was kept)."""
+    selection, _ = holdout_halves(data)
+    scores = {name: task.evaluate(weights, selection)[1] for name, weights in variants.items()}
+    restarted = scores["local-restarted"] > scores["local"]
+    metrics["local-restarted"] = int(restarted)
+    return variants["local-restarted" if restarted else "local"]
 
 
 def _choice(task: Task, candidates: dict[str, dict[str, torch.Tensor]], data: LocalDataset) -> Choice:
@@ -472,7 +498,8 @@ def personalize(msg: Message, context: Context) -> Message:
                     "planned-peak-bytes": plan.schedule.predicted_peak_bytes + d.held_bytes})
     candidates = {"global": weights, "personal": outcome.weights}
     if bool(config.get(LOCAL_BASELINE, False)):
-        candidates["local"], metrics["local-steps-total"] = _local_baseline(d, context, config, outcome.steps)
+        variants, metrics["local-steps-total"] = _local_baseline(d, context, config, outcome.steps)
+        candidates["local"] = _local_candidate(d.task, variants, d.data, metrics)
     choice = _choice(task, candidates, d.data)
     metrics.update({f"{name}-accuracy": value for name, value in choice.test.items()})  # the reporting half
     metrics.update({f"select-{name}-accuracy": value for name, value in choice.selection.items()})
