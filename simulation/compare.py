@@ -29,12 +29,13 @@ from typing import Any, TextIO
 from common.runconfig import PERSONALIZATIONS
 from common.errors import CommandError
 from common.keep_best import CANDIDATES, Choice, choose
-from simulation.report import MEMORY_TOLERANCE_BYTES, SimulationReport, mean
+from simulation.report import MEMORY_TOLERANCE_FRACTION, MEMORY_TOLERANCE_MIN_BYTES, SimulationReport, mean
 
 STRATEGIES = tuple(p for p in PERSONALIZATIONS if p != "none")
 BASELINES = ("local-only", "global", "centralized")
 GAP_TARGET_POINTS = 3.0  # the best strategy must beat the better of local-only and the global model by this
-MEMORY_NOTE = f"the memory check's {MEMORY_TOLERANCE_BYTES >> 20} MiB tolerance for what RSS cannot resolve"
+MEMORY_NOTE = (f"a tolerance of {MEMORY_TOLERANCE_FRACTION:.0%} of the budget, at least "
+               f"{MEMORY_TOLERANCE_MIN_BYTES >> 10} KiB, for what RSS cannot resolve")
 
 
 def strategies_in_order(chosen: list[str]) -> tuple[str, ...]:
