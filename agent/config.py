@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
+ADAPTERS = ("none", "lora")  # workload.adapters (agent.adapters)
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,11 @@ class WorkloadSection:
     chunked_loss: bool = False  # language models: the next-token loss without all logits (not bit-identical)
     # pretrained weights to start from: a .safetensors/.pt state dict, or a save_pretrained folder (agent.weights)
     weights: Path | None = None
+    adapters: str = "none"  # "lora": train LoRA adapters of the frozen model (agent.adapters), share only them
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_targets: tuple[str, ...] = ()  # module names; empty: peft's defaults for a transformers architecture
 
     @property
     def compute_threads(self) -> int:
@@ -306,6 +312,11 @@ def _convert(label: str, attr: str, value: Any, default: Any, base: Path, proble
             return value
         problems.append(f'{label} must be "all" (every core) or a whole number of threads, not {value!r}')
         return _INVALID
+    if attr == "lora_targets":
+        if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+            problems.append(f"{label} must be a list of module names, such as [\"q_proj\", \"v_proj\"]")
+            return _INVALID
+        return tuple(v.strip() for v in value)
     if attr in _PATTERNS:
         if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
             problems.append(f"{label} must be a list of interface names or patterns, such as [\"wlan0\", \"eth*\"]")
@@ -383,6 +394,14 @@ def _check(c: AgentConfig) -> list[str]:
     elif c.workload.model:
         found += model_problems(c.workload.model, c.workload.input)
         found += chunked_loss_problems(c.workload.model, c.workload.chunked_loss)
+    if c.workload.adapters not in ADAPTERS:
+        found.append(f"workload.adapters = {c.workload.adapters!r}: one of {', '.join(ADAPTERS)}")
+    if c.workload.lora_rank < 1:
+        found.append("workload.lora_rank must be at least 1")
+    if c.workload.lora_alpha <= 0:
+        found.append("workload.lora_alpha must be positive")
+    if not 0 <= c.workload.lora_dropout < 1:
+        found.append("workload.lora_dropout must be in [0, 1)")
     if c.workload.max_nodes is not None and c.workload.max_nodes < 2:
         found.append("workload.max_nodes must be at least 2")
     found += _data_problems(c)

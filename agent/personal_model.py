@@ -74,10 +74,13 @@ def export(state_dir: Path, model: Any, example: Any, out: Path, format: str) ->
 
 def write_inference(model: Any, example: Any, out: Path, format: str) -> Path:
     """``model`` with the weights it has, in inference mode, to ``out`` as TorchScript or ONNX (see
-    :func:`export`)."""
+    :func:`export`); LoRA adapters are merged into the base weights first."""
     import torch
 
+    from agent.adapters import merged_for_inference
+
     _check_format(format)
+    model = merged_for_inference(model)
     model.eval()
     inputs = example if isinstance(example, tuple) else (example,)
     out.parent.mkdir(parents=True, exist_ok=True)

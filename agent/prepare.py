@@ -63,6 +63,8 @@ def workload_key(config: AgentConfig, weights_sha256: str | None = None) -> str:
     other weights are another model, with checkpoints of its own."""
     w = config.workload
     parts = [w.model, w.input, w.seed, w.max_nodes, torch.__version__]
+    if w.adapters != "none":  # another model to train: only the adapters, planned without the base's gradients
+        parts.append(["adapters", w.adapters, w.lora_rank, w.lora_alpha, w.lora_dropout, list(w.lora_targets)])
     if w.weights is not None:
         parts.append(f"weights {weights_sha256 or weights_fingerprint(w.weights)}")
     if w.chunked_loss:  # added only when set: a device that does not chunk keeps its prepared workload
@@ -75,7 +77,18 @@ def workload_key(config: AgentConfig, weights_sha256: str | None = None) -> str:
 
 def build_workload(config: AgentConfig) -> Workload:
     """The model at its initial weights: ``workload.weights`` where configured, else seeded (every process
-    builds the same either way)."""
+    builds the same either way); wrapped in LoRA adapters where ``workload.adapters`` says so (their initial
+    weights seeded too)."""
+    workload = _base_workload(config)
+    if config.workload.adapters == "lora":
+        from agent.adapters import LoraSettings, with_adapters
+
+        torch.manual_seed(config.workload.seed + 1)  # the adapters' initial weights, the same in every process
+        workload = with_adapters(workload, LoraSettings.from_config(config.workload))
+    return workload
+
+
+def _base_workload(config: AgentConfig) -> Workload:
     w = config.workload
     shape = parse_shape(w.input) if w.input else None
     if w.weights is not None and not w.model:  # the model is the save_pretrained folder's own

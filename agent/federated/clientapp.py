@@ -198,12 +198,15 @@ def shared(weights: dict[str, torch.Tensor], personal: frozenset[str]) -> ArrayR
     return ArrayRecord({k: v for k, v in weights.items() if k not in personal})
 
 
-def merged(received: ArrayRecord, context: Context, task: Task, personal: frozenset[str]) -> dict[str, torch.Tensor]:
-    """The full model: received shared weights, with this device's personal layers (initial ones at first)."""
-    weights = {k: v for k, v in received.to_torch_state_dict().items() if k not in personal}
+def merged(received: ArrayRecord, context: Context, task: Task, personal: frozenset[str],
+           frozen: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
+    """The full model: received shared weights, with this device's personal layers (initial ones at first) and
+    its ``frozen`` base weights under adapters (always the initial ones, read from the file they are kept in)."""
+    weights = {k: v for k, v in received.to_torch_state_dict().items() if k not in personal and k not in frozen}
     own = context.state[PERSONAL].to_torch_state_dict() if PERSONAL in context.state else {}
     initial = task.initial
     weights.update({k: own.get(k, initial[k]) for k in personal})
+    weights.update({k: initial[k] for k in frozen})
     missing = set(initial) - set(weights)
     if missing:
         raise FederationError(f"the server sent weights without {sorted(missing)[:3]}...: another model or run")
@@ -258,6 +261,7 @@ class _Device:
     input: str = ""  # the input shape it trains on, as the agent's config says it
     held_bytes: int = 0  # memory held beside every step and planned around (ditto's second model)
     weights_sha256: str | None = None  # a device agent's configured pretrained weights (agent.weights.fingerprint)
+    frozen: frozenset[str] = frozenset()  # a device agent's base weights under adapters: they never leave it
 
     @property
     def budget_bytes(self) -> int:
@@ -298,8 +302,16 @@ def agent_device(config_path: str) -> _Device:
         setup = DeviceSetup(config.device.name, prepared.device.name, None, config.training.memory_budget, 0, 1,
                             None, 0.0, config.workload.seed)
         _AGENTS[config_path] = _Device(setup, task, data, plan, frozenset(), state_dir=config.device.state_dir,
-                                       input=config.workload.input, weights_sha256=prepared.weights_sha256)
+                                       input=config.workload.input, weights_sha256=prepared.weights_sha256,
+                                       frozen=_frozen_base(prepared.workload.model))
     return _AGENTS[config_path]
+
+
+def _frozen_base(model: torch.nn.Module) -> frozenset[str]:
+    """Under adapters, every state-dict entry that is not an adapter's (the frozen base); else none."""
+    from agent.adapters import adapter_keys, has_adapters
+
+    return frozenset(model.state_dict()) - adapter_keys(model) if has_adapters(model) else frozenset()
 
 
 def _device(context: Context) -> _Device:
@@ -354,12 +366,14 @@ def run_clientapp_process(argv: list[str]) -> None:
 @app.query(INITIAL)
 def initial(msg: Message, context: Context) -> Message:
     """The seeded initial weights, shared layers only: the server starts the federation from them."""
+    frozen: frozenset[str] = frozenset()
     if "agent-config" in context.node_config:
-        task = agent_device(str(context.node_config["agent-config"])).task
+        d = agent_device(str(context.node_config["agent-config"]))
+        task, frozen = d.task, d.frozen
     else:
         setup = DeviceSetup.from_context(context)
         task = task_for(setup.seed, run_config(context).graph_file, data=setup.data)
-    personal = personalization(context).personal_keys(task.model)
+    personal = personalization(context).personal_keys(task.model) | frozen
     model: dict[str, Any] = {MODEL_NAME: task.workload.name}
     tied = [f"{alias}={source}" for alias, source in tied_aliases(task.model).items()
             if alias not in personal and source not in personal]
@@ -408,7 +422,7 @@ def train(msg: Message, context: Context) -> Message:
         return Message(RecordDict({DEVICE: ConfigRecord({**_info(d.setup, d.plan), ABSENT: part.absent})}),
                        reply_to=msg)
     steps = max(1, round(int(config.get(LOCAL_STEPS, DEFAULTS.local_steps)) * part.share))
-    received = merged(msg.content[ARRAYS], context, d.task, d.personal)
+    received = merged(msg.content[ARRAYS], context, d.task, d.personal, d.frozen)
     outcome = d.task.train(received, d.data, d.plan, steps=steps, lr=d.learning_rate(config),
                            position=_position(context))
     steps_done, energy, peak, seconds = outcome.steps, outcome.energy_j, outcome.peak_bytes, outcome.seconds
@@ -422,7 +436,7 @@ def train(msg: Message, context: Context) -> Message:
                                "accuracy": accuracy, "steps": steps_done, "peak-bytes": peak,
                                "budget-bytes": d.budget_bytes, "energy-j": energy,
                                "seconds": seconds, "startup-seconds": startup})
-    return Message(RecordDict({ARRAYS: shared(outcome.weights, d.personal), METRICS: MetricRecord(metrics),
+    return Message(RecordDict({ARRAYS: shared(outcome.weights, d.personal | d.frozen), METRICS: MetricRecord(metrics),
                                DEVICE: _info(d.setup, d.plan)}), reply_to=msg)
 
 
@@ -431,7 +445,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     """The received weights, with the device's personal layers, on its held-out data."""
     startup = _startup_seconds()
     d = _device(context)
-    loss, accuracy, count = d.task.evaluate(merged(msg.content[ARRAYS], context, d.task, d.personal), d.data)
+    loss, accuracy, count = d.task.evaluate(merged(msg.content[ARRAYS], context, d.task, d.personal, d.frozen), d.data)
     metrics = metric_values(**{"num-examples": count, "eval-loss": loss, "accuracy": accuracy, "steps": 0,
                                "budget-bytes": d.budget_bytes, "startup-seconds": startup})
     return Message(RecordDict({METRICS: MetricRecord(metrics), DEVICE: _info(d.setup, d.plan)}), reply_to=msg)
@@ -479,7 +493,7 @@ def personalize(msg: Message, context: Context) -> Message:
     startup = _startup_seconds()
     d = _device(context)
     config = _config(msg)
-    weights = merged(msg.content[ARRAYS], context, d.task, d.personal)
+    weights = merged(msg.content[ARRAYS], context, d.task, d.personal, d.frozen)
     global_loss, _, _ = d.task.evaluate(weights, d.data)
     task, plan = tuning_for(d, context)
     finetune_steps = int(config.get(FINETUNE_STEPS, DEFAULTS.finetune_steps))
