@@ -54,7 +54,8 @@ from benchmarks.workloads import BENCH_MODELS
 SGD = {"optimizer": "sgd", "learning_rate": 0.01, "momentum": 0.9}
 ADAMW = {"optimizer": "adamw", "learning_rate": 1e-4, "weight_decay": 0.01}
 MODELS = {"resnet18": SGD, "mobilenet_v2": SGD, "vgg11_bn": SGD, "unet": SGD, "bert": ADAMW, "gpt2": ADAMW, "gpt2-32k": ADAMW,  # name: optimizer
-          "gpt2-32k-chunked": ADAMW, "llama": ADAMW, "vit": ADAMW}  # (the input: BENCH_MODELS')
+          "gpt2-32k-chunked": ADAMW, "llama": ADAMW, "vit": ADAMW,  # (the input: BENCH_MODELS')
+          "gpt2-lora": ADAMW, "llama-lora": ADAMW}
 DEFAULT_MODELS = ("resnet18", "vgg11_bn", "bert", "gpt2")
 LAYER_CHECKPOINTS = {"bert": "checkpoint:layers", "gpt2": "checkpoint:layers", "gpt2-32k": "checkpoint:layers",
                      "gpt2-32k-chunked": "checkpoint:layers", "llama": "checkpoint:layers",
@@ -218,7 +219,9 @@ def _batch(work: Any, shape: tuple[int, ...], step: int) -> tuple[Any, Any]:
 
 
 def _digest(model: Any, state: dict[str, Any]) -> str:
-    """SHA-256 over every parameter and every optimizer state tensor, in order, as raw bytes."""
+    """SHA-256 over every parameter and every optimizer state tensor, in order, as raw bytes.  State is taken in
+    its parameters' order without their index: an optimizer over the trainable parameters only (ours, under
+    adapters) numbers them from 0, one over every parameter (plain's) skips the frozen ones' numbers."""
     import torch
 
     h = hashlib.sha256()
@@ -227,7 +230,7 @@ def _digest(model: Any, state: dict[str, Any]) -> str:
     for index in sorted(state["state"]):
         for key in sorted(state["state"][index]):
             t = state["state"][index][key]
-            h.update(f"{index}.{key}".encode())
+            h.update(key.encode())
             h.update(t.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 

@@ -15,6 +15,7 @@ class BenchModel:
     input: str
     vocab: int | None = None
     chunked_loss: bool = False
+    lora: bool = False  # LoRA adapters (peft's default targets, rank 8, alpha 16), the rest frozen
 
     def build(self, shape: tuple[int, ...] | None = None, seed: int = 0) -> Any:
         """The :class:`engine.workload.Workload`, at ``shape`` (default the benchmark's input), seeded."""
@@ -25,10 +26,17 @@ class BenchModel:
 
         shape = shape or parse_shape(self.input)
         if self.vocab is None:
-            return load_workload(self.zoo, shape, seed=seed, chunked_loss=self.chunked_loss)
-        torch.manual_seed(seed)
-        work = decoder_workload(self.zoo, shape, self.vocab)
-        return chunk_loss(work) if self.chunked_loss else work
+            work = load_workload(self.zoo, shape, seed=seed, chunked_loss=self.chunked_loss)
+        else:
+            torch.manual_seed(seed)
+            work = decoder_workload(self.zoo, shape, self.vocab)
+            work = chunk_loss(work) if self.chunked_loss else work
+        if self.lora:
+            from agent.adapters import LoraSettings, with_adapters
+
+            torch.manual_seed(seed + 1)
+            work = with_adapters(work, LoraSettings())
+        return work
 
     @property
     def plain(self) -> "BenchModel":
@@ -48,5 +56,7 @@ BENCH_MODELS: dict[str, BenchModel] = {
     "gpt2-32k": BenchModel("gpt2", "8x128", LARGE_VOCAB),
     "gpt2-32k-chunked": BenchModel("gpt2", "8x128", LARGE_VOCAB, chunked_loss=True),
     "llama": BenchModel("llama", "8x128"),
+    "gpt2-lora": BenchModel("gpt2", "8x128", lora=True),
+    "llama-lora": BenchModel("llama", "8x128", lora=True),
     "vit": BenchModel("vit", "16x3x64x64"),
 }

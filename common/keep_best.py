@@ -5,8 +5,8 @@ A device ends a federated run holding up to three models: the final **global** m
 device alone, with the steps it spent in the run).  It keeps the one with the highest accuracy on the
 **selection** half of its held-out data, and reports every candidate's accuracy on the other, **test**, half:
 choosing and reporting on the same samples would flatter the kept model by the choice itself, so the figures
-an operator reads are of data the choice never saw.  Ties keep the earlier candidate in
-:data:`CANDIDATES` (the global model needs nothing the device made).
+an operator reads are of data the choice never saw.  Equal accuracies are told apart by the loss on the
+selection half, then by :data:`CANDIDATES` order (the global model needs nothing the device made).
 
 Pure and torch-free: the device's ClientApp (:mod:`agent.federated.clientapp`) chooses with it, and
 ``poet-edge simulate``'s report applies the same rule when it adds a local-only model trained in another run.
@@ -15,7 +15,7 @@ Pure and torch-free: the device's ClientApp (:mod:`agent.federated.clientapp`) c
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 CANDIDATES = ("global", "personal", "local")
 
@@ -27,6 +27,7 @@ class Choice:
     kept: str
     selection: dict[str, float]  # accuracy on the half that chose
     test: dict[str, float]  # accuracy on the half that reports
+    selection_loss: dict[str, float] = field(default_factory=dict)  # loss on the half that chose, where given
 
     @property
     def kept_accuracy(self) -> float:
@@ -38,14 +39,19 @@ class Choice:
         return self.test[self.kept] - self.test[other] if other in self.test else None
 
 
-def choose(selection: Mapping[str, float], test: Mapping[str, float]) -> Choice:
+def choose(selection: Mapping[str, float], test: Mapping[str, float],
+           selection_loss: Mapping[str, float] | None = None) -> Choice:
     """The candidate best on ``selection`` (name -> accuracy; a negative accuracy is unknown and never kept
-    unless every one is), with ``test`` beside it; candidates in :data:`CANDIDATES` order."""
+    unless every one is), with ``test`` beside it.  Equal accuracies, common on a few dozen samples where two
+    models are both good, are told apart by ``selection_loss`` (the held-out loss on the same half: a model
+    right with more confidence), and only then by :data:`CANDIDATES` order."""
     names = [c for c in CANDIDATES if c in selection and c in test]
     if not names:
         raise ValueError(f"no candidate to choose from: give accuracies of {', '.join(CANDIDATES)}")
-    kept = max(names, key=lambda c: (selection[c], -names.index(c)))  # ties: the earlier candidate
-    return Choice(kept, {c: float(selection[c]) for c in names}, {c: float(test[c]) for c in names})
+    losses = selection_loss or {}
+    kept = max(names, key=lambda c: (selection[c], -losses.get(c, 0.0), -names.index(c)))
+    return Choice(kept, {c: float(selection[c]) for c in names}, {c: float(test[c]) for c in names},
+                  {c: float(losses[c]) for c in names if c in losses})
 
 
 def interleaved_halves(count: int) -> tuple[Sequence[int], Sequence[int]]:

@@ -85,10 +85,13 @@ class Comparison:
                 continue
             selection = {"global": d.selection["global"], "personal": d.selection["personal"]}
             test = {"global": d.global_accuracy, "personal": d.personal_accuracy}
+            loss = {c: d.selection_loss[c] for c in ("global", "personal") if c in d.selection_loss}
             alone = base.get(d.name)
             if alone is not None and "local" in alone.selection and alone.local_accuracy >= 0:
                 selection["local"], test["local"] = alone.selection["local"], alone.local_accuracy
-            kept[d.name] = choose(selection, test)
+                if "local" in alone.selection_loss:
+                    loss["local"] = alone.selection_loss["local"]
+            kept[d.name] = choose(selection, test, loss)
         return kept
 
     def wins(self, strategy: str) -> dict[str, tuple[int, float, float]]:
@@ -263,12 +266,13 @@ class Sweep:
         """One line per size: the mean of every figure over the seeds, and the gap with its interval."""
         keys = list(dict.fromkeys(k for setup in self.setups for k in setup.figures() if k not in ("gap", "kept gap")))
         out.write(f"\n{'digits/device':>13} " + " ".join(f"{k:>11}" for k in keys)
-                  + f" {'best':>12} {'gap (95% CI)':>16}\n")
+                  + f" {'best':>12} {'gap (95% CI)':>16} {'kept gap':>16}\n")
         for setup in self.setups:
             f = setup.figures()
             gap = f"{f['gap'][0]:+.1f} +- {f['gap'][1]:.1f}"
+            kept = f"{f['kept gap'][0]:+.1f} +- {f['kept gap'][1]:.1f}"
             out.write(f"{setup.samples:>13} " + " ".join(f"{f.get(k, (float('nan'),))[0]:>10.1f}%" for k in keys)
-                      + f" {setup.best_strategy:>12} {gap:>16}\n")
+                      + f" {setup.best_strategy:>12} {gap:>16} {kept:>16}\n")
 
     def save_json(self, path: Path) -> None:
         path.write_text(json.dumps({"format": "poet-edge/simulation", "version": 2,

@@ -60,6 +60,7 @@ class DeviceResult:
     # each candidate's accuracy on the selection half of its held-out data (the accuracies above are the test
     # half's): what the choice was made on
     selection: dict[str, float] = field(default_factory=dict)
+    selection_loss: dict[str, float] = field(default_factory=dict)  # ... and each one's loss there (ties)
 
     @property
     def within_budget(self) -> bool:
@@ -164,7 +165,9 @@ def _device(name: str, node: dict[str, Any], rows: list[RoundRow], rounds: list[
                         kept_name(final.metrics.get("kept")) or "" if final else "",
                         float(final.metrics.get("kept-accuracy", -1.0)) if final else -1.0,
                         {c: float(final.metrics[f"select-{c}-accuracy"]) for c in CANDIDATES
-                         if f"select-{c}-accuracy" in final.metrics} if final else {})
+                         if f"select-{c}-accuracy" in final.metrics} if final else {},
+                        {c: float(final.metrics[f"select-{c}-loss"]) for c in CANDIDATES
+                         if f"select-{c}-loss" in final.metrics} if final else {})
 
 
 def mean(values: list[float]) -> float:

@@ -470,10 +470,14 @@ def _local_baseline(d: _Device, context: Context, config: ConfigRecord,
 
 def _local_candidate(task: Task, variants: dict[str, dict[str, torch.Tensor]], data: LocalDataset,
                      metrics: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The better local-only model on the selection half of the held-out data (one optimizer first on a tie);
+    """The better local-only model on the selection half of the held-out data (accuracy, then loss; one
+    optimizer first on a tie);
     ``metrics`` says which (``local-restarted``: 1 where the restarted one was kept)."""
     selection, _ = holdout_halves(data)
-    scores = {name: task.evaluate(weights, selection)[1] for name, weights in variants.items()}
+    scores = {}
+    for name, weights in variants.items():
+        loss, accuracy, _ = task.evaluate(weights, selection)
+        scores[name] = (accuracy, -loss)  # accuracy, then the lower loss
     restarted = scores["local-restarted"] > scores["local"]
     metrics["local-restarted"] = int(restarted)
     return variants["local-restarted" if restarted else "local"]
@@ -483,8 +487,10 @@ def _choice(task: Task, candidates: dict[str, dict[str, torch.Tensor]], data: Lo
     """Each candidate on both halves of ``data``'s held-out samples, and the one kept
     (:mod:`common.keep_best`)."""
     selection, test = holdout_halves(data)
-    return choose({name: task.evaluate(weights, selection)[1] for name, weights in candidates.items()},
-                  {name: task.evaluate(weights, test)[1] for name, weights in candidates.items()})
+    chosen = {name: task.evaluate(weights, selection) for name, weights in candidates.items()}
+    return choose({name: accuracy for name, (_, accuracy, _) in chosen.items()},
+                  {name: task.evaluate(weights, test)[1] for name, weights in candidates.items()},
+                  {name: loss for name, (loss, _, _) in chosen.items()})
 
 
 @app.train(PERSONALIZE)
@@ -517,6 +523,7 @@ def personalize(msg: Message, context: Context) -> Message:
     choice = _choice(task, candidates, d.data)
     metrics.update({f"{name}-accuracy": value for name, value in choice.test.items()})  # the reporting half
     metrics.update({f"select-{name}-accuracy": value for name, value in choice.selection.items()})
+    metrics.update({f"select-{name}-loss": value for name, value in choice.selection_loss.items()})
     metrics.update({"kept": CANDIDATES.index(choice.kept), "kept-accuracy": choice.kept_accuracy})
     if d.state_dir is not None:  # a device agent keeps what it made (the simulation's devices do not)
         from agent.personal_model import keep

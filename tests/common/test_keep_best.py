@@ -16,6 +16,14 @@ def test_the_best_on_the_selection_half_is_kept_and_reported_on_the_test_half() 
     assert choice.margin_over("global") == pytest.approx(0.05) and choice.margin_over("local") == pytest.approx(-0.10)
 
 
+def test_equal_accuracies_are_told_apart_by_loss_then_by_order() -> None:
+    # both right on every selection sample: the one right with more confidence is kept
+    assert choose({"personal": 1.0, "local": 1.0}, {"personal": 0.9, "local": 0.95},
+                  {"personal": 0.30, "local": 0.10}).kept == "local"
+    assert choose({"personal": 0.9, "local": 0.8}, {"personal": 0.9, "local": 0.8},
+                  {"personal": 0.9, "local": 0.1}).kept == "personal"  # accuracy first
+
+
 def test_ties_keep_the_earlier_candidate_and_absent_ones_are_not_candidates() -> None:
     assert choose({"personal": 0.5, "global": 0.5}, {"personal": 0.9, "global": 0.1}).kept == "global"
     assert choose({"local": 0.5, "personal": 0.5}, {"local": 0.5, "personal": 0.5}).kept == "personal"
