@@ -44,6 +44,7 @@ from typing import Any, Callable, TextIO
 
 from demo.devices import REPO, FakeDevice, agent_command, poll_until, read_status, write_config
 from demo.flower_fleet import make_tls
+from common.keep_best import kept_name
 from common.programs import free_port
 
 # The digits model at a batch whose activations dominate the step, so budgets below a plain step's mean
@@ -284,7 +285,7 @@ class FleetDemo:
         self.chapter("Summary")
         rows = {r["device"]: r for r in self.outcome.rounds}
         self.say(f"{'device':<12} {'budget':>9} {'peak':>9} {'plain':>9} {'/plain':>7} {'energy':>8} {'steps':>6} "
-                 f"{'global':>7} {'alone':>7} {'personal':>8}")
+                 f"{'global':>7} {'alone':>7} {'personal':>8} {'kept':>16}")
         for device in self.devices:
             window, row = self.outcome.window.get(device.spec.name, {}), rows.get(device.spec.name, {})
             plain, budget = self._plain_bytes(device), window.get('memory_budget_bytes')
@@ -292,7 +293,8 @@ class FleetDemo:
                      f"{_mb(window.get('peak_bytes')):>9} {_mb(plain):>9} {_share(budget, plain):>7} "
                      f"{window.get('energy_j') or 0:>7.1f}J "
                      f"{window.get('steps_done', 0):>6} {_pct(row.get('global-accuracy')):>7} "
-                     f"{_pct(row.get('local-accuracy')):>7} {_pct(row.get('personal-accuracy')):>8}")
+                     f"{_pct(row.get('local-accuracy')):>7} {_pct(row.get('personal-accuracy')):>8} "
+                     f"{_kept(row):>16}")
         self.say(f"\nfinished in {time.monotonic() - self.started:.0f} s; everything is in {self.root}/ "
                  f"(server.log, each device's agent.log and state/); dashboard {self.url} while it runs")
 
@@ -450,6 +452,12 @@ def _share(budget: Any, plain: Any) -> str:
     """The budget as a share of a plain step's memory."""
     ok = all(isinstance(v, (int, float)) and v > 0 for v in (budget, plain))
     return f"{budget / plain:.2f}" if ok else "-"
+
+
+def _kept(row: dict[str, Any]) -> str:
+    """The model a device kept and its accuracy on the held-out half the choice never saw."""
+    name = kept_name(row.get("kept"))
+    return f"{name} {_pct(row.get('kept-accuracy'))}" if name else "-"
 
 
 def _pct(value: Any) -> str:

@@ -71,6 +71,8 @@ def test_the_demo_trains_unplugs_resumes_federates_and_leaves_models_and_no_proc
     for row in outcome.rounds:
         assert 0 <= row["global-accuracy"] <= 1 and 0 <= row["personal-accuracy"] <= 1
         assert 0 <= row["local-accuracy"] <= 1
+        kept = ("global", "personal", "local")[int(row["kept"])]  # the best on half its held-out data
+        assert row["kept-accuracy"] == row[f"{kept}-accuracy"]
     assert sorted(outcome.personal_models) == sorted(d.name for d in DEVICES)
     provenance = json.loads(Path(outcome.personal_models[DEVICES[0].name]).read_text())
     assert provenance["global_version"] >= 1

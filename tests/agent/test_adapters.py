@@ -28,7 +28,7 @@ def _config(tmp_path: Path, model: str = "tests.engine.models:mlp", input: str =
     return load_config(path)
 
 
-@pytest.mark.parametrize("schedule", ["recompute", "paging"])
+@pytest.mark.parametrize("schedule", ["recompute", pytest.param("paging", marks=pytest.mark.slow)])
 def test_lora_steps_are_bit_identical_to_plain_peft_training(tmp_path: Path, schedule: str) -> None:
     pytest.importorskip("transformers")
     config = _config(tmp_path, model="gpt2", input="2x16", workload_lora_targets=["c_attn", "c_proj"])
