@@ -22,6 +22,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, Metadata, Reco
 from agent.holdout import holdout_halves  # noqa: E402
 from agent.federated import clientapp as client  # noqa: E402
 from common.keep_best import CANDIDATES, kept_name  # noqa: E402
+from agent.errors import FederationError  # noqa: E402
 from agent.federated.task import METRIC_KEYS  # noqa: E402
 from agent.personalization import strategy  # noqa: E402
 from engine.parity import bits_equal  # noqa: E402
@@ -587,3 +588,20 @@ def test_a_device_agent_refuses_the_simulation_only_strategies_saying_what_it_ru
                         personalization=name)
         with pytest.raises(FederationError, match=f"pi-hall: personalization {name} runs in simulations only"):
             device.ask("train", weights_message(ArrayRecord(client.task_for(0).initial)))
+
+
+def test_ditto_on_a_device_with_no_room_for_a_second_model_says_so_and_by_how_much() -> None:
+    from simulation.fleet import classes_config
+
+    small = next(n for n in fleet_node_configs(3, DEFAULT_CLASSES) if n["device-class"] == "small")
+    device = Device(0, node_config=small, personalization="ditto", **{"device-classes": classes_config(DEFAULT_CLASSES)})
+    initial = ArrayRecord(client.task_for(0).initial)
+    # at 0.55 of a plain step the small class has no room for the global model beside its own step; the engine
+    # turns this error into the reply's, which `poet-edge simulate` shows as the strategy's failure
+    with pytest.raises(FederationError) as refused:
+        device.ask("train", weights_message(initial))
+    reason = str(refused.value)
+    assert f"{small['device-name']}: ditto holds the global model (" in reason and "none fits below" in reason
+    fits = Device(0, node_config=small, personalization="finetune",
+                  **{"device-classes": classes_config(DEFAULT_CLASSES)}).ask("train", weights_message(initial))
+    assert fits.content["metrics"]["steps"] == 3  # the same device trains without the second model

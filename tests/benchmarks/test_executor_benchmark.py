@@ -5,9 +5,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # 30 s of profiling and planning: the default run keeps under 20 minutes on 2 cores (the
+# yardstick's allocator is also held by tests/benchmarks/test_default_allocator.py and test_memory_benchmark.py)
 def test_the_executor_benchmark_runs_and_prints_plain_with_its_default_allocator(tmp_path):
     figures = tmp_path / "figures.json"
     command = [sys.executable, "-m", "benchmarks.executor", "--models", "gpt2:2x32", "--budgets", "1.0,0.5",

@@ -44,3 +44,13 @@ def test_every_strategy_keeps_the_best_of_its_own_models_and_the_first_runs_loca
     comparison.print(out)
     assert "finetune: each device keeps the best on half its held-out data, 80.0% on the other half; kept " \
            "global on 1" in out.getvalue()
+
+
+def test_a_strategy_some_device_could_not_run_is_left_out_saying_why() -> None:
+    run = SimulationReport({}, [], [device("a", 0.5, 0.6, 0.55, {"global": 0.5, "personal": 0.6, "local": 0.5})], 1.0)
+    comparison = Comparison(0, {"finetune": run}, {"a": 0.9},
+                            failed={"ditto": "1 of 3 devices failed (small-000: ditto holds the global model ...)"})
+    out = io.StringIO()
+    comparison.print(out)
+    assert "ditto: failed, left out (1 of 3 devices failed (small-000: ditto holds" in out.getvalue()
+    assert "ditto" not in comparison.figures() and comparison.to_json()["failed"] == comparison.failed
