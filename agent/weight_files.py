@@ -9,10 +9,10 @@ each file's name and bytes, in order), the identity checkpoints and personal mod
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 from agent.errors import WeightsError
+from common.shard_index import shard_files
 
 STATE_DICT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 CONFIG = "config.json"
@@ -56,7 +56,10 @@ def files(path: Path) -> list[Path]:
         raise WeightsError(problems(path)[0])
     shards = [found]
     if found.name.endswith(".index.json"):
-        shards = [path / name for name in sorted(set(_index(found).values()))]
+        try:
+            shards = shard_files(found)
+        except ValueError as exc:
+            raise WeightsError(str(exc)) from exc
     return [path / CONFIG, *shards]
 
 
@@ -85,14 +88,3 @@ def _folder_weights(folder: Path) -> Path | None:
         if (folder / name).is_file():
             return folder / name
     return None
-
-
-def _index(index_file: Path) -> dict[str, str]:
-    """A sharded checkpoint's ``weight_map``: tensor name -> shard file name (in the same folder)."""
-    try:
-        weight_map = json.loads(index_file.read_text())["weight_map"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise WeightsError(f"{index_file} is not a shard index (a JSON object with a weight_map): {exc}") from exc
-    if not isinstance(weight_map, dict) or not all(isinstance(v, str) and "/" not in v for v in weight_map.values()):
-        raise WeightsError(f"{index_file}'s weight_map must map tensor names to shard files in the same folder")
-    return weight_map

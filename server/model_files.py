@@ -9,7 +9,6 @@ arrays as ``.safetensors`` (what ``[workload] weights``, transformers and most t
 
 from __future__ import annotations
 
-import json
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,11 +16,11 @@ from pathlib import Path
 import numpy as np
 
 from common.files import write_atomically
+from common.shard_index import SAFETENSORS_INDEX, shard_files
 from server.errors import ModelVersionError
 from server.model_versions import encode_weights
 
 FORMATS = {".safetensors": "safetensors", ".npz": "npz"}
-_INDEX = "model.safetensors.index.json"
 _CONVERT = ("python -c \"import sys, torch; from safetensors.torch import save_file; "
             "save_file({k: v.contiguous() for k, v in torch.load(sys.argv[1], weights_only=True).items()}, "
             "sys.argv[2])\" IN.pt OUT.safetensors")
@@ -73,19 +72,16 @@ def write_weights(arrays: Mapping[str, np.ndarray], out: Path) -> Path:
 def _read_folder(folder: Path) -> dict[str, np.ndarray]:
     if (folder / "model.safetensors").is_file():
         return _read_safetensors(folder / "model.safetensors")
-    if (folder / _INDEX).is_file():
+    if (folder / SAFETENSORS_INDEX).is_file():
         try:
-            shards = sorted(set(json.loads((folder / _INDEX).read_text())["weight_map"].values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ModelVersionError(f"{folder / _INDEX} is not a shard index (a JSON object with a weight_map): "
-                                    f"{exc}") from exc
+            shards = shard_files(folder / SAFETENSORS_INDEX)
+        except ValueError as exc:
+            raise ModelVersionError(str(exc)) from exc
         arrays: dict[str, np.ndarray] = {}
         for shard in shards:
-            if not isinstance(shard, str) or "/" in shard:
-                raise ModelVersionError(f"{folder / _INDEX} names a shard outside its folder: {shard!r}")
-            arrays.update(_read_safetensors(folder / shard))
+            arrays.update(_read_safetensors(shard))
         return arrays
-    raise ModelVersionError(f"{folder} holds no model.safetensors or {_INDEX}: save the model with "
+    raise ModelVersionError(f"{folder} holds no model.safetensors or {SAFETENSORS_INDEX}: save the model with "
                             "save_pretrained(..., safe_serialization=True), or give a .safetensors file")
 
 
