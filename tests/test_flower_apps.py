@@ -605,3 +605,42 @@ def test_ditto_on_a_device_with_no_room_for_a_second_model_says_so_and_by_how_mu
     fits = Device(0, node_config=small, personalization="finetune",
                   **{"device-classes": classes_config(DEFAULT_CLASSES)}).ask("train", weights_message(initial))
     assert fits.content["metrics"]["steps"] == 3  # the same device trains without the second model
+
+
+def test_an_agents_personal_layers_and_data_position_outlive_a_supernode_restart(tmp_path) -> None:
+    from agent.digits import write_device_data
+    from agent.federated.run_state import state_file
+    from demo.devices import FakeDevice, write_config
+
+    data = write_device_data(tmp_path / "digits.npz", 0, 3)
+    path = write_config(tmp_path, FakeDevice(tmp_path / "root"), data, "agent.digits:digits_workload", "16x1x8x8",
+                        device_name="pi-hall", training_memory_budget="12MB")
+    node = {"agent-config": str(path.resolve()), "device-name": "pi-hall"}
+    first = Device(0, node_config=node, personalization="fedper")
+    initial = first.ask("query.initial", RecordDict({"config": ConfigRecord()})).content["arrays"]
+    sent = first.ask("train", weights_message(initial)).content["arrays"]
+    saved = state_file(load_config_of(path).device.state_dir, 1)
+    assert saved.exists()
+    # the SuperNode restarts: Flower hands the device's ClientApp a fresh context for the same run
+    restarted = Device(0, node_config=node, personalization="fedper")
+    resumed = restarted.ask("train", weights_message(sent))
+    continued = first.ask("train", weights_message(sent))  # the device that never restarted
+    for key, value in continued.content["arrays"].to_torch_state_dict().items():
+        assert bits_equal(resumed.content["arrays"].to_torch_state_dict()[key], value), key
+    heads = [d.context.state[client.PERSONAL].to_torch_state_dict() for d in (first, restarted)]
+    assert heads[0].keys() and all(bits_equal(heads[0][k], heads[1][k]) for k in heads[0])
+    assert dict(restarted.context.state[client.POSITION]) == dict(first.context.state[client.POSITION])
+    # its local-only baseline repeats the rounds it trained before and after the restart
+    reply = restarted.ask("train.personalize", weights_message(sent, **{"finetune-steps": 4, "local-baseline": True}))
+    assert reply.content["metrics"]["local-steps-total"] == 3 + 3 + 4
+    # without the file the device would have gone on from its initial head, unseen
+    saved.unlink()
+    forgot = Device(0, node_config=node, personalization="fedper")
+    forgot.ask("train", weights_message(sent))
+    head = forgot.context.state[client.PERSONAL].to_torch_state_dict()
+    assert any(not bits_equal(head[k], heads[0][k]) for k in head)
+    # a damaged file stops the device's part of the run, naming it, and stays for whoever looks at it
+    saved.write_bytes(b"not a state file")
+    with pytest.raises(FederationError, match=f"cannot read this device's state of run 1 from {saved}"):
+        Device(0, node_config=node, personalization="fedper").ask("train", weights_message(sent))
+    assert saved.read_bytes() == b"not a state file"

@@ -40,7 +40,9 @@ agent's warm runner (:mod:`agent.federated.runner`) forks these processes ready-
 :func:`run_clientapp_process`.
 
 Personal layers (``fedper``, ``fedbn``) live in ``context.state`` under ``personal`` and are never put
-in a reply: :func:`shared` drops them from every ``ArrayRecord`` this app sends.  Under ``ditto`` each round
+in a reply: :func:`shared` drops them from every ``ArrayRecord`` this app sends.  A device agent also keeps
+``context.state`` in its state directory (:mod:`agent.federated.run_state`): a restarted SuperNode's device
+carries on the run with the personal layers and data position it had.  Under ``ditto`` each round
 also trains a whole personal model, kept in ``context.state`` under ``ditto`` and never sent, on the round's
 batches and pulled towards the round's global model (:func:`ditto_train`).
 """
@@ -60,6 +62,7 @@ from flwr.clientapp import ClientApp
 
 from agent.data import LocalDataset
 from agent.errors import FederationError
+from agent.federated import run_state
 from agent.federated.task import DevicePlan, Task, TrainOutcome, metric_values
 from agent.personalization import Strategy, strategy as strategy_named
 from agent.personalization.ditto import Ditto
@@ -321,6 +324,8 @@ def _device(context: Context) -> _Device:
         if strategy.simulation_only:
             raise FederationError(f"{d.setup.name}: personalization {strategy.name} runs in simulations only; a "
                                   "device agent plans for its own measured profile (use finetune, fedper or fedbn)")
+        if d.state_dir is not None:  # a restarted SuperNode's fresh context: the run's state from disk
+            run_state.restore(context, d.state_dir, d.task.initial)
         return replace(d, personal=strategy.personal_keys(d.task.model), own_optimizer=True)
     setup = DeviceSetup.from_context(context)
     task = task_for(setup.seed, run_config(context).graph_file, data=setup.data)
@@ -431,6 +436,8 @@ def train(msg: Message, context: Context) -> Message:
         steps_done, energy = steps_done + own.steps, energy + own.energy_j
         peak, seconds = max(peak, own.peak_bytes), seconds + own.seconds
     _keep(context, outcome.weights, d.personal, outcome.position, steps_done)
+    if d.state_dir is not None:  # a device agent's state outlives its SuperNode
+        run_state.persist(context, d.state_dir)
     loss, accuracy, _ = d.task.evaluate(outcome.weights, d.data)
     metrics = metric_values(**{"num-examples": outcome.examples, "train-loss": outcome.loss, "eval-loss": loss,
                                "accuracy": accuracy, "steps": steps_done, "peak-bytes": peak,

@@ -1,0 +1,88 @@
+"""A device agent's part of a federated run, kept on disk so that it outlives its SuperNode.
+
+Flower keeps what a ClientApp remembers between a run's messages in ``context.state``, in the SuperNode's
+memory: personal layers (``fedper``, ``fedbn``), the next batch's position and the steps of each round (which
+the local-only baseline repeats).  A SuperNode or agent restart would reset them, and the device would carry on
+the run with its initial personal layers, unseen.  The device agent's ClientApp therefore mirrors
+``context.state`` to ``STATE_DIR/flower/runs/<run id>.pt`` after each message that changes it, in one file
+written atomically (the layers and the position always agree), and a fresh context restores it first.
+
+The file holds tensors and plain values only and is read with ``weights_only``: no code runs.  A file that
+cannot be read, or holds layers of another model, stops the device's part of the run with an error that names
+it and is left where it is: nothing is lost.  The newest :data:`KEEP_RUNS` runs' files are kept.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context
+
+from agent.errors import FederationError
+from common.files import write_atomically
+
+KEEP_RUNS = 4  # the newest runs' files a device keeps; older ones are removed as a new one is written
+
+
+def state_file(state_dir: Path, run_id: int) -> Path:
+    """Where the device's state of Flower run ``run_id`` is kept."""
+    return state_dir / "flower" / "runs" / f"{run_id}.pt"
+
+
+def restore(context: Context, state_dir: Path, model: dict[str, torch.Tensor]) -> bool:
+    """Fill an empty ``context.state`` from the run's file, if there is one; whether it did.
+
+    ``model`` is the device's full state dict: every array restored must be one of its entries, of its shape and
+    dtype (else another model's state: :class:`~agent.errors.FederationError`)."""
+    path = state_file(state_dir, int(context.run_id))
+    if len(context.state) or not path.exists():
+        return False
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        arrays, configs = saved["arrays"], saved["configs"]
+    except Exception as exc:  # noqa: BLE001 - torch.load raises many kinds on a damaged file
+        raise FederationError(f"cannot read this device's state of run {context.run_id} from {path} ({exc}): "
+                              "move the file away to take part in the run with fresh personal layers") from exc
+    for key, tensors in arrays.items():
+        _check_layers(path, key, tensors, model)
+        context.state[key] = ArrayRecord({name: tensor for name, tensor in tensors.items()})
+    for key, values in configs.items():
+        context.state[key] = ConfigRecord(values)
+    return True
+
+
+def persist(context: Context, state_dir: Path) -> Path:
+    """Write ``context.state`` to the run's file (atomically), and remove the files of older runs."""
+    arrays: dict[str, dict[str, torch.Tensor]] = {}
+    configs: dict[str, dict[str, Any]] = {}
+    for key, record in context.state.items():
+        if isinstance(record, ArrayRecord):
+            arrays[key] = record.to_torch_state_dict()
+        elif isinstance(record, ConfigRecord):
+            configs[key] = dict(record)
+    buffer = io.BytesIO()
+    torch.save({"arrays": arrays, "configs": configs}, buffer)
+    path = state_file(state_dir, int(context.run_id))
+    write_atomically(path, buffer.getvalue())
+    _prune(path.parent)
+    return path
+
+
+def _check_layers(path: Path, key: str, tensors: dict[str, torch.Tensor], model: dict[str, torch.Tensor]) -> None:
+    for name, tensor in tensors.items():
+        own = model.get(name)
+        if own is None or own.shape != tensor.shape or own.dtype != tensor.dtype:
+            found = "not in it" if own is None else f"{tuple(own.shape)} {own.dtype}"
+            raise FederationError(
+                f"{path} holds {key} layer {name} ({tuple(tensor.shape)} {tensor.dtype}) for another model (the "
+                f"device's: {found}): the agent's model changed during the run; move the file away to take part "
+                "with fresh personal layers")
+
+
+def _prune(folder: Path) -> None:
+    runs = sorted(folder.glob("*.pt"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in runs[KEEP_RUNS:]:
+        old.unlink(missing_ok=True)

@@ -1,0 +1,41 @@
+"""A device agent's run state on disk (agent.federated.run_state): restored whole, refused for another model."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
+
+from agent.errors import FederationError
+from agent.federated import run_state
+
+
+def context(run_id: int) -> Context:
+    return Context(run_id=run_id, node_id=7, state=RecordDict(), run_config={}, node_config={})
+
+
+def test_a_fresh_context_gets_back_every_record_and_another_models_layers_are_refused(tmp_path) -> None:
+    model = {"head.weight": torch.randn(10, 4), "body.weight": torch.randn(4, 4)}
+    kept = context(5)
+    kept.state["personal"] = ArrayRecord({"head.weight": model["head.weight"] * 2})
+    kept.state["position"] = ConfigRecord({"epoch": 1, "index": 3, "rounds": [3, 3]})
+    run_state.persist(kept, tmp_path)
+    fresh = context(5)
+    assert run_state.restore(fresh, tmp_path, model)
+    assert torch.equal(fresh.state["personal"].to_torch_state_dict()["head.weight"], model["head.weight"] * 2)
+    assert dict(fresh.state["position"]) == {"epoch": 1, "index": 3, "rounds": [3, 3]}
+    assert not run_state.restore(context(6), tmp_path, model)  # another run: nothing of this one
+    # the agent's model changed under the run: its layers are refused, naming the layer and the file
+    with pytest.raises(FederationError, match="head.weight .*for another model .*move the file away"):
+        run_state.restore(context(5), tmp_path, {"head.weight": torch.randn(12, 4)})
+    assert run_state.state_file(tmp_path, 5).exists()
+
+
+def test_only_the_newest_runs_files_are_kept(tmp_path) -> None:
+    for run_id in range(run_state.KEEP_RUNS + 2):
+        written = run_state.persist(context(run_id), tmp_path)
+        os.utime(written, (1000 + run_id, 1000 + run_id))  # written in order, a second apart
+    kept = sorted(int(p.stem) for p in run_state.state_file(tmp_path, 0).parent.glob("*.pt"))
+    assert kept == list(range(2, run_state.KEEP_RUNS + 2))
