@@ -32,6 +32,7 @@ from agent.data import LocalDataset
 from agent.errors import DataError
 from agent.federated.virtual import FleetData
 from agent.image_sets import ImageSet, ImageShape, image_set_shape, load_image_set
+from agent.stdlib_text import STDLIB_TEXT, device_text, text_workload
 from agent.zoo import Workload, cross_entropy
 
 CLASSES = 10
@@ -81,12 +82,28 @@ def digits_workload(seed: int = 0, batch_size: int = BATCH_SIZE, tuning: str = "
     return Workload(name, model, inputs, targets, cross_entropy)
 
 
-def fleet_workload(data: FleetData, seed: int = 0, batch_size: int = BATCH_SIZE, tuning: str = "") -> Workload:
-    """The model a fleet with ``data`` trains: the digits' :class:`SmallCNN`, or one sized to its data set."""
+def fleet_workload(data: FleetData, seed: int = 0, batch_size: int = BATCH_SIZE, tuning: str = "",
+                   initial_weights: str = "", adapters: bool = True) -> Workload:
+    """The model a fleet with ``data`` trains: the digits' :class:`SmallCNN`, or one sized to its data set, at
+    its seeded weights or, with ``initial_weights`` (a weights file: :func:`agent.weights.read_state`), at those
+    (a pretrained start; a file for another model is a :class:`~agent.errors.WeightsError`).  The standard
+    library's text (:mod:`agent.stdlib_text`) trains a byte-level decoder with LoRA ``adapters`` (without: its
+    base, as a vendor pretrains it); ``initial_weights`` are then the base's."""
+    if data.dataset == STDLIB_TEXT:
+        if tuning:
+            raise DataError(f"{STDLIB_TEXT} trains LoRA adapters alone: a strategy that tunes part of the model "
+                            f"({tuning}) has nothing left to freeze; use finetune")
+        return text_workload(seed, batch_size, adapters=adapters, initial_weights=initial_weights)
     if not data.dataset:
-        return digits_workload(seed, batch_size, tuning)
-    shape = image_set_shape(data.dataset, data.label_column)
-    return digits_workload(seed, batch_size, tuning, shape, f"{Path(data.dataset).name}-cnn")
+        work = digits_workload(seed, batch_size, tuning)
+    else:
+        shape = image_set_shape(data.dataset, data.label_column)
+        work = digits_workload(seed, batch_size, tuning, shape, f"{Path(data.dataset).name}-cnn")
+    if initial_weights:
+        from agent.weights import load_weights
+
+        load_weights(work.model, Path(initial_weights))
+    return work
 
 
 def load_digits() -> tuple[np.ndarray, np.ndarray]:
@@ -131,6 +148,8 @@ def device_dataset(partition: int, partitions: int, *, data: FleetData = FleetDa
     if not 0 <= partition < partitions:
         raise DataError(f"partition {partition} out of range for {partitions} partitions")
     data.check(partitions, batch_size)
+    if data.dataset == STDLIB_TEXT:  # one package's source per device: no pool, no angle
+        return device_text(partition, samples=data.samples, holdout=data.holdout, seed=seed, batch_size=batch_size)
     pool = _pool(partitions, data, seed, batch_size)
     rows = pool.rows[partition]
     wanted = pool.counts[partition] if pool.counts else batch_size
@@ -151,6 +170,34 @@ def device_dataset(partition: int, partitions: int, *, data: FleetData = FleetDa
                         source=_source(pool.name, partition, partitions, degrees))
 
 
+def vendor_dataset(partitions: int, *, data: FleetData = FleetData(), seed: int = 0,
+                   batch_size: int = BATCH_SIZE, holdout: int = 200) -> LocalDataset:
+    """What a vendor pretrains on before any device joins: the training pool's images that no device of the
+    fleet holds (nor any turned copy of them), upright, and ``holdout`` images of the test pool to report the
+    pretrained model's accuracy on.  A function of the arguments, like :func:`device_dataset`."""
+    data.check(partitions, batch_size)
+    if data.dataset == STDLIB_TEXT:  # the modules in no package: no device holds any
+        from agent.stdlib_text import vendor_dataset as vendor_text
+
+        return vendor_text(holdout=holdout, seed=seed, batch_size=batch_size)
+    if data.partition_by:
+        raise DataError("a fleet partitioned by natural ids holds every image: no vendor data is left to "
+                        "pretrain on; partition the pool (samples, label-alpha) instead")
+    pool = _pool(partitions, data, seed, batch_size)
+    originals = pool.original_count  # row r of a grown pool is a turned copy of row r % originals
+    held = set()
+    for rows, count in zip(pool.rows, pool.counts or [len(r) for r in pool.rows]):
+        held.update(int(r) % originals for r in rows[:count])
+    free = np.array([r for r in range(originals) if r not in held], dtype=np.int64)
+    if len(free) < batch_size:
+        raise DataError(f"the fleet's {partitions} devices hold all but {len(free)} of the {originals} training "
+                        "images: too few to pretrain on; lower samples or use fewer devices")
+    picked = np.random.default_rng([seed, partitions, 7]).permutation(len(pool.test_x))[:holdout]
+    return LocalDataset(train_x=pool.train_x[free], train_y=pool.train_y[free],
+                        holdout_x=pool.test_x[np.sort(picked)], holdout_y=pool.test_y[np.sort(picked)],
+                        batch_size=batch_size, seed=seed, source=Path(f"{pool.name}/vendor-{len(free)}"))
+
+
 HOLDOUT_SHARE = 0.25  # of the images, the test pool (under natural partitions, of each device's own)
 AUGMENT_DEGREES = 10.0  # a grown pool's copies turn by up to this much either way
 
@@ -166,6 +213,7 @@ class _Pool:
     rows: list[np.ndarray]  # per device, its rows of the training pool in its own order
     counts: list[int]  # per device, the training images it keeps (empty: its whole partition)
     held: list[np.ndarray]  # natural partitions: per device, its held-out rows of the test pool (else empty)
+    original_count: int = 0  # training images before the pool was grown by turned copies (each follows in order)
 
 
 _POOLS: dict[tuple[int, FleetData, int, int], _Pool] = {}
@@ -239,7 +287,7 @@ def _make_pool(partitions: int, data: FleetData, seed: int, batch_size: int) -> 
                         f"{max([*counts, batch_size])} images in every Dirichlet draw ({exc}): raise label-alpha, "
                         "lower samples or lower quantity-skew") from exc
     return _Pool(images.name, images.classes, train_x, train_y, torch.from_numpy(images.test_x),
-                 torch.from_numpy(images.test_y), rows, counts, [])
+                 torch.from_numpy(images.test_y), rows, counts, [], len(images.train_x))
 
 
 def _natural_pool(partitions: int, data: FleetData, seed: int, batch_size: int) -> _Pool:

@@ -67,6 +67,7 @@ class RunConfig:
     viewpoints: float = 360.0  # the devices' angles spread over this many degrees
     graph_file: str = ""  # the digits graph profiled once for the fleet (empty: each process extracts)
     tuning_graph_file: str = ""  # ... and with only the parts biases-norms fine-tunes trainable
+    initial_weights: str = ""  # a weights file every virtual device starts from (a pretrained model); empty: seeded
     availability: str = "always"  # see AVAILABILITY
     round_hours: float = 1.0  # simulated hours from one round to the next (availability "night")
     dropout: float = 0.0  # chance that an available device is unplugged partway through a round

@@ -11,6 +11,9 @@ What it starts, every part the real program an operator or a device runs:
 
 The story it tells, in order (:meth:`FleetDemo.run`):
 
+0. the vendor pretrains the model on digits no device holds (:mod:`agent.vendor`) and the operator imports it
+   as a signed global model version (``poet-edge server versions import``); every device starts from it
+   (``[workload] weights``), and so does the federation;
 1. each device enrols with a single-use token; the server plans its schedule for its budget and signs it,
    and the device verifies it against the server's pinned key;
 2. the devices are plugged in one by one and train local windows under their schedules; one is unplugged
@@ -42,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
+from agent.federated.virtual import FleetData
 from demo.devices import REPO, FakeDevice, agent_command, poll_until, read_status, write_config
 from demo.flower_fleet import make_tls
 from common.keep_best import kept_name
@@ -50,6 +54,10 @@ from common.programs import free_port
 # The digits model at a batch whose activations dominate the step, so budgets below a plain step's mean
 # recomputing and paging.
 MODEL, INPUT = "agent.digits:digits_workload", "128x1x8x8"
+# Each device's digits: 256 of them, seen from its own angle (-45, 0 and +45 degrees); the vendor pretrains on
+# the others, upright.
+DEMO_DATA = FleetData(samples=256, viewpoints=90.0)
+VENDOR_STEPS = 300
 MARKER = ".poet-edge-demo"  # in the demo's folder: the next run may replace it
 
 
@@ -103,7 +111,8 @@ class Outcome:
     window: dict[str, dict[str, Any]] = field(default_factory=dict)  # device -> its status after its window
     unplug: dict[str, Any] = field(default_factory=dict)
     rounds: list[dict[str, Any]] = field(default_factory=list)  # the personalize rows' metrics, per device
-    versions: int = 0
+    versions: int = 0  # stored: the vendor's, imported, and one per round
+    vendor: dict[str, Any] = field(default_factory=dict)  # the pretrained model: file, version, accuracy
     personal_models: dict[str, str] = field(default_factory=dict)  # device -> provenance path
     pictures: list[Path] = field(default_factory=list)
 
@@ -116,6 +125,7 @@ class FleetDemo:
         # absolute: the agents' configs name files that they resolve from their own folders
         self.root, self.short, self.keep_running, self.out = root.resolve(), short, keep_running, out
         self.server_dir, self.tls = self.root / "server", self.root / "tls"
+        self.vendor_file = self.root / "vendor.safetensors"
         self.port, self.flower_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.server: subprocess.Popen | None = None
@@ -142,6 +152,7 @@ class FleetDemo:
     def tell(self) -> Outcome:
         """The story, leaving everything running; :meth:`close` stops it."""
         self.start_server()
+        self.import_vendor_model()
         self.enrol_devices()
         self.train_local_windows()
         self.federate()
@@ -173,6 +184,18 @@ class FleetDemo:
                  f"{self.flower_port} (TLS, registered SuperNodes only)")
         self.say(f"dashboard: {self.url}/login  user: operator  password: {password}")
 
+    def import_vendor_model(self) -> None:
+        self.chapter("The vendor's model: pretrained on digits no device holds, imported as a signed version")
+        from agent.vendor import pretrain
+
+        vendor = pretrain(len(DEVICES), DEMO_DATA, 0, VENDOR_STEPS, 0.05, self.vendor_file)
+        self.say(vendor.describe())
+        imported = self._cli(["server", "versions", "import", str(self.vendor_file), "--model", "digits-cnn",
+                              "--data-dir", str(self.server_dir)])
+        self.say("  " + imported.strip().splitlines()[0])
+        self.outcome.vendor = {"file": str(self.vendor_file), "accuracy": vendor.accuracy, "images": vendor.images}
+        self.say("every device starts from it ([workload] weights), and the federation from its version")
+
     def enrol_devices(self) -> None:
         self.chapter("Three devices enrol; the server plans and signs each one's schedule for its budget")
         for index, spec in enumerate(DEVICES):
@@ -182,7 +205,7 @@ class FleetDemo:
             sysfs.unplug()  # on battery until the story plugs it in
             from agent.digits import write_device_data
 
-            data = write_device_data(home / "digits.npz", index, len(DEVICES))
+            data = write_device_data(home / "digits.npz", index, len(DEVICES), data=DEMO_DATA)
             token = self._cli(["server", "enrol-token", "--data-dir", str(self.server_dir)]).strip()
             device = Device(spec, home, sysfs, token)
             device.config = self._write_config(device, data, flower=False)
@@ -285,7 +308,7 @@ class FleetDemo:
         self.chapter("Summary")
         rows = {r["device"]: r for r in self.outcome.rounds}
         self.say(f"{'device':<12} {'budget':>9} {'peak':>9} {'plain':>9} {'/plain':>7} {'energy':>8} {'steps':>6} "
-                 f"{'global':>7} {'alone':>7} {'personal':>8} {'kept':>16}")
+                 f"{'global':>7} {'alone':>7} {'personal':>8} {'kept':>16} {'gain':>6}")
         for device in self.devices:
             window, row = self.outcome.window.get(device.spec.name, {}), rows.get(device.spec.name, {})
             plain, budget = self._plain_bytes(device), window.get('memory_budget_bytes')
@@ -294,7 +317,9 @@ class FleetDemo:
                      f"{window.get('energy_j') or 0:>7.1f}J "
                      f"{window.get('steps_done', 0):>6} {_pct(row.get('global-accuracy')):>7} "
                      f"{_pct(row.get('local-accuracy')):>7} {_pct(row.get('personal-accuracy')):>8} "
-                     f"{_kept(row):>16}")
+                     f"{_kept(row):>16} {_gain(row):>6}")
+        self.say("(accuracies on the half of each device's held-out digits that chose nothing; gain: the kept "
+                 "model over the better of the global model and the device training alone, in points)")
         self.say(f"\nfinished in {time.monotonic() - self.started:.0f} s; everything is in {self.root}/ "
                  f"(server.log, each device's agent.log and state/); dashboard {self.url} while it runs")
 
@@ -305,7 +330,8 @@ class FleetDemo:
             device_name=device.spec.name, training_memory_budget=device.spec.budget,
             training_steps_per_window=self.window_steps, training_checkpoint_every=5,
             training_window_gap_seconds=3600, server_url=self.url, server_enrolment_token=device.token,
-            server_public_key=str(self.root / "server.pub"), server_heartbeat_seconds=1)
+            server_public_key=str(self.root / "server.pub"), server_heartbeat_seconds=1,
+            workload_weights=str(self.vendor_file))
         if flower:
             options.update(flower_enabled=True, flower_superlink=f"127.0.0.1:{self.flower_port}",
                            flower_root_certificates=str(self.tls / "ca.crt"), flower_runtime_port=free_port())
@@ -458,6 +484,14 @@ def _kept(row: dict[str, Any]) -> str:
     """The model a device kept and its accuracy on the held-out half the choice never saw."""
     name = kept_name(row.get("kept"))
     return f"{name} {_pct(row.get('kept-accuracy'))}" if name else "-"
+
+
+def _gain(row: dict[str, Any]) -> str:
+    """The kept model's accuracy over the better of the global and the local-only model's, in points."""
+    values = [row.get(k) for k in ("kept-accuracy", "global-accuracy", "local-accuracy")]
+    if not all(isinstance(v, (int, float)) and v >= 0 for v in values):
+        return "-"
+    return f"{100 * (values[0] - max(values[1:])):+.1f}"
 
 
 def _pct(value: Any) -> str:

@@ -82,6 +82,14 @@ def add_commands(subparsers: Any) -> None:
                    help="chance that an available device is unplugged partway through a round (default 0)")
     p.add_argument("--straggle", type=float, default=0.0,
                    help="chance that an available device finishes only part of its steps in time (default 0)")
+    start = p.add_mutually_exclusive_group()
+    start.add_argument("--pretrain", type=int, default=0, metavar="STEPS",
+                       help="start from a vendor's model: the fleet's model trained STEPS steps on the digits no "
+                            "device holds, upright, before the run (each seed its own; kept in the profile cache "
+                            "as .safetensors, for `poet-edge server versions import`); default 0: seeded weights")
+    start.add_argument("--initial-weights", type=Path, metavar="FILE",
+                       help="start every run from these weights (.safetensors, .npz or .pt of the fleet's model, "
+                            "such as `poet-edge server versions export latest --out FILE` writes)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights, split, batches and sampling (default 0)")
     p.add_argument("--seeds", type=positive_int, default=3,
                    help="runs, with seeds SEED, SEED+1, ...: the figures are their mean with a 95%% confidence "
@@ -124,16 +132,42 @@ def _or(value: Any, default: Any) -> Any:
 
 def _share(data: Any) -> str:
     """What each device trains on, for the progress lines."""
+    if data.dataset == "python-stdlib":  # agent.stdlib_text.STDLIB_TEXT (this module stays cheap to import)
+        return f"{data.samples or 'all'} windows of one standard-library package's source per device"
     if data.partition_by:
         return f"each device one {data.partition_by}'s images of {Path(data.dataset).name}"
     what = f"{Path(data.dataset).name} images" if data.dataset else "digits"
     return f"{data.samples or 'a partition of'} {what} per device"
 
 
+def _vendor(args: argparse.Namespace, data: Any, seed: int) -> Path:
+    """The vendor's model for this fleet and seed (:mod:`agent.vendor`), pretrained once and kept in the
+    profile cache: a function of the fleet, the seed, the steps and the learning rate."""
+    import hashlib
+
+    import torch
+
+    from agent.stdlib_text import STDLIB_TEXT
+    from agent.vendor import pretrain
+    from simulation.profile import profile_cache, profile_once
+
+    what = repr((args.devices, data, seed, args.pretrain, args.lr, torch.__version__))
+    path = profile_cache() / "vendor" / f"digits-{hashlib.sha256(what.encode()).hexdigest()[:16]}.safetensors"
+    if not path.is_file():
+        # the vendor trains the whole model: the profile of the devices' (an adapters' one for text) is not its
+        graph = None if data.dataset == STDLIB_TEXT else profile_once(seed, dataset=data.dataset,
+                                                                       label_column=data.label_column)
+        vendor = pretrain(args.devices, data, seed, args.pretrain, args.lr, path, graph)
+        print(f"-- {vendor.describe()}", flush=True)
+    else:
+        print(f"-- pretrained by the vendor ({args.pretrain} steps on digits no device holds): {path}", flush=True)
+    return path
+
+
 def run_simulate(args: argparse.Namespace) -> int:
     """Run the comparison for each size and seed, print the figures, write JSON and the plot when asked."""
-    from agent.digits import BATCH_SIZE, device_dataset
-    from agent.errors import DataError
+    from agent.digits import BATCH_SIZE, device_dataset, fleet_workload, vendor_dataset
+    from agent.errors import DataError, WeightsError
     from agent.federated.virtual import FleetData
     from common.errors import RunConfigError
     from simulation.compare import SeedRuns, Sweep, compare
@@ -151,20 +185,31 @@ def run_simulate(args: argparse.Namespace) -> int:
                                   args.database, args.cpus_per_device, args.fraction, args.min_devices,
                                   args.availability, args.round_hours, args.dropout, args.straggle,
                                   ditto_lambda=args.ditto_lambda)
+    if args.pretrain < 0:
+        raise CommandError(f"--pretrain takes 0 steps or more, got {args.pretrain}", ExitCode.USAGE)
+    if args.initial_weights is not None:
+        settings = replace(settings, initial_weights=str(args.initial_weights.resolve()))
     try:
         for data in datas:  # every value checked before anything starts
             data.check(args.devices, BATCH_SIZE)
             replace(settings, data=data).run_config("")
             if data.dataset:  # readable, with images for every device (the digits always have them)
                 device_dataset(args.devices - 1, args.devices, data=data, seed=args.seed)
-    except (FederationError, RunConfigError, DataError) as exc:
+            if args.pretrain:  # images left to pretrain on
+                vendor_dataset(args.devices, data=data, seed=args.seed)
+            if settings.initial_weights:  # weights of this fleet's model
+                fleet_workload(data, args.seed, initial_weights=settings.initial_weights)
+    except (FederationError, RunConfigError, DataError, WeightsError) as exc:
         raise CommandError(str(exc), ExitCode.USAGE) from exc
     setups = []
     for data in datas:
         comparisons = []
         for seed in range(args.seed, args.seed + args.seeds):
             print(f"== {_share(data)}, seed {seed} ({seed - args.seed + 1} of {args.seeds})", flush=True)
-            comparisons.append(compare(replace(settings, data=data, seed=seed), args.personalization, sys.stdout))
+            run = replace(settings, data=data, seed=seed)
+            if args.pretrain:
+                run = replace(run, initial_weights=str(_vendor(args, data, seed)))
+            comparisons.append(compare(run, args.personalization, sys.stdout))
             comparisons[-1].print(sys.stdout)
         setups.append(SeedRuns(data.samples, comparisons))
         setups[-1].print(sys.stdout)

@@ -182,7 +182,8 @@ def compare(settings: Any, strategies: tuple[str, ...], out: TextIO = sys.stdout
     steps = sum(d.steps for d in runs[strategies[0]].devices)
     accuracies = centralized_accuracies(settings.devices, settings.data, settings.seed, steps, settings.lr,
                                         profile_once(settings.seed, dataset=settings.data.dataset,
-                                                     label_column=settings.data.label_column))
+                                                     label_column=settings.data.label_column),
+                                        settings.initial_weights)
     names = [n["device-name"] for n in fleet_node_configs(settings.devices, settings.classes)]
     return Comparison(settings.seed, runs, dict(zip(names, accuracies)), failed)
 

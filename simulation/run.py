@@ -41,6 +41,7 @@ class SimulationSettings:
     straggle: float = 0.0
     local_baseline: bool = True  # every device also trains alone: the baseline personalization must beat
     ditto_lambda: float = 0.1
+    initial_weights: str = ""  # a weights file every device starts from (agent.vendor); empty: seeded
 
     def run_config(self, database_url: str, graph_file: str = "", tuning_graph_file: str = "") -> dict[str, Any]:
         """The run config both apps read (:class:`common.runconfig.RunConfig`)."""
@@ -50,8 +51,9 @@ class SimulationSettings:
             personalization=self.personalization, finetune_steps=self.finetune_steps, seed=self.seed,
             ditto_lambda=self.ditto_lambda,
             database_url=database_url, device_classes=classes_config(self.classes), **self.data.run_config(),
-            initial_version="none",  # each simulation from the seeded weights
+            initial_version="none",  # each simulation from the devices' initial weights
             local_baseline=self.local_baseline, graph_file=graph_file, tuning_graph_file=tuning_graph_file,
+            initial_weights=self.initial_weights,
             availability=self.availability,
             round_hours=self.round_hours, dropout=self.dropout, straggle=self.straggle).to_mapping()
 

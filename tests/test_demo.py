@@ -67,7 +67,24 @@ def test_the_demo_trains_unplugs_resumes_federates_and_leaves_models_and_no_proc
     assert unplug["device"] == UNPLUGGED and unplug["steps_at_stop"] >= unplug["steps_seen"]
     assert unplug["steps_after_resume"] > unplug["steps_at_stop"]  # went on from the checkpointed steps
     assert outcome.window[UNPLUGGED]["steps_done"] >= unplug["steps_at_stop"] + 30  # a whole window after it
-    assert len(outcome.rounds) == 3 and outcome.versions == 2
+    assert len(outcome.rounds) == 3 and outcome.versions == 3  # the vendor's, imported, and one per round
+    # every device and the federation started from the vendor's pretrained model, as the operator imported it
+    assert outcome.vendor["accuracy"] > 0.8 and "imported from" in text and "v1\timported from" in text
+    from agent.config import load_config
+    from agent.weight_files import fingerprint
+
+    vendor_sha = fingerprint(Path(outcome.vendor["file"]))
+    for spec in DEVICES:
+        config = load_config(root / spec.name / "agent.toml")
+        assert config.workload.weights == Path(outcome.vendor["file"])
+        kept = json.loads((root / spec.name / "state" / "personal" / "model.json").read_text())
+        assert kept["weights_sha256"] == vendor_sha
+    from server.config import ServerSettings
+    from server.federated.rounds import open_store
+    from server.model_versions import list_versions
+
+    chain = list_versions(open_store(ServerSettings(data_dir=root / "server").database_url))
+    assert [(v.version, v.run_id, v.parent) for v in chain[::-1]][:2] == [(1, "import", None), (2, chain[1].run_id, 1)]
     for row in outcome.rounds:
         assert 0 <= row["global-accuracy"] <= 1 and 0 <= row["personal-accuracy"] <= 1
         assert 0 <= row["local-accuracy"] <= 1

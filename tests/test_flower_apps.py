@@ -644,3 +644,33 @@ def test_an_agents_personal_layers_and_data_position_outlive_a_supernode_restart
     with pytest.raises(FederationError, match=f"cannot read this device's state of run 1 from {saved}"):
         Device(0, node_config=node, personalization="fedper").ask("train", weights_message(sent))
     assert saved.read_bytes() == b"not a state file"
+
+
+def test_a_fleet_started_from_a_vendors_pretrained_file_starts_there_and_a_wrong_file_is_refused(tmp_path) -> None:
+    import numpy as np
+    import torch
+    from safetensors.torch import save_file
+
+    from agent.digits import vendor_dataset
+    from agent.federated.virtual import FleetData
+    from server.model_files import read_weights
+    from simulation.profile import profile_once
+    from agent.vendor import pretrain
+
+    data = FleetData(samples=16)
+    vendor = pretrain(3, data, 0, 40, 0.05, tmp_path / "vendor.safetensors", profile_once(0))
+    seeded = client.task_for(0)
+    assert vendor.accuracy > seeded.evaluate(seeded.initial, vendor_dataset(3, data=data))[1]  # it learned
+    stored = read_weights(vendor.path)  # what `poet-edge server versions import` reads
+    assert set(stored) == set(seeded.initial)
+    device = Device(0, samples=16, **{"initial-weights": str(vendor.path)})
+    initial = device.ask("query.initial", RecordDict({"config": ConfigRecord()})).content["arrays"].to_torch_state_dict()
+    assert all(np.array_equal(initial[k].numpy(), stored[k]) for k in stored)  # the run starts from the vendor's
+    alone = client._device(device.context).task.initial  # what its local-only baseline trains from
+    assert all(np.array_equal(alone[k].numpy(), stored[k]) for k in stored)  # ... the vendor's too
+    other = {k: torch.zeros(3) if k == "head.bias" else v for k, v in initial.items()}
+    save_file({k: v.contiguous() for k, v in other.items()}, str(tmp_path / "other.safetensors"))
+    with pytest.raises(FederationError, match=r"run config initial-weights: the weights in .*other.safetensors are not "
+                                              r"for this model \(shapes differ: head.bias \(3,\)"):
+        Device(1, samples=16, **{"initial-weights": str(tmp_path / "other.safetensors")}).ask(
+            "train", weights_message(ArrayRecord(initial)))

@@ -132,24 +132,39 @@ def run_config(context: Context) -> RunConfig:
 
 LAUNCHED_AT = "POET_CLIENTAPP_LAUNCHED_AT"  # environment: when the warm runner was asked for this process
 
-_TASKS: dict[tuple[int, str, str, str, str], Task] = {}  # per process: one per seed, graph, tuning and data set
+_TASKS: dict[tuple[int, str, str, str, str, str], Task] = {}  # per process: by seed, graph, tuning, data, start
 _DATA: dict[DeviceSetup, LocalDataset] = {}
 _AGENTS: dict[str, _Device] = {}  # agent config path -> the agent's device, built once per process
 
 
-def task_for(seed: int, graph_file: str = "", tuning: str = "", data: FleetData = FleetData()) -> Task:
+def task_for(seed: int, graph_file: str = "", tuning: str = "", data: FleetData = FleetData(),
+             initial_weights: str = "") -> Task:
     """The fleet's model's :class:`Task` for ``seed`` (the digits', or one sized to ``data``'s data set,
     :func:`agent.digits.fleet_workload`), built once per process: with ``graph_file`` (run config
     ``graph-file``: the graph a simulation profiled once for its whole fleet) every device plans from the same
     node times, else from this process's own extraction.  With ``tuning`` (a strategy of
-    :attr:`agent.personalization.Strategy.partial_tuning`) only what that strategy fine-tunes is trainable."""
-    key = (seed, graph_file, tuning, data.dataset, data.label_column)
+    :attr:`agent.personalization.Strategy.partial_tuning`) only what that strategy fine-tunes is trainable.
+    With ``initial_weights`` (run config ``initial-weights``) the model starts from that file's weights, not the
+    seeded ones: the run's start, and the local-only baseline's."""
+    key = (seed, graph_file, tuning, data.dataset, data.label_column, initial_weights)
     if key not in _TASKS:
         from agent.digits import fleet_workload
+        from agent.errors import WeightsError
 
         graph = TrainingGraph.load(graph_file) if graph_file else None
-        _TASKS[key] = Task(fleet_workload(data, seed, tuning=tuning), graph=graph)
+        try:
+            work = fleet_workload(data, seed, tuning=tuning, initial_weights=initial_weights)
+        except WeightsError as exc:  # an error reply: the simulation shows it as the run's failure
+            raise FederationError(f"run config initial-weights: {exc}") from exc
+        _TASKS[key] = Task(work, graph=graph)
     return _TASKS[key]
+
+
+def fleet_task(context: Context, setup: DeviceSetup, tuning: str = "") -> Task:
+    """A simulated device's :func:`task_for`, as the run config says (graph, start weights)."""
+    run = run_config(context)
+    return task_for(setup.seed, run.tuning_graph_file if tuning else run.graph_file, tuning, setup.data,
+                    run.initial_weights)
 
 
 def tuning_for(d: _Device, context: Context) -> tuple[Task, DevicePlan]:
@@ -158,8 +173,7 @@ def tuning_for(d: _Device, context: Context) -> tuple[Task, DevicePlan]:
     strategy = personalization(context)
     if not strategy.partial_tuning:
         return d.task, d.plan
-    run = run_config(context)
-    task = task_for(d.setup.seed, run.tuning_graph_file, strategy.name, d.setup.data)
+    task = fleet_task(context, d.setup, strategy.name)
     try:
         return task, task.plan(d.setup.profile, d.plan.budget_bytes)
     except FederationError as exc:
@@ -328,7 +342,7 @@ def _device(context: Context) -> _Device:
             run_state.restore(context, d.state_dir, d.task.initial)
         return replace(d, personal=strategy.personal_keys(d.task.model), own_optimizer=True)
     setup = DeviceSetup.from_context(context)
-    task = task_for(setup.seed, run_config(context).graph_file, data=setup.data)
+    task = fleet_task(context, setup)
     # ditto holds a second whole model (the global one, or its own) beside every step it trains
     held = Ditto.held_bytes(task.initial) if strategy.trains_beside else 0
     try:
@@ -338,7 +352,8 @@ def _device(context: Context) -> _Device:
     except FederationError as exc:  # an error reply carries no device name: the reason names the device
         beside = f"ditto holds the global model ({held:,} B) beside each step: " if held else ""
         raise FederationError(f"{setup.name}: {beside}{exc}") from exc
-    return _Device(setup, task, data_for(setup), plan, strategy.personal_keys(task.model), held_bytes=held)
+    return _Device(setup, task, data_for(setup), plan, strategy.personal_keys(task.model), held_bytes=held,
+                   frozen=_frozen_base(task.model))
 
 
 def _startup_seconds() -> float:
@@ -376,8 +391,8 @@ def initial(msg: Message, context: Context) -> Message:
         d = agent_device(str(context.node_config["agent-config"]))
         task, frozen = d.task, d.frozen
     else:
-        setup = DeviceSetup.from_context(context)
-        task = task_for(setup.seed, run_config(context).graph_file, data=setup.data)
+        task = fleet_task(context, DeviceSetup.from_context(context))
+        frozen = _frozen_base(task.model)
     personal = personalization(context).personal_keys(task.model) | frozen
     model: dict[str, Any] = {MODEL_NAME: task.workload.name}
     tied = [f"{alias}={source}" for alias, source in tied_aliases(task.model).items()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agent.digits import device_angle, device_dataset, load_digits, rotate
+from agent.digits import device_angle, device_dataset, load_digits, rotate, vendor_dataset
 from agent.errors import DataError, FederationError
 from agent.federated.task import METRIC_KEYS, metric_values
 from agent.federated.virtual import FleetData
@@ -100,3 +100,25 @@ def test_every_report_has_every_metric_key_and_no_other() -> None:
     assert tuple(values) == METRIC_KEYS and values["accuracy"] == 0.5 and values["energy-j"] == -1
     with pytest.raises(FederationError):
         metric_values(loss=1.0)
+
+
+@pytest.mark.parametrize("samples", [16, 256])  # 256 digits on 6 devices grow the pool with turned copies
+def test_a_vendor_pretrains_on_digits_no_device_holds_nor_any_turned_copy_of_them(samples) -> None:
+    from agent.digits import _pool
+
+    data = FleetData(samples=samples, label_alpha=1.0, viewpoints=90.0)
+    vendor = vendor_dataset(6, data=data)
+    mine = _indices(vendor.train_x)  # upright: each one a digit as shipped, once
+    assert len(mine) == len(set(mine)) >= 16
+    pool = _pool(6, data, 0, 16)
+    digit_of_row = _indices(pool.train_x[:pool.original_count])  # row r of a grown pool copies row r % count
+    held = {digit_of_row[int(r) % pool.original_count] for rows, n in zip(pool.rows, pool.counts) for r in rows[:n]}
+    if samples == 16:  # without turned copies, the rows held are the devices' own images
+        assert held == set().union(*(_indices(device_dataset(i, 6, data=data, angle=0).train_x) for i in range(6)))
+    assert not held & set(mine)
+    assert not set(_indices(vendor.holdout_x)) & set(mine)  # reported on digits it never saw
+
+
+def test_no_vendor_data_is_left_where_every_device_keeps_its_whole_partition() -> None:
+    with pytest.raises(DataError, match="hold all but 0 of the .* training images"):
+        vendor_dataset(4, data=FleetData())

@@ -150,3 +150,13 @@ def test_a_failed_device_is_named_and_the_runs_logs_are_kept(tmp_path, capsys) -
     assert "none fits below" in err  # and why, with the smallest budget that might
     kept = err.split("logs are kept in ")[-1].split()[0]
     assert list(Path(kept).rglob("*.log"))  # what explains it outlives the run's scratch folder
+
+
+def test_a_start_that_cannot_be_made_is_a_usage_error_before_anything_starts(tmp_path, capsys) -> None:
+    (tmp_path / "notes.safetensors").write_text("not weights")
+    assert main(["simulate", "--devices", "3", "--samples", "16", "--initial-weights",
+                 str(tmp_path / "notes.safetensors")]) == 2
+    assert "notes.safetensors" in capsys.readouterr().err
+    # every device keeping its whole partition leaves the vendor nothing to pretrain on
+    assert main(["simulate", "--devices", "3", "--samples", "0", "--pretrain", "100"]) == 2
+    assert "hold all but 0 of the" in capsys.readouterr().err
