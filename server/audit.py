@@ -12,6 +12,7 @@ from __future__ import annotations
 import getpass
 import logging
 import time
+from dataclasses import dataclass
 
 from sqlalchemy import select
 
@@ -51,5 +52,48 @@ def record(db: Database, action: str, *, actor: str, target: str = "", detail: s
 
 def recent(db: Database, limit: int = 200) -> list[AuditEntry]:
     """The newest ``limit`` entries, newest first."""
+    return search(db, AuditQuery(), limit).entries
+
+
+PAGE_SIZE = 100  # entries a page of the audit log shows
+
+
+@dataclass(frozen=True)
+class AuditQuery:
+    """Which entries to show: by actor (a part of it: ``operator:``, ``pi-17``), action (one of :data:`ACTIONS`),
+    time (``since`` / ``until``, Unix seconds) and page (``before``: the entries older than this entry id)."""
+
+    actor: str = ""
+    action: str = ""
+    since: float | None = None
+    until: float | None = None
+    before: int | None = None
+
+
+@dataclass(frozen=True)
+class AuditPage:
+    """One page of entries, newest first, and the id to ask ``before`` for the next older page (None: none)."""
+
+    entries: list[AuditEntry]
+    older: int | None
+
+
+def search(db: Database, query: AuditQuery, limit: int = PAGE_SIZE) -> AuditPage:
+    """The newest ``limit`` entries ``query`` selects, found in the database (by id, so a page never shifts as
+    new entries arrive)."""
+    statement = select(AuditEntry)
+    if query.actor:
+        escaped = query.actor.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        statement = statement.where(AuditEntry.actor.like(f"%{escaped}%", escape="\\"))
+    if query.action:
+        statement = statement.where(AuditEntry.action == query.action)
+    if query.since is not None:
+        statement = statement.where(AuditEntry.at >= query.since)
+    if query.until is not None:
+        statement = statement.where(AuditEntry.at < query.until)
+    if query.before is not None:
+        statement = statement.where(AuditEntry.id < query.before)
     with db.read() as session:
-        return list(session.scalars(select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit)))
+        rows = list(session.scalars(statement.order_by(AuditEntry.id.desc()).limit(limit + 1)))
+    more = len(rows) > limit
+    return AuditPage(rows[:limit], rows[limit - 1].id if more else None)

@@ -113,17 +113,20 @@ class RequestRejectedError(ServerError):
 
 
 class SolveQueueFullError(ServerError):
-    """The solve queue is full; the device should ask again later."""
+    """The solve queue is full; the device should ask again later (``retry_after`` seconds: about a solve)."""
 
     exit_code = ExitCode.SOLVER_FAILED
     http_status = 503
+    retry_after = 10.0
 
 
 class SolveQuotaError(ServerError):
-    """This device has as many schedule requests waiting as it may; the others' requests are not held back."""
+    """This device has as many schedule requests waiting as it may; the others' requests are not held back
+    (``retry_after`` seconds: about one of its solves)."""
 
     exit_code = ExitCode.REJECTED
     http_status = 429
+    retry_after = 10.0
 
 
 class UnknownSolveRequestError(ServerError):

@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from server.api.auth import unchecked_credentials
-from server.errors import AuthenticationError, RateLimitedError, ServerError
+from server.errors import AuthenticationError, ServerError
 
 log = logging.getLogger("poet-server")
 
@@ -38,6 +38,9 @@ def install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, on_unexpected)
 
 
+DEFAULT_RETRY_AFTER = 5.0  # seconds, for a 429 or 503 whose error does not say
+
+
 def error(status: int, detail: str, headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
     """The one error shape."""
     return JSONResponse({"detail": detail, **extra}, status_code=status, headers=headers)
@@ -48,8 +51,8 @@ async def on_server_error(request: Request, exc: Exception) -> JSONResponse:
     if exc.http_status >= 500 and exc.http_status != 503:
         return await on_unexpected(request, exc)
     headers = {}
-    if isinstance(exc, RateLimitedError):
-        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
+    if exc.http_status in (429, 503):  # every one says when to come back (docs/api.md)
+        headers["Retry-After"] = str(max(1, math.ceil(getattr(exc, "retry_after", DEFAULT_RETRY_AFTER))))
     if isinstance(exc, AuthenticationError):
         headers["WWW-Authenticate"] = "Bearer"
     return error(exc.http_status, str(exc), headers)

@@ -23,6 +23,13 @@ MAX_HEARTBEATS = 500  # heartbeats in one request (an agent's queue flushed at o
 
 Number = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 NonNegative = Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)]
+# Ranges a device can produce: wider than any real value, narrow enough that no stored value breaks a page
+# (a clock in nanoseconds, a loss of 1e308).
+MAX_UNIX_TIME = 4_102_444_800.0  # 2100-01-01: seconds, not milli- or nanoseconds
+UnixTime = Annotated[float, Strict(), Field(ge=0, le=MAX_UNIX_TIME, allow_inf_nan=False)]
+Loss = Annotated[float, Strict(), Field(ge=-1e9, le=1e9, allow_inf_nan=False)]
+Seconds = Annotated[float, Strict(), Field(ge=0, le=1e8, allow_inf_nan=False)]  # three years
+Joules = Annotated[float, Strict(), Field(ge=0, le=1e12, allow_inf_nan=False)]  # a kilowatt for 30 years
 Count = Annotated[StrictInt, Field(ge=0, le=2**63 - 1)]
 Bytes = Annotated[StrictInt, Field(ge=0, le=2**63 - 1)]
 NO_NUL = r"^[^\x00]*$"
@@ -90,19 +97,19 @@ class Heartbeat(BaseModel):
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
-    sent_at: NonNegative = Field(description="Unix time the agent made this heartbeat")
+    sent_at: UnixTime = Field(description="Unix time the agent made this heartbeat")
     software_version: Annotated[str, Field(max_length=64, pattern=NO_NUL)] | None = None
     state: Literal[STATES]  # type: ignore[valid-type]
     reason: Text | None = None
     steps_done: Count = 0
-    since: NonNegative | None = None
+    since: UnixTime | None = None
     device: Line | None = None
     pid: Count | None = None
-    updated: NonNegative | None = None
+    updated: UnixTime | None = None
     eligible: StrictBool | None = None
     eligibility: Annotated[list[Verdict], Field(max_length=32)] = []
-    loss: Number | None = None
-    holdout_loss: Number | None = None
+    loss: Loss | None = None
+    holdout_loss: Loss | None = None
     holdout_accuracy: Annotated[float, Strict(), Field(ge=0, le=1, allow_inf_nan=False)] | None = None
     kept_model: Literal["global", "personal", "local"] | None = None
     kept_accuracy: Annotated[float, Strict(), Field(ge=0, le=1, allow_inf_nan=False)] | None = None
@@ -113,20 +120,20 @@ class Heartbeat(BaseModel):
     memory_budget_bytes: Bytes | None = None
     peak_bytes: Bytes | None = None
     bound_bytes: Bytes | None = None
-    energy_j: NonNegative | None = None
+    energy_j: Joules | None = None
     energy_source: Line | None = None
     data: Text | None = None
     samples_skipped: Count | None = None
     last_error: Text | None = None
-    step_seconds: NonNegative | None = None
-    last_checkpoint_seconds: NonNegative | None = None
-    last_stop_after_step_seconds: NonNegative | None = None
+    step_seconds: Seconds | None = None
+    last_checkpoint_seconds: Seconds | None = None
+    last_stop_after_step_seconds: Seconds | None = None
     # the fleet's device figures (docs/api.md)
     power_source: Line | None = Field(None, description="e.g. mains, battery, usb")
     charging: StrictBool | None = None
     battery_percent: Annotated[float, Strict(), Field(ge=0, le=100, allow_inf_nan=False)] | None = None
     temperature_c: Annotated[float, Strict(), Field(ge=-100, le=200, allow_inf_nan=False)] | None = None
-    cpu_load: NonNegative | None = None
+    cpu_load: Annotated[float, Strict(), Field(ge=0, le=1e4, allow_inf_nan=False)] | None = None
     under_voltage: StrictBool | None = None
     memory_available_bytes: Bytes | None = None
     storage_free_bytes: Bytes | None = None

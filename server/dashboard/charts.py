@@ -52,7 +52,10 @@ def line_chart(title: str, series: Sequence[Series], *, rules: Sequence[Rule] = 
         return Markup("".join(parts))
     x_lo, x_hi = _span([x for x, _ in points])
     y_lo, y_hi = _span([y for _, y in points] + [r.y for r in rules], from_zero=True)
-    y_ticks = nice_ticks(y_lo, y_hi)
+    if not (math.isfinite(x_hi - x_lo) and math.isfinite(y_hi - y_lo)):  # stored before values were held to a
+        parts.append(f'<text class="empty" x="{WIDTH / 2:g}" y="{HEIGHT / 2:g}">values out of range</text></svg>')
+        return Markup("".join(parts))  # device's range: nothing a chart can draw
+    y_ticks = nice_ticks(y_lo, y_hi) or [y_lo]
     y_lo, y_hi = min(y_lo, y_ticks[0]), max(y_hi, y_ticks[-1])
     legend, legend_rows = _legend(series, rules, title)
     scale = _Scale(x_lo, x_hi, y_lo, y_hi, TOP + LEGEND_ROW * (legend_rows - 1))
@@ -68,11 +71,13 @@ def line_chart(title: str, series: Sequence[Series], *, rules: Sequence[Rule] = 
 def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
     """Round tick values covering ``lo..hi``: steps of 1, 2 or 5 times a power of ten."""
     raw = (hi - lo) / max(count - 1, 1)
+    if not (math.isfinite(raw) and raw > 0 and raw > abs(lo) * 1e-12):  # no span a float can step through
+        return [t for t in (lo, hi) if math.isfinite(t)][:1 if lo == hi else 2]
     magnitude = 10 ** math.floor(math.log10(raw))
     step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw)
     first = math.floor(lo / step) * step
     ticks = [first]
-    while ticks[-1] < hi - step * 1e-9:
+    while ticks[-1] < hi - step * 1e-9 and len(ticks) <= 4 * count:
         ticks.append(ticks[-1] + step)
     return [round(t, 12) for t in ticks]
 

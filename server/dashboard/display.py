@@ -58,7 +58,10 @@ def clock(timestamp: Any) -> str:
     """A Unix time as ``2026-01-15 14:03:12`` (the server's local time)."""
     if not present(timestamp):
         return DASH
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
+    except (OverflowError, OSError, ValueError):  # stored before heartbeats were held to a device's range
+        return f"{timestamp:.6g} (not a time)"
 
 
 SKEW_SHOWN_SECONDS = 60.0  # a device clock this far off the server's is worth an operator's look

@@ -49,12 +49,16 @@ def login(request: Request, username: FormText = "", password: FormText = "", cs
     csrf.check_form(request, request.cookies.get(LOGIN_CSRF_COOKIE), csrf_token)
     dashboard = dashboard_state(request)
     # counted per address and account: a guesser at one account behind a NAT does not lock out another
-    # operator at the same address; per account alone, at a higher limit, guessing from many addresses
-    counts = ((dashboard.login_failures, f"{client_address(request)}|{username}"),
-              (dashboard.account_failures, username))
+    # operator at the same address; per account alone, at a higher limit, guessing from many addresses; per
+    # address alone, at a higher limit too, guessing at many names from one (while limited, no password is
+    # hashed: argon2's cost is spent on attempts that may succeed)
+    address = client_address(request)
+    counts = ((dashboard.login_failures, f"{address}|{username}"), (dashboard.account_failures, username),
+              (dashboard.address_failures, address))
     wait = max((w for limiter, key in counts if (w := limiter.retry_after(key)) is not None), default=None)
     if wait is not None:
-        if dashboard.login_failures.first_refusal(counts[0][1]):
+        # one audit row per run of refusals, for the address whatever names it tries
+        if dashboard.address_failures.first_refusal(address):
             audit.record(server_state(request).db, "rate-limited", actor="anonymous", target=f"sign-in {username}",
                          address=client_address(request))
         return _form(request, next, error=f"Too many failed sign-ins from this address; try again in "

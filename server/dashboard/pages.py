@@ -11,7 +11,7 @@ from fastapi.responses import RedirectResponse, Response
 
 from server import audit, devices, solve_requests
 from server.api.state import client_address, server_state
-from server.dashboard import csrf, views
+from server.dashboard import audit_view, csrf, views
 from server.dashboard.auth import AdminOperator, ApiOperator, PageOperator, local_path
 from server.dashboard.device_charts import device_charts
 from server.dashboard.fleet_charts import fleet_charts
@@ -170,8 +170,13 @@ def revoke_token(request: Request, token_id: int, operator: AdminOperator, csrf_
 
 @router.get("/audit")
 def audit_page(request: Request, operator: PageOperator) -> Response:
-    """The newest entries of the audit log."""
-    return render(request, "audit.html", operator, page="audit", entries=audit.recent(server_state(request).db))
+    """The audit log, newest first, a page at a time, filtered by actor, action and time
+    (:mod:`server.dashboard.audit_view`)."""
+    query, notes = audit_view.read_query(request.query_params)
+    found = audit.search(server_state(request).db, query)
+    older = audit_view.older_link(request.query_params, found.older) if found.older is not None else None
+    return render(request, "audit.html", operator, page="audit", entries=found.entries, query=query, notes=notes,
+                  actions=audit.ACTIONS, older=older, params=request.query_params)
 
 
 def _tokens(request: Request, operator: Any, status: int = 200, **shown: Any) -> Response:

@@ -16,6 +16,7 @@ TEMPLATES = HERE / "templates"
 STATIC = HERE / "static"
 LOGIN_FAILURES_PER_MINUTE = 10  # per address and account
 ACCOUNT_FAILURES_PER_MINUTE = 30  # per account, from every address
+ADDRESS_FAILURES_PER_MINUTE = 30  # per address, whatever the names: 150 names from one address are no typos
 
 
 def template_environment() -> Environment:
@@ -32,6 +33,7 @@ class DashboardState:
     templates: Environment = field(default_factory=template_environment)
     login_failures: RateLimiter = field(default_factory=lambda: RateLimiter(LOGIN_FAILURES_PER_MINUTE))
     account_failures: RateLimiter = field(default_factory=lambda: RateLimiter(ACCOUNT_FAILURES_PER_MINUTE))
+    address_failures: RateLimiter = field(default_factory=lambda: RateLimiter(ADDRESS_FAILURES_PER_MINUTE))
     timelines: TimelineCache = field(default_factory=TimelineCache)
 
 

@@ -3,6 +3,7 @@ audit log (database, dashboard page, journal) of every enrolment, revocation, si
 
 from __future__ import annotations
 
+import html
 import logging
 import re
 import time
@@ -126,6 +127,41 @@ def test_the_audit_page_and_the_journal_show_sign_ins_enrolments_revocations_and
     journal = [r.getMessage() for r in caplog.records if r.getMessage().startswith("audit: ")]
     assert len(journal) == len(actions) - 1  # the sign-in before the capture began is in the log only
     page = client.get("/audit").text
-    rows = re.findall(r'<tr class="audit-row" data-action="([^"]+)">', page)
+    rows = re.findall(r'<tr class="audit-row" data-action="([^"]+)"', page)
     assert rows == [action for _, action in reversed(actions)]
     assert "testclient" in page  # the address each came from
+
+
+def test_the_audit_page_pages_and_filters_by_actor_action_and_time(dashboard: Dashboard) -> None:
+    from server.audit import PAGE_SIZE
+
+    client = dashboard.client
+    database = client.app.state.server.db
+    day = time.mktime(time.strptime("2026-03-02 12:00", "%Y-%m-%d %H:%M"))
+    for i in range(PAGE_SIZE + 30):  # a guesser's flood, the day before, then one operator action
+        audit.record(database, "login-failed", actor="anonymous", target=f"name-{i}", address="192.0.2.9",
+                     now=day - 86400 + i)
+    audit.record(database, "device.revoke", actor="operator:alice", target="pi-7", now=day)
+
+    def rows(path: str) -> list[tuple[str, str]]:
+        page = client.get(path)
+        assert page.status_code == 200, page.text
+        return re.findall(r'<tr class="audit-row" data-action="([^"]+)" data-id="\d+"><td>[^<]*</td><td>([^<]*)</td>',
+                          page.text)
+
+    first = client.get("/audit").text
+    assert len(rows("/audit")) == PAGE_SIZE  # a page, not the whole log
+    older = re.search(r'id="audit-older" href="([^"]+)"', first).group(1).replace("&amp;", "&")
+    assert len(rows(older)) > 0 and set(rows(older)).isdisjoint({("device.revoke", "operator:alice")})
+    # the operator's action is found under the flood, by actor, by action, or by its day
+    assert rows("/audit?actor=alice") == [("device.revoke", "operator:alice")]
+    assert rows("/audit?action=device.revoke") == [("device.revoke", "operator:alice")]
+    assert rows("/audit?until=2026-02-28") == []  # before anything happened
+    on_the_day = rows("/audit?since=2026-03-02&until=2026-03-02&actor=operator")
+    assert on_the_day == [("device.revoke", "operator:alice")]
+    flood = client.get("/audit?action=login-failed&since=2026-03-01&until=2026-03-01").text
+    assert 'id="audit-older"' in flood and "action=login-failed" in flood  # paging keeps the filter
+    # a filter that does not read is left out, and the page says so
+    odd = html.unescape(client.get("/audit?action=dance&since=yesterday").text)
+    assert "no action is called 'dance'" in odd and "since 'yesterday' is not a time" in odd
+    assert client.get("/audit?actor=%25").status_code == 200 and rows("/audit?actor=%25") == []  # % is a character

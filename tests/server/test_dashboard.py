@@ -376,6 +376,23 @@ def test_a_device_clock_a_year_ahead_is_shown_and_its_sent_times_read_as_times(d
     assert len(re.search(r'data-series="loss" points="([^"]+)"', loss).group(1).split()) == 3
 
 
+def test_values_stored_before_heartbeats_were_held_to_a_devices_range_never_break_a_page(dashboard) -> None:
+    from server.devices import record_heartbeats
+    from server.db.models import Device
+
+    client = dashboard.client
+    enrol(client, "pi-odd")
+    with db(client).read() as session:
+        device_id = session.query(Device).filter(Device.name == "pi-odd").one().id
+    beats = [heartbeat(sent_at=1795817216000000000 + i, steps_done=i, loss=(-1) ** i * 1e308, energy_j=1e308 * i,
+                       holdout_accuracy=0.5) for i in range(3)]
+    record_heartbeats(db(client), device_id, beats, time.time(), keep=100)  # as an older server stored them
+    for path in ("/devices/pi-odd", "/", "/dashboard/fleet.json", "/fleet/charts"):
+        assert client.get(path).status_code == 200, path
+    html = client.get("/devices/pi-odd").text
+    assert "values out of range" in html and "(not a time)" in html
+
+
 def test_a_device_without_heartbeats_says_there_is_no_data(dashboard: Dashboard) -> None:
     enrol(dashboard.client, "pi-1")
     html = dashboard.client.get("/devices/pi-1").text
@@ -531,3 +548,23 @@ def test_a_device_that_plans_for_itself_says_which_schedule_it_runs(dashboard: D
     assert client.post("/api/v1/heartbeats", json=beat, headers=device.headers).status_code == 204
     note = re.search(r'id="no-schedule">(.*?)</p>', client.get("/devices/pi-1").text, re.S).group(1)
     assert "abc123" in note and "local solve" in note and "has not downloaded" not in note
+
+
+def test_one_address_guessing_at_many_names_is_limited_without_hashing_or_flooding_the_audit(client,
+                                                                                           monkeypatch) -> None:
+    import server.dashboard.login as login_module
+    from server.db.models import AuditEntry
+
+    add_operator(client.app)
+    client.app.state.dashboard.address_failures = RateLimiter(20)
+    hashed = []
+    verify = login_module.verify_login
+    monkeypatch.setattr(login_module, "verify_login", lambda *a: hashed.append(a[1]) or verify(*a))
+    codes = [log_in(client, f"name-{i}", "wrong password").status_code for i in range(60)]
+    assert codes == [401] * 20 + [429] * 40  # each name new, the address the same
+    assert len(hashed) == 20  # no argon2 hash while limited
+    with db(client).read() as session:
+        rows = session.query(AuditEntry).filter(AuditEntry.action == "rate-limited").count()
+    assert rows == 1  # one row for the run of refusals, not one per name
+    other = TestClient(client.app, client=("198.51.100.7", 50000))
+    assert log_in(other).status_code == 303  # the operator elsewhere is not held back

@@ -93,6 +93,11 @@ def test_invalid_heartbeats_are_422_with_where_and_why_and_nothing_is_stored(cli
         "kept_model": heartbeat(kept_model="the best one"),
         "kept_margin_local": heartbeat(kept_margin_local=2.0),  # a difference of two shares is at most 1
     }
+    # values no device produces: a clock in nanoseconds, losses and energies at the edge of a double
+    out_of_range = {"sent_at": heartbeat(sent_at=1795817216000000000), "since": heartbeat(since=1.79e12),
+                    "loss": heartbeat(loss=1e308), "holdout_loss": heartbeat(holdout_loss=-1e308),
+                    "energy_j": heartbeat(energy_j=1e308), "step_seconds": heartbeat(step_seconds=1e300)}
+    cases.update(out_of_range)
     for field, beat in cases.items():
         response = client.post("/api/v1/heartbeats", json=beat, headers=device.headers)
         assert response.status_code == 422, field

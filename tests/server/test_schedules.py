@@ -252,6 +252,7 @@ def test_a_full_queue_answers_503(tmp_path) -> None:
     full = client.post("/api/v1/schedule-requests", json=schedule_request(memory_budget=10**8),
                        headers=device.headers)
     assert full.status_code == 503 and "waiting" in full.json()["detail"]
+    assert int(full.headers["Retry-After"]) >= 1  # when to ask again, as every 503 says
 
 
 def test_one_device_asking_budget_after_budget_cannot_hold_back_the_others(tmp_path) -> None:
@@ -264,6 +265,7 @@ def test_one_device_asking_budget_after_budget_cannot_hold_back_the_others(tmp_p
     refused = client.post("/api/v1/schedule-requests", json=schedule_request(memory_budget=budgets[4]),
                           headers=greedy.headers)
     assert "3 schedule requests waiting" in refused.json()["detail"]
+    assert int(refused.headers["Retry-After"]) >= 1  # every 429 says when to come back (docs/api.md)
     assert client.post("/api/v1/schedule-requests", json=schedule_request(memory_budget=10**9),
                        headers=greedy.headers).status_code == 202  # one it asked for already is answered
     assert client.post("/api/v1/schedule-requests", json=schedule_request(memory_budget=5 * 10**8),
