@@ -24,13 +24,14 @@ class VendorModel:
     """The pretrained weights' file, what they were trained on, and their accuracy on unseen upright images."""
 
     path: Path
-    images: int
+    images: int  # training samples: images, or windows of text
     steps: int
-    accuracy: float
+    accuracy: float  # on held-out samples: of images, or of next tokens
+    what: str = "upright images"
 
     def describe(self) -> str:
-        return (f"pretrained by the vendor: {self.steps} steps on {self.images} upright images no device holds, "
-                f"{self.accuracy:.1%} on held-out upright images ({self.path})")
+        return (f"pretrained by the vendor: {self.steps} steps on {self.images} {self.what} no device holds, "
+                f"{self.accuracy:.1%} on held-out ones ({self.path})")
 
 
 def pretrain(devices: int, data: FleetData, seed: int, steps: int, lr: float, out: Path,
@@ -55,4 +56,5 @@ def pretrain(devices: int, data: FleetData, seed: int, steps: int, lr: float, ou
               metadata={"trained-on": str(images.source), "steps": str(steps)})
     partial.replace(out)  # whole or not at all: a cached file is read by later runs
     _, accuracy, _ = task.evaluate(outcome.weights, images)
-    return VendorModel(out, len(images.train_x), steps, accuracy)
+    what = "windows of text" if images.train_x.dim() == 2 else "upright images"
+    return VendorModel(out, len(images.train_x), steps, accuracy, what)

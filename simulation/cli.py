@@ -152,7 +152,8 @@ def _vendor(args: argparse.Namespace, data: Any, seed: int) -> Path:
     from simulation.profile import profile_cache, profile_once
 
     what = repr((args.devices, data, seed, args.pretrain, args.lr, torch.__version__))
-    path = profile_cache() / "vendor" / f"digits-{hashlib.sha256(what.encode()).hexdigest()[:16]}.safetensors"
+    kind = "text" if data.dataset == STDLIB_TEXT else "images"
+    path = profile_cache() / "vendor" / f"{kind}-{hashlib.sha256(what.encode()).hexdigest()[:16]}.safetensors"
     if not path.is_file():
         # the vendor trains the whole model: the profile of the devices' (an adapters' one for text) is not its
         graph = None if data.dataset == STDLIB_TEXT else profile_once(seed, dataset=data.dataset,
@@ -160,7 +161,7 @@ def _vendor(args: argparse.Namespace, data: Any, seed: int) -> Path:
         vendor = pretrain(args.devices, data, seed, args.pretrain, args.lr, path, graph)
         print(f"-- {vendor.describe()}", flush=True)
     else:
-        print(f"-- pretrained by the vendor ({args.pretrain} steps on digits no device holds): {path}", flush=True)
+        print(f"-- pretrained by the vendor ({args.pretrain} steps on {kind} no device holds): {path}", flush=True)
     return path
 
 
@@ -175,7 +176,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     from simulation.report import plot_report
     from simulation.run import SimulationSettings
 
-    datas = [FleetData(n, _or(args.label_alpha, 0.0 if args.partition_by else DEFAULT_DATA.label_alpha),
+    natural = args.partition_by or args.dataset == "python-stdlib"  # split by writer or package: no label skew
+    datas = [FleetData(n, _or(args.label_alpha, 0.0 if natural else DEFAULT_DATA.label_alpha),
                        _or(args.viewpoints, 0.0 if args.dataset else DEFAULT_DATA.viewpoints),
                        quantity_skew=args.quantity_skew, dataset=args.dataset, label_column=args.label_column,
                        partition_by=args.partition_by)

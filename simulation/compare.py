@@ -240,7 +240,7 @@ class SeedRuns:
             gap = seed.get(best, float("nan")) - max(seed["local-only"], seed["global"])
             out.write(f"{c.seed:>5} " + " ".join(f"{seed.get(k, float('nan')):>10.1f}%" for k in keys)
                       + f" {gap:>+7.1f}\n")
-        out.write(f"mean over {len(self.comparisons)} seeds (95% confidence interval), {self.samples or 'a whole partition of'} training images per "
+        out.write(f"mean over {len(self.comparisons)} seeds (95% confidence interval), {self.samples or 'a whole partition of'} training samples per "
                   "device: " + ", ".join(f"{k} {f[k][0]:.1f} +- {f[k][1]:.1f} %" for k in keys)
                   + f"; the best strategy on average, {best}, over the better of local-only and global "
                   f"{f['gap'][0]:+.1f} +- {f['gap'][1]:.1f} points (target >= {GAP_TARGET_POINTS:.0f}: "

@@ -72,7 +72,10 @@ def _main(argv: list[str]) -> None:
     tuning, dataset, label_column = (*argv[3:], "", "", "")[:3]
     torch.set_num_threads(1)
     work = fleet_workload(FleetData(dataset=dataset, label_column=label_column), seed, tuning=tuning)
-    graph, _ = extract(work.model, work.example, work.loss_fn, repeats=repeats, segments=work.segments)
+    # the decoder's layers are cut into their operators: cut at layers only, no schedule fits below a plain
+    # step (each layer's attention is most of it); the digits' CNN keeps the coarse cut its figures were made on
+    refine = dataset == "python-stdlib"  # agent.stdlib_text.STDLIB_TEXT
+    graph, _ = extract(work.model, work.example, work.loss_fn, repeats=repeats, segments=work.segments, refine=refine)
     graph.save(out)
 
 

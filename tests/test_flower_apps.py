@@ -674,3 +674,19 @@ def test_a_fleet_started_from_a_vendors_pretrained_file_starts_there_and_a_wrong
                                               r"for this model \(shapes differ: head.bias \(3,\)"):
         Device(1, samples=16, **{"initial-weights": str(tmp_path / "other.safetensors")}).ask(
             "train", weights_message(ArrayRecord(initial)))
+
+
+def test_a_text_device_trains_lora_adapters_under_its_budget_and_sends_only_them() -> None:
+    from simulation.profile import profile_once
+
+    text = {"dataset": "python-stdlib", "samples": 32, "viewpoints": 0.0,
+            "graph-file": str(profile_once(0, dataset="python-stdlib")), "device-classes": "c=rpi4:0.55"}
+    device = Device(0, personalization="finetune", **text)
+    initial = device.ask("query.initial", RecordDict({"config": ConfigRecord()})).content["arrays"]
+    assert initial.keys() and all("lora_" in k for k in initial.keys())  # the frozen base never leaves
+    reply = device.ask("train", weights_message(initial, **{"local-steps": 3}))
+    sent, metrics = reply.content["arrays"].to_torch_state_dict(), reply.content["metrics"]
+    assert set(sent) == set(initial.keys())
+    assert any(not bits_equal(sent[k], initial.to_torch_state_dict()[k]) for k in sent)  # trained
+    assert 0 < metrics["peak-bytes"] <= metrics["budget-bytes"] * 1.05  # about half a plain step
+    assert 0 < metrics["accuracy"] < 1  # next-byte accuracy on its package's held-out text
