@@ -374,10 +374,12 @@ def _check(c: AgentConfig) -> list[str]:
     if c.eligibility.idle_seconds < 0:
         found.append("eligibility.idle_seconds must be >= 0 (0: eligible as soon as the other conditions hold)")
     supplies = c.device.sysfs_root / "sys" / "class" / "power_supply"
-    if not supplies.is_dir():  # else a mistyped root reads as "no battery" and trains on a discharging one
+    # else a mistyped root reads as "no battery" and trains on a discharging one; without the charging
+    # condition (a mains-powered device, which may have no power supply class at all) nothing depends on it
+    if c.eligibility.require_charging and not supplies.is_dir():
         found.append(f"device.sysfs_root = {str(c.device.sysfs_root)!r}: it has no sys/class/power_supply, so the "
                      "agent could not tell whether the device is charging; leave it out to read this machine's "
-                     "(\"/\")")
+                     "(\"/\"), or set eligibility.require_charging = false for a mains-powered device")
     if not c.device.name:
         found.append("device.name is required (how the fleet knows this device)")
     if c.workload.weights is not None:

@@ -457,6 +457,24 @@ def test_config_problems_are_reported_all_at_once(tmp_path: Path) -> None:
     assert code.returncode == 3 and "Traceback" not in code.stderr and "rmsprop" in code.stderr
 
 
+def test_a_mains_powered_device_without_a_power_supply_class_runs_when_charging_is_not_required(
+        tmp_path: Path) -> None:
+    from agent.monitors.power import PowerMonitor
+
+    root = tmp_path / "pi4-root"  # a Raspberry Pi 4 on mains: no sys/class/power_supply at all
+    (root / "sys" / "class" / "thermal").mkdir(parents=True)
+    written = {"workload_model": "resnet18", "workload_input": "8x3x64x64", "device_sysfs_root": str(root)}
+    path = write_config(tmp_path, FakeDevice(tmp_path / "root"), write_csv(tmp_path / "data.csv"), **written,
+                        eligibility_require_charging=False)
+    config = load_config(path)  # accepted: nothing it checks depends on the supplies
+    verdict = PowerMonitor(sysfs_root=config.device.sysfs_root, require_charging=False,
+                           min_battery_percent=0).check(0.0)
+    assert verdict.eligible, verdict.reason
+    with pytest.raises(ConfigError, match="or set eligibility.require_charging = false"):
+        load_config(write_config(tmp_path, FakeDevice(tmp_path / "root"), write_csv(tmp_path / "data.csv"),
+                                 **written))  # charging required: the mistyped root is still refused
+
+
 @pytest.mark.parametrize("change, expected", [
     ({"device_sysfs_root": "/no/such/root"}, "has no sys/class/power_supply"),  # would read as "no battery"
     ({"workload_input": "8x3x64"}, "resnet18 takes a 4-dimensional input"),
