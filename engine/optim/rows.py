@@ -39,8 +39,14 @@ ROW_ALIGN = 64
 
 def row_updatable(module: nn.Module) -> bool:
     """Whether ``module`` is an embedding table whose update may run by rows: a plain ``nn.Embedding`` lookup
-    (no ``max_norm``, which rewrites rows in the forward pass; dense gradient) with aligned rows."""
+    (no ``max_norm``, which rewrites rows in the forward pass; dense gradient) with aligned rows.
+
+    A subclass with a forward of its own is no plain lookup: the learned positional embeddings of BART and
+    Whisper take the token ids and look up positions they compute, so the ids they are called with name no
+    rows of the table."""
     if not isinstance(module, nn.Embedding) or module.max_norm is not None or module.sparse:
+        return False
+    if type(module).forward is not nn.Embedding.forward:
         return False
     weight = module.weight
     return weight.dim() == 2 and weight.is_contiguous() and weight.shape[1] % ROW_ALIGN == 0
