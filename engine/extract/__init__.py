@@ -80,6 +80,7 @@ only the graph this writes.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
@@ -99,8 +100,8 @@ from engine.extract.graph import build_graph
 from engine.extract.measuring import measure
 from engine.extract.recording import record
 
+log = logging.getLogger(__name__)
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
-
 
 
 def extract(
@@ -143,6 +144,7 @@ def extract(
     # measured by it) and node times include the page faults the executor's steps pay too.
     following = rss.return_freed_memory()
     allocator.caching_off()
+    _cache_off(model)
     inputs, targets = _split_example(example_inputs)
     names = list(segments) if segments is not None else default_segments(model)
     _check_names(model, *_split_cut(names))
@@ -162,6 +164,21 @@ def extract(
     finally:
         state.rollback()
     return graph, cut
+
+
+def _cache_off(model: nn.Module) -> None:
+    """Turn transformers' key/value cache off, saying so: it serves generation, and in training it would carry a
+    pass's tensors past the segment boundaries.  transformers' own Trainer turns it off for training under
+    gradient checkpointing the same way (``config.use_cache = False``)."""
+    seen: set[int] = set()
+    for name, module in model.named_modules():
+        config = getattr(module, "config", None)
+        if config is None or id(config) in seen or getattr(config, "use_cache", None) is not True:
+            continue
+        seen.add(id(config))
+        config.use_cache = False
+        log.warning("%s: transformers' key/value cache turned off for training (config.use_cache = False); it "
+                    "serves generation", name or type(model).__name__)
 
 
 def _extract_once(model: nn.Module, names: list[str], inputs: Any, targets: Any, loss_fn: Callable,
