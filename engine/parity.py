@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from engine.replay import OutsideRng
+
 __all__ = ["ParityReport", "bits_equal", "check_parity"]
 
 _INTS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -78,7 +80,7 @@ def check_parity(executor: Any, workload: Any) -> ParityReport:
     model = workload.model
     model.zero_grad(set_to_none=True)
     reference = copy.deepcopy(model)
-    rng = torch.get_rng_state()
+    rng, outside = torch.get_rng_state(), OutsideRng.capture()  # NumPy's and Python's: model code draws too
     args = workload.inputs if isinstance(workload.inputs, tuple) else (workload.inputs,)
     loss_fn = workload.loss_fn
     if hasattr(loss_fn, "for_model"):  # a loss bound to the model's parameters (engine.chunked_loss)
@@ -87,6 +89,7 @@ def check_parity(executor: Any, workload: Any) -> ParityReport:
     reference_loss.backward()
     reference_rng = torch.get_rng_state()
     torch.set_rng_state(rng)
+    outside.restore()
     loss = executor.step(workload.inputs, workload.targets)
     pairs: list[tuple[str, torch.Tensor | None, torch.Tensor | None]] = [
         ("loss", loss.detach(), reference_loss.detach()), ("RNG state", torch.get_rng_state(), reference_rng)]

@@ -43,7 +43,7 @@ import torch.nn as nn
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from engine.errors import ExecutorError
-from engine.replay import Replay, RngState
+from engine.replay import OutsideRng, Replay, RngState
 from engine.segments import Boundary, Port, Segments, run_unit
 from engine.store import Handle, Store, Value
 
@@ -296,6 +296,7 @@ class ModelState:
         with torch.no_grad():
             self.buffers = [(b, b.clone()) for b in model.buffers()]
         self.rng = RngState.capture()
+        self.outside_rng = OutsideRng.capture()  # a failed step or an extraction draws nothing from them either
         for p in self.params:
             p.grad = None
 
@@ -316,6 +317,7 @@ class ModelState:
             for buffer, saved in self.buffers:
                 buffer.copy_(saved)
         self.rng.restore()
+        self.outside_rng.restore()
 
 
 def _entries(entered: dict[Port, torch.Tensor]) -> dict[Port, GradientEdge]:

@@ -17,6 +17,7 @@ from torch.utils._pytree import tree_flatten
 from engine.composites import composite_body
 from engine.errors import ExtractionError
 from engine.lean_backward import lean_version
+from engine.replay import OutsideRng
 from engine.segments import mark_modes, pytree_leaf, same_path
 
 
@@ -67,6 +68,13 @@ class _Recorder(TorchFunctionMode):
         self.constants: dict[int, torch.Tensor] = {}
         self.visible: set[int] = set()            # ids of the current segment call's tensor arguments
         self.regions: list[str] = []              # expanded modules whose own code is running (outermost first)
+        self.outside = OutsideRng.capture()       # NumPy's and Python's generators as the glue last left them
+        self.glue_draws = False                   # the glue drew from them: the recording would fix the numbers
+
+    def glue_ran(self) -> None:
+        """The glue ran up to here (a segment call begins, or the forward ended): note whether it drew."""
+        if not self.outside.same_as(OutsideRng.capture()):
+            self.glue_draws = True
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -178,6 +186,13 @@ def record(model: nn.Module, inputs: Any, names: list[str], regions: Sequence[st
             h.remove()
     if not recorder.calls:
         raise ExtractionError(f"none of the segments {names[:5]} was called by {type(model).__name__}.forward")
+    recorder.glue_ran()
+    if recorder.glue_draws:  # recorded once, replayed every step: what it drew would be drawn once for good
+        raise ExtractionError(
+            f"{type(model).__name__}'s own code, outside the modules it is cut into, draws from NumPy's global "
+            "generator or Python's random (Wav2Vec2's SpecAugment masks, say): the recording would fix those "
+            "numbers for every step. Turn that randomness off for training (Wav2Vec2: config.apply_spec_augment "
+            "= False), or cut at a module that draws them inside it")
     _refuse_carriers(model, recorder.calls)
     leaves, spec = tree_flatten(output)
     lifted = [recorder.lift(x, "the model output") if isinstance(x, torch.Tensor) else x for x in leaves]
@@ -227,6 +242,7 @@ def _hook(module: nn.Module, name: str, recorder: _Recorder) -> list[Any]:
 
     def before(mod: nn.Module, args: tuple, kwargs: dict) -> None:
         if recorder.depth == 0:
+            recorder.glue_ran()
             recorder.visible = set()
             node = recorder.graph.call_module(name, recorder.lift(args, f"segment {name!r}"),
                                               recorder.lift(kwargs, f"segment {name!r}"))
@@ -238,6 +254,7 @@ def _hook(module: nn.Module, name: str, recorder: _Recorder) -> list[Any]:
         recorder.depth -= 1
         if recorder.depth == 0:
             recorder.bind(recorder.calls[-1], output)
+            recorder.outside = OutsideRng.capture()  # a segment's own draws run live in every step
 
     return [module.register_forward_pre_hook(before, with_kwargs=True),
             module.register_forward_hook(after, with_kwargs=True)]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import random
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -27,18 +29,26 @@ def test_bits_equal_tells_nans_and_signed_zeros_apart():
     assert bits_equal(None, None) and not bits_equal(None, torch.zeros(1))
 
 
-class PythonNoise(nn.Module):
-    """Scales by a number from Python's ``random``: state the executor cannot replay, and which a plain step
-    and the executor's step draw differently."""
+class SystemNoise(nn.Module):
+    """Scales by bytes from the operating system's entropy (``os.urandom``): no generator's state replays them,
+    so a plain step and the executor's step, or a computation and its recomputation, differ."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * (1.0 + random.random())
+        return x * (1.0 + int.from_bytes(os.urandom(2), "little") / 65536)
+
+
+class OutsideNoise(nn.Module):
+    """Scales by numbers from NumPy's global generator and Python's ``random``, as model code draws them
+    (Wav2Vec2's SpecAugment masks come from NumPy's)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * float(1.0 + np.random.rand()) * (1.0 + random.random())
 
 
 def noisy_workload() -> Workload:
     """A factory for ``poet-edge validate --module``: a model whose steps are not reproducible."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), PythonNoise(), nn.ReLU(), nn.Linear(32, 4)).train()
+    model = nn.Sequential(nn.Linear(16, 32), SystemNoise(), nn.ReLU(), nn.Linear(32, 4)).train()
     return Workload("noisy", model, torch.randn(8, 16), torch.randint(0, 4, (8,)), cross_entropy)
 
 
@@ -94,3 +104,17 @@ def test_validate_check_exact_fails_with_its_own_exit_code(tmp_path, capsys):
     assert code == ExitCode.NOT_EXACT
     captured = capsys.readouterr()
     assert "DIFFERENT from plain autograd" in captured.out and "not exact" in captured.err
+
+
+@pytest.mark.parametrize("schedule_of", [recompute_everything, page_everything])
+def test_numbers_drawn_from_numpy_and_pythons_random_are_replayed_on_recomputation(schedule_of, tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), OutsideNoise(), nn.ReLU(), nn.Linear(32, 4)).train()
+    workload = Workload("outside", model, torch.randn(8, 16), torch.randint(0, 4, (8,)), cross_entropy)
+    np.random.seed(3)
+    random.seed(3)
+    with _executor(workload, schedule_of, tmp_path) as ex:
+        for _ in range(3):  # the first step learns which units draw; the later ones replay only those
+            report = check_parity(ex, workload)
+            assert report.exact, report.mismatched
+        assert len(ex.runtime.replay.drawing_outside) == 1  # the noise's unit, found in the first step

@@ -1,5 +1,6 @@
-"""Encoder-decoders users bring (transformers, built from a config): BART and Whisper, whose learned positional
-embeddings subclass ``nn.Embedding`` but look up positions, not the ids they are called with."""
+"""transformers models users bring, built from a config: BART and Whisper, whose learned positional embeddings
+subclass ``nn.Embedding`` but look up positions, not the ids they are called with; Wav2Vec2 with its default
+SpecAugment, whose masks come from NumPy's global generator."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch.nn.functional as F
 
 from agent.zoo import Workload
 from engine.executor import Executor
+from engine.errors import ExtractionError
 from engine.extract import extract
 from engine.optim.rows import row_updatable
 from engine.parity import check_parity
@@ -62,3 +64,34 @@ def test_learned_positional_embeddings_train_bit_identically(make, schedule_of, 
 
 def test_a_plain_embedding_table_is_still_updated_by_rows() -> None:
     assert row_updatable(torch.nn.Embedding(100, 64))
+
+
+def wav2vec2(spec_augment: bool = True) -> Workload:
+    """Its default config's SpecAugment (``apply_spec_augment``, ``mask_time_prob`` 0.05): masks drawn from
+    NumPy's global generator in the model's own forward, outside every module it is cut into."""
+    torch.manual_seed(0)
+    config = transformers.Wav2Vec2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                         intermediate_size=64, conv_dim=(16, 16), conv_stride=(5, 2),
+                                         conv_kernel=(10, 3), num_feat_extract_layers=2, mask_time_length=2,
+                                         num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2,
+                                         apply_spec_augment=spec_augment)
+    model = transformers.Wav2Vec2Model(config).train()
+    return Workload("wav2vec2", model, torch.randn(2, 1600), torch.randn(2, 32),
+                    lambda output, targets: F.mse_loss(output.last_hidden_state.mean(1), targets))
+
+
+def test_wav2vec2s_default_spec_augment_is_refused_naming_the_setting_not_trained_differently() -> None:
+    workload = wav2vec2()
+    assert workload.model.config.apply_spec_augment and workload.model.config.mask_time_prob > 0  # the defaults
+    with pytest.raises(ExtractionError, match=r"Wav2Vec2Model's own code.*draws from NumPy's global generator.*"
+                                              r"config.apply_spec_augment = False"):
+        extract(workload.model, workload.example, workload.loss_fn, repeats=0)
+
+
+@pytest.mark.parametrize("schedule_of", [recompute_everything, page_everything])
+def test_wav2vec2_without_spec_augment_trains_bit_identically(schedule_of, tmp_path) -> None:
+    workload = wav2vec2(spec_augment=False)
+    graph, segments = extract(workload.model, workload.example, workload.loss_fn, repeats=1)
+    with Executor(workload.model, segments, graph, schedule_for(graph, schedule_of(graph)), swap_dir=tmp_path) as ex:
+        report = check_parity(ex, workload)
+    assert report.exact, report.mismatched
