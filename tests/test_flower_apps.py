@@ -676,11 +676,10 @@ def test_a_fleet_started_from_a_vendors_pretrained_file_starts_there_and_a_wrong
             "train", weights_message(ArrayRecord(initial)))
 
 
-def test_a_text_device_trains_lora_adapters_under_its_budget_and_sends_only_them() -> None:
-    from simulation.profile import profile_once
-
-    text = {"dataset": "python-stdlib", "samples": 32, "viewpoints": 0.0,
-            "graph-file": str(profile_once(0, dataset="python-stdlib")), "device-classes": "c=rpi4:0.55"}
+def test_a_text_device_trains_lora_adapters_and_sends_only_them() -> None:
+    # no budget: the planner's part is the digits' tests' (and a budgeted text fleet runs in simulate); a
+    # budget below a plain step needs the refined profile, 25 s more of this test
+    text = {"dataset": "python-stdlib", "samples": 32, "viewpoints": 0.0, "device-classes": "c=rpi4:1"}
     device = Device(0, personalization="finetune", **text)
     initial = device.ask("query.initial", RecordDict({"config": ConfigRecord()})).content["arrays"]
     assert initial.keys() and all("lora_" in k for k in initial.keys())  # the frozen base never leaves
@@ -688,5 +687,4 @@ def test_a_text_device_trains_lora_adapters_under_its_budget_and_sends_only_them
     sent, metrics = reply.content["arrays"].to_torch_state_dict(), reply.content["metrics"]
     assert set(sent) == set(initial.keys())
     assert any(not bits_equal(sent[k], initial.to_torch_state_dict()[k]) for k in sent)  # trained
-    assert 0 < metrics["peak-bytes"] <= metrics["budget-bytes"] * 1.05  # about half a plain step
-    assert 0 < metrics["accuracy"] < 1  # next-byte accuracy on its package's held-out text
+    assert metrics["steps"] == 3 and 0 < metrics["accuracy"] < 1  # next-byte accuracy on its package's text
