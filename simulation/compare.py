@@ -28,7 +28,7 @@ from typing import Any, TextIO
 
 from common.runconfig import PERSONALIZATIONS
 from common.errors import CommandError
-from common.keep_best import CANDIDATES, Choice, choose
+from common.keep_best import CANDIDATES, Choice, choose, interleaved_halves
 from simulation.report import MEMORY_TOLERANCE_FRACTION, MEMORY_TOLERANCE_MIN_BYTES, SimulationReport, mean
 
 STRATEGIES = tuple(p for p in PERSONALIZATIONS if p != "none")
@@ -91,8 +91,13 @@ class Comparison:
                 selection["local"], test["local"] = alone.selection["local"], alone.local_accuracy
                 if "local" in alone.selection_loss:
                     loss["local"] = alone.selection_loss["local"]
-            kept[d.name] = choose(selection, test, loss)
+            kept[d.name] = choose(selection, test, loss, samples=self._selection_samples(strategy))
         return kept
+
+    def _selection_samples(self, strategy: str) -> int | None:
+        """The held-out samples each device chose on: half its held-out digits (FleetData.holdout)."""
+        holdout = self.runs[strategy].settings.get("data", {}).get("holdout")
+        return len(interleaved_halves(int(holdout))[0]) if holdout else None
 
     def wins(self, strategy: str) -> dict[str, tuple[int, float, float]]:
         """Per candidate: on how many devices it was kept, and by how much it beat the best other candidate on

@@ -512,7 +512,7 @@ def _choice(task: Task, candidates: dict[str, dict[str, torch.Tensor]], data: Lo
     chosen = {name: task.evaluate(weights, selection) for name, weights in candidates.items()}
     return choose({name: accuracy for name, (_, accuracy, _) in chosen.items()},
                   {name: task.evaluate(weights, test)[1] for name, weights in candidates.items()},
-                  {name: loss for name, (loss, _, _) in chosen.items()})
+                  {name: loss for name, (loss, _, _) in chosen.items()}, samples=len(selection.holdout_y))
 
 
 @app.train(PERSONALIZE)

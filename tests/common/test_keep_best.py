@@ -42,3 +42,17 @@ def test_the_halves_interleave_and_never_share_a_sample() -> None:
 def test_a_round_rows_kept_code_names_its_candidate() -> None:
     assert [kept_name(i) for i in range(len(CANDIDATES))] == list(CANDIDATES)
     assert kept_name(-1) is None and kept_name(1.5) is None and kept_name(None) is None
+
+
+def test_the_baseline_is_kept_unless_another_is_right_on_two_more_selection_samples() -> None:
+    # 20 samples: personal right on one more than the device alone is noise; on two it is kept
+    one_more = choose({"global": 0.60, "personal": 0.75, "local": 0.70}, {"global": 0.6, "personal": 0.7,
+                                                                          "local": 0.8}, samples=20)
+    assert one_more.kept == "local" and one_more.kept_accuracy == 0.8
+    two_more = choose({"global": 0.60, "personal": 0.80, "local": 0.70}, {"global": 0.6, "personal": 0.7,
+                                                                          "local": 0.8}, samples=20)
+    assert two_more.kept == "personal"
+    # without a local-only model the global one is the baseline
+    assert choose({"global": 0.70, "personal": 0.75}, {"global": 0.7, "personal": 0.7}, samples=20).kept == "global"
+    assert choose({"global": 0.70, "personal": 0.80}, {"global": 0.7, "personal": 0.7}, samples=20).kept == "personal"
+    assert choose({"global": 0.5, "personal": 1.0}, {"global": 0.5, "personal": 1.0}, samples=2).kept == "global"
