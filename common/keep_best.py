@@ -11,8 +11,9 @@ The rule: the device keeps its **baseline** (the local-only model where the run 
 one) unless another candidate is right on at least :data:`SWITCH_SAMPLES` more samples of the selection half;
 then it keeps the best (highest accuracy, then lowest loss on the same half, then :data:`CANDIDATES` order).
 On the 20 samples a simulated device chooses on, one sample either way is noise: keeping the best by one
-sample kept a worse model often enough to end 0.3-3.6 points under the baseline on average in 6 of 10 regimes
-measured, where asking for two samples ended at or above it in all 10 (docs/benchmarks.md).
+sample ended 0.3-3.6 points under the baseline on average in 6 of the 10 regimes of the sweeps that chose the
+margin, two samples in none; on fresh seeds two samples was ahead of one in every regime, and still under the
+baseline at label skew 1 (docs/benchmarks.md, "A steadier choice").
 
 Pure and torch-free: the device's ClientApp (:mod:`agent.federated.clientapp`) chooses with it, and
 ``poet-edge simulate``'s report applies the same rule when it adds a local-only model trained in another run.
