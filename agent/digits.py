@@ -192,9 +192,9 @@ def vendor_dataset(partitions: int, *, data: FleetData = FleetData(), seed: int 
     if len(free) < batch_size:
         raise DataError(f"the fleet's {partitions} devices hold all but {len(free)} of the {originals} training "
                         "images: too few to pretrain on; lower samples or use fewer devices")
-    picked = np.random.default_rng([seed, partitions, 7]).permutation(len(pool.test_x))[:holdout]
+    picked = np.sort(np.random.default_rng([seed, partitions, 7]).permutation(len(pool.test_x))[:holdout])
     return LocalDataset(train_x=pool.train_x[free], train_y=pool.train_y[free],
-                        holdout_x=pool.test_x[np.sort(picked)], holdout_y=pool.test_y[np.sort(picked)],
+                        holdout_x=pool.test_x[picked], holdout_y=pool.test_y[picked],
                         batch_size=batch_size, seed=seed, source=Path(f"{pool.name}/vendor-{len(free)}"))
 
 

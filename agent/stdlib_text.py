@@ -24,9 +24,9 @@ import torch
 
 from agent.data import LocalDataset
 from agent.errors import DataError
+from agent.federated.virtual import STDLIB_TEXT  # noqa: F401 - also here: the dataset naming this data
 from agent.zoo import Workload
 
-STDLIB_TEXT = "python-stdlib"  # the run config's dataset naming this data
 SEQUENCE = 64  # bytes a window holds
 VOCABULARY = 256  # bytes
 TRAIN_SHARE = 0.8  # of each stream, the first part trains; the rest is held out

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.federated.virtual import FleetData
+from agent.federated.virtual import STDLIB_TEXT, FleetData
 
 VENDOR_PROFILE = "jetson-orin-nano"  # the vendor trains without a device's memory limit
 
@@ -56,5 +56,5 @@ def pretrain(devices: int, data: FleetData, seed: int, steps: int, lr: float, ou
               metadata={"trained-on": str(images.source), "steps": str(steps)})
     partial.replace(out)  # whole or not at all: a cached file is read by later runs
     _, accuracy, _ = task.evaluate(outcome.weights, images)
-    what = "windows of text" if images.train_x.dim() == 2 else "upright images"
+    what = "windows of text" if data.dataset == STDLIB_TEXT else "upright images"
     return VendorModel(out, len(images.train_x), steps, accuracy, what)

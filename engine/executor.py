@@ -170,7 +170,8 @@ class Executor:
         step, and :class:`~engine.errors.StepCancelled` is raised.
         """
         updates = self.updates
-        state = ModelState(self.runtime.model, keep_grads=updates is not None)
+        state = ModelState(self.runtime.model, keep_grads=updates is not None,
+                           outside_rng=self.runtime.replay.watches_outside)  # no NumPy state copied each step
         ledger = Ledger(self.report.resident_bytes, self.schedule.memory_budget, self._activation_limits())
         node_seconds = [0.0] * self.graph.size
         try:

@@ -93,6 +93,11 @@ class Replay:
     def learning(self) -> bool:
         return self._steps <= self.LEARNING_STEPS
 
+    @property
+    def watches_outside(self) -> bool:
+        """Whether the next step may draw from NumPy or Python's random: still learning, or a unit does."""
+        return self.learning or bool(self.drawing_outside)
+
     @contextmanager
     def computing(self, node: int, buffers: Sequence[torch.Tensor]) -> Iterator[None]:
         """Run a forward node's computation: first time as is, later as an exact replay."""
@@ -103,7 +108,7 @@ class Replay:
             if learning or node in self.drawing_outside:
                 self._outside[node] = OutsideRng.capture()
             yield
-            if learning and node in self._outside and not self._outside[node].same_as(OutsideRng.capture()):
+            if learning and not self._outside[node].same_as(OutsideRng.capture()):
                 self.drawing_outside.add(node)
             return
         outside = self._outside.get(node) if node in self.drawing_outside else None

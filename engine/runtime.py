@@ -284,10 +284,12 @@ class ModelState:
 
     ``keep_grads`` leaves gradients alone (updates fused into the backward pass
     consume them; their owner drops them if the step fails): buffers and the
-    RNG are still restored on rollback.
+    RNG are still restored on rollback.  ``outside_rng`` restores NumPy's and
+    Python's generators too (off where nothing is known to draw from them: an
+    executor's step after :class:`~engine.replay.Replay` has learned its units).
     """
 
-    def __init__(self, model: nn.Module, keep_grads: bool = False) -> None:
+    def __init__(self, model: nn.Module, keep_grads: bool = False, outside_rng: bool = True) -> None:
         self.params = [] if keep_grads else [p for p in model.parameters() if p.requires_grad]
         zero = [g is not None and _all_zero(g) for g in (p.grad for p in self.params)]
         # zeros are remembered by layout only: holding the tensors would keep their memory through the step
@@ -296,7 +298,8 @@ class ModelState:
         with torch.no_grad():
             self.buffers = [(b, b.clone()) for b in model.buffers()]
         self.rng = RngState.capture()
-        self.outside_rng = OutsideRng.capture()  # a failed step or an extraction draws nothing from them either
+        # a failed step or an extraction draws nothing from them either
+        self.outside_rng = OutsideRng.capture() if outside_rng else None
         for p in self.params:
             p.grad = None
 
@@ -317,7 +320,8 @@ class ModelState:
             for buffer, saved in self.buffers:
                 buffer.copy_(saved)
         self.rng.restore()
-        self.outside_rng.restore()
+        if self.outside_rng is not None:
+            self.outside_rng.restore()
 
 
 def _entries(entered: dict[Port, torch.Tensor]) -> dict[Port, GradientEdge]:

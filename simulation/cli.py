@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import FederationError
+from agent.federated.virtual import STDLIB_TEXT
 from common.cli import positive_int
 from common.errors import CommandError
 from common.exit_codes import ExitCode
@@ -132,7 +133,7 @@ def _or(value: Any, default: Any) -> Any:
 
 def _share(data: Any) -> str:
     """What each device trains on, for the progress lines."""
-    if data.dataset == "python-stdlib":  # agent.stdlib_text.STDLIB_TEXT (this module stays cheap to import)
+    if data.dataset == STDLIB_TEXT:
         return f"{data.samples or 'all'} windows of one standard-library package's source per device"
     if data.partition_by:
         return f"each device one {data.partition_by}'s images of {Path(data.dataset).name}"
@@ -147,7 +148,6 @@ def _vendor(args: argparse.Namespace, data: Any, seed: int) -> Path:
 
     import torch
 
-    from agent.stdlib_text import STDLIB_TEXT
     from agent.vendor import pretrain
     from simulation.profile import profile_cache, profile_once
 
@@ -176,7 +176,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     from simulation.report import plot_report
     from simulation.run import SimulationSettings
 
-    natural = args.partition_by or args.dataset == "python-stdlib"  # split by writer or package: no label skew
+    natural = args.partition_by or args.dataset == STDLIB_TEXT  # split by writer or package: no label skew
     datas = [FleetData(n, _or(args.label_alpha, 0.0 if natural else DEFAULT_DATA.label_alpha),
                        _or(args.viewpoints, 0.0 if args.dataset else DEFAULT_DATA.viewpoints),
                        quantity_skew=args.quantity_skew, dataset=args.dataset, label_column=args.label_column,

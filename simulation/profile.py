@@ -66,7 +66,7 @@ def _main(argv: list[str]) -> None:
 
     from agent.digits import fleet_workload
     from engine.extract import extract
-    from agent.federated.virtual import FleetData
+    from agent.federated.virtual import STDLIB_TEXT, FleetData
 
     seed, repeats, out = int(argv[0]), int(argv[1]), Path(argv[2])
     tuning, dataset, label_column = (*argv[3:], "", "", "")[:3]
@@ -74,7 +74,7 @@ def _main(argv: list[str]) -> None:
     work = fleet_workload(FleetData(dataset=dataset, label_column=label_column), seed, tuning=tuning)
     # the decoder's layers are cut into their operators: cut at layers only, no schedule fits below a plain
     # step (each layer's attention is most of it); the digits' CNN keeps the coarse cut its figures were made on
-    refine = dataset == "python-stdlib"  # agent.stdlib_text.STDLIB_TEXT
+    refine = dataset == STDLIB_TEXT
     graph, _ = extract(work.model, work.example, work.loss_fn, repeats=repeats, segments=work.segments, refine=refine)
     graph.save(out)
 

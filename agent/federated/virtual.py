@@ -25,6 +25,9 @@ from common.errors import RunConfigError
 from common.runconfig import RunConfig
 
 
+STDLIB_TEXT = "python-stdlib"  # the dataset naming the standard library's text (agent.stdlib_text)
+
+
 @dataclass(frozen=True)
 class FleetData:
     """How a fleet's images are spread over its devices (the run config's ``dataset``, ``label-column``,
@@ -67,8 +70,8 @@ class FleetData:
             (0 < self.samples < batch_size, f"samples {self.samples} is fewer than a batch of {batch_size}"),
             (self.holdout < 1, f"holdout must be 1 digit or more, got {self.holdout}"),
             (partitions < 1, f"a fleet needs 1 device or more, got {partitions}"),
-            (self.dataset == "python-stdlib" and bool(self.label_alpha or self.partition_by or self.quantity_skew),
-             "python-stdlib text is split by package, one per device: leave label-alpha, partition-by and "
+            (self.dataset == STDLIB_TEXT and bool(self.label_alpha or self.partition_by or self.quantity_skew),
+             f"{STDLIB_TEXT} text is split by package, one per device: leave label-alpha, partition-by and "
              "quantity-skew at 0"),
         ) if bad]
         if problems:
