@@ -82,9 +82,8 @@ def search(db: Database, query: AuditQuery, limit: int = PAGE_SIZE) -> AuditPage
     """The newest ``limit`` entries ``query`` selects, found in the database (by id, so a page never shifts as
     new entries arrive)."""
     statement = select(AuditEntry)
-    if query.actor:
-        escaped = query.actor.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        statement = statement.where(AuditEntry.actor.like(f"%{escaped}%", escape="\\"))
+    if query.actor:  # % and _ are characters here, as in the fleet's search
+        statement = statement.where(AuditEntry.actor.icontains(query.actor, autoescape=True))
     if query.action:
         statement = statement.where(AuditEntry.action == query.action)
     if query.since is not None:
