@@ -87,13 +87,15 @@ class _Slot:
         return self.job is None and self.ready.done() and self.ready.exception() is None
 
     def kill(self) -> None:
-        """Stop the worker now (SIGKILL) and drop the executor."""
+        """Stop the worker now (SIGKILL). Its pool breaks and the pool's manager thread ends on its own; the
+        executor is shut down (and that thread joined) only at :meth:`SolveService.stop`, because
+        ``shutdown(wait=False)`` would forget the thread, and one still running at interpreter exit races
+        ``concurrent.futures``' exit hook for its wake-up pipe (EBADF traceback on SIGTERM)."""
         if self.ready.done() and self.ready.exception() is None:
             try:
                 os.kill(self.ready.result(), signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        self.executor.shutdown(wait=False, cancel_futures=True)
 
 
 class SolveService:
@@ -135,9 +137,10 @@ class SolveService:
         for slot in self._slots:
             slot.kill()
         # a pool's manager thread still running at interpreter exit races its own pipe: wait for every one,
-        # those of workers killed and replaced earlier (cancelled, timed out, died) too
+        # those of workers killed and replaced earlier (cancelled, timed out, died) too; a worker still
+        # warming up (not yet killable) finishes that and exits on the shutdown's sentinel
         for executor in [*(slot.executor for slot in self._slots), *self._retired]:
-            executor.shutdown(wait=True)
+            executor.shutdown(wait=True, cancel_futures=True)
         self._slots, self._retired = [], []
         if interrupted:
             solve_requests.requeue(self.db, interrupted)

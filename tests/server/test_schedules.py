@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
+from concurrent.futures.process import _ExecutorManagerThread
 
 import psutil
 import pytest
@@ -201,6 +203,10 @@ def test_cancelling_a_running_solve_stops_its_planner_and_the_next_request_is_so
         text = client.get("/metrics").text
         assert metric(text, "poet_server_solve_seconds_count", status="cancelled") == 1
         assert metric(text, "poet_server_solve_requests", status="cancelled") == 1
+        # stopping joins every pool's manager thread, the cancelled worker's too: one left running at interpreter
+        # exit races concurrent.futures' exit hook for its pipe (an EBADF traceback when the server is stopped)
+        client.app.state.server.solves.stop()
+        assert not [t for t in threading.enumerate() if isinstance(t, _ExecutorManagerThread) and t.is_alive()]
 
 
 def test_requests_queued_or_cut_short_when_the_server_stopped_are_solved_after_it_starts(settings) -> None:
