@@ -167,7 +167,9 @@ def format_status(s: dict[str, Any]) -> str:
     rows = [("state", f"{s['state']}: {s.get('reason') or ''}")]
     if s.get("since"):
         rows.append(("since", datetime.datetime.fromtimestamp(s["since"]).strftime("%Y-%m-%d %H:%M:%S")))
-    rows.append(("steps", f"{s.get('steps_done', 0):,}"))
+    done, saved = s.get("steps_done") or 0, s.get("steps_saved")
+    unsaved = f" ({done - saved:,} not yet in a checkpoint)" if saved is not None and done > saved else ""
+    rows.append(("steps", f"{done:,}{unsaved}"))
     if s.get("loss") is not None:
         rows.append(("last loss", f"{s['loss']:.4f}"))
     if s.get("holdout_accuracy") is not None or s.get("holdout_loss") is not None:

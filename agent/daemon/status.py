@@ -19,7 +19,10 @@ STATES = ("waiting", "preparing", "training", "backing off", "stopped")
 FIELDS: dict[str, str] = {
     "state": "one of waiting, preparing, training, backing off, stopped",
     "reason": "why, in words a person reads",
-    "steps_done": "training steps committed on this device for this workload",
+    "steps_done": "training steps done on this device for this workload (those past steps_saved are lost if "
+                  "training fails before the next checkpoint)",
+    "steps_saved": "training steps the newest checkpoint holds: what survives a crash (null before a window "
+                   "restored one)",
     "since": "Unix time the state began",
     "device": "the configured device name",
     "pid": "the daemon's process id",

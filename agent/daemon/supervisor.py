@@ -342,6 +342,7 @@ class Daemon:
                     self.worker.steps_from = event.steps_done
                 s.update(schedule_id=event.schedule_id, schedule_from=event.schedule_from,
                          memory_budget_bytes=event.memory_budget, steps_done=event.steps_done,
+                         steps_saved=event.steps_done,
                          energy_source=event.energy_source, rss_baseline_bytes=event.baseline_rss,
                          planned_parts=event.predicted_parts)
                 s["checkpoints_passed_over"] = list(event.skipped_checkpoints) or None
@@ -358,7 +359,7 @@ class Daemon:
                 s["energy_j"] = (s.get("energy_j") or 0.0) + (event.energy_j or 0.0)
             case CheckpointEvent():
                 s["last_checkpoint_seconds"] = event.seconds
-                self._checkpointed_steps = event.steps_done
+                self._checkpointed_steps = s["steps_saved"] = event.steps_done
                 self.backoff.reset()  # work was kept: errors start over (a step alone keeps nothing)
             case EvalEvent():
                 s["holdout_loss"], s["holdout_accuracy"] = event.loss, event.accuracy
@@ -449,7 +450,9 @@ class Daemon:
         self._last_report = now
 
     def _status_line(self) -> str:
-        return f"{self.status['state']}: {self.status['reason']} ({self.status['steps_done']} steps)"
+        done, saved = self.status["steps_done"], self.status.get("steps_saved")
+        unsaved = f", {done - saved} not yet in a checkpoint" if saved is not None and done > saved else ""
+        return f"{self.status['state']}: {self.status['reason']} ({done} steps{unsaved})"
 
     def _write(self, now: float, throttle: bool = False) -> None:
         if throttle and now - self._last_write < 1.0:

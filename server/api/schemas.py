@@ -102,6 +102,7 @@ class Heartbeat(BaseModel):
     state: Literal[STATES]  # type: ignore[valid-type]
     reason: Text | None = None
     steps_done: Count = 0
+    steps_saved: Count | None = None
     since: UnixTime | None = None
     device: Line | None = None
     pid: Count | None = None

@@ -136,16 +136,18 @@ def test_a_disk_that_refuses_checkpoints_backs_off_longer_each_time_and_status_s
                              env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              start_new_session=True, text=True)
     try:
-        waits = set()
+        waits, saved = set(), set()
 
         def third_wait() -> dict | None:
             status = read_status(tmp)
+            saved.add(status.get("steps_saved"))
             if status.get("state") == "backing off":
                 waits.add(re.search(r"next try in (\d+) s", status["reason"]).group(1))
             return status if {"1", "2", "4"} <= waits else None
 
         status = wait_for(third_wait, 90, "waits of 1, 2 and 4 s", agent)
         assert status["steps_done"] == 0  # nothing reached a checkpoint
+        assert saved <= {None, 0} and 0 in saved  # while steps ran, the status never said they were saved
         assert "cannot write checkpoint" in status["last_error"] and "trained again" in status["reason"]
     finally:
         assert stop(agent) == 0
