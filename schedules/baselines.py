@@ -443,7 +443,7 @@ def page_every_gap(problem: BaselineProblem) -> Matrices | None:
 
     Each stage then holds its node's inputs and output, plus what the MILP's accounting charges for a
     page-out (the value stays resident through the stage after it is computed) and for gaps too short to
-    page (a value read again two stages later).  That is at or near :func:`schedules.budgets.memory_lower_bound`
+    page (a value read again two stages later).  That is at or near :func:`schedules.floors.memory_lower_bound`
     on extracted graphs, where capuchin's greedy can stall: it prefers recomputing a cheap value, and the
     recomputation's inputs then hold the peak stage.  It is not a method of its own but a warm start, so
     that the MILP has a schedule to improve on at budgets near the floor.  ``None`` when the plan breaks

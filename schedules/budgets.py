@@ -31,11 +31,12 @@ from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Sequence
 
 from schedules.baselines import BaselineProblem, store_all
+from schedules.floors import memory_lower_bound
 from schedules.graph import TrainingGraph
 from schedules.matrices import to_instructions
 from schedules.plan import PlanResult
 from schedules.simulate import simulate
-from schedules.step_memory import MAX_CHUNK_BYTES, MIN_CHUNK_BYTES, StepMemory, TrainingSpec
+from schedules.step_memory import MAX_CHUNK_BYTES, StepMemory, TrainingSpec
 
 Probe = Callable[[int, float | None], PlanResult]
 
@@ -82,33 +83,6 @@ def budget_class(memory_budget: int) -> int:
         raise ValueError(f"a memory budget is a positive number of bytes, got {memory_budget}")
     drop = max(memory_budget.bit_length() - BUDGET_CLASS_BITS, 0)
     return memory_budget >> drop << drop
-
-
-def memory_lower_bound(graph: TrainingGraph, training: TrainingSpec | None = None) -> int:
-    """Largest ``bytes(node) + workspace(node) + sum(bytes(inputs))``: no schedule fits a smaller budget.
-
-    With ``training``, plus what the step must hold beside them however its optimizer state is placed:
-    the runtime, gradients held there, the node's update transient at the smallest chunks.
-    """
-    return max(node_lower_bounds(graph, training))
-
-
-def node_lower_bounds(graph: TrainingGraph, training: TrainingSpec | None = None) -> list[int]:
-    """Per node, what computing it needs at once: its value, its workspace and its inputs' values (with
-    ``training``, plus the step's share as in :func:`memory_lower_bound`).  The largest is that bound."""
-    step = None
-    if training is not None:
-        spec = training if training.chunk_bytes else replace(training, chunk_bytes=MIN_CHUNK_BYTES)
-        step = StepMemory.build(graph, spec)
-        resident = 0 if spec.state_paging else step.state_bytes
-    bounds = []
-    for i, node in enumerate(graph.nodes):
-        need = node.bytes + node.workspace_bytes + sum(graph.nodes[p].bytes for p in graph.predecessors[i])
-        if step is not None:
-            need += step.constant_bytes + resident + step.update_bytes[i]
-            need += step.stage_bytes[i] if graph.is_backward(i) else 0  # computed at its own stage only
-        bounds.append(need)
-    return bounds
 
 
 def floor_text(graph: TrainingGraph) -> str:

@@ -124,6 +124,7 @@ class TrainingGraph:
     runtime_bytes: int = 0
     cut: tuple[str, ...] = ()  # the modules extraction cut the model at, so a device can cut it the same way
     operator_bound_bytes: int = 0  # the largest working set of one operator's backward (0: not measured)
+    default_cut_floor_bytes: int = 0  # where extraction refined: the activation floor of the cut it began from
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -242,6 +243,7 @@ class TrainingGraph:
             "parameters": [_parameter_to_dict(p) for p in self.parameters],
             "cut": list(self.cut),
             "operator_bound_bytes": self.operator_bound_bytes,
+            "default_cut_floor_bytes": self.default_cut_floor_bytes,
         }
 
     @classmethod
@@ -279,6 +281,8 @@ class TrainingGraph:
             cut=_cut_from(data.get("cut", [])),
             operator_bound_bytes=int(finite_number(data.get("operator_bound_bytes", 0), "operator_bound_bytes",
                                                    minimum=0)),
+            default_cut_floor_bytes=int(finite_number(data.get("default_cut_floor_bytes", 0),
+                                                      "default_cut_floor_bytes", minimum=0)),
         )
 
     @classmethod
@@ -307,7 +311,7 @@ def _parameter_to_dict(p: Parameter) -> dict[str, Any]:
 _NODE_KEYS = frozenset(f.name for f in fields(Node))
 _PARAMETER_KEYS = frozenset(f.name for f in fields(Parameter))
 _GRAPH_KEYS = frozenset({"format", "version", "model", "source", "fixed_bytes", "runtime_bytes", "nodes", "edges",
-                         "parameters", "cut", "operator_bound_bytes"})
+                         "parameters", "cut", "operator_bound_bytes", "default_cut_floor_bytes"})
 
 
 def _cut_from(raw: Any) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ from typing import Callable
 from schedules.baselines import HEURISTIC_BASELINES, BaselineProblem, page_every_gap
 from schedules.device import DeviceProfile, paging_time_ms, price_graph
 from schedules.errors import PlannerError, ScheduleViolation, SolverError, UnknownNameError
+from schedules.floors import cut_floors_text, memory_lower_bound
 from schedules.graph import TrainingGraph
 from schedules.matrices import Instruction, Matrices, to_instructions
 from schedules.milp import MilpOutcome, SolveProgress, solve_poet_milp
@@ -364,6 +365,16 @@ class _Context:
     step: StepMemory | None = None
     costs: StateCosts | None = None
 
+    def infeasible(self, message: str) -> str:
+        """``message``, and where the memory budget is below the graph's floor, the floor on this cut and on the
+        other (:func:`schedules.floors.cut_floors_text`): no solver setting helps there, a larger budget or a
+        finer cut does."""
+        budget = self.problem.memory_budget
+        training = self.step.spec if self.step is not None else None
+        if budget is None or budget >= memory_lower_bound(self.graph, training):
+            return message
+        return f"{message}: {cut_floors_text(self.graph, training)}"
+
     def layout(self, matrices: Matrices) -> StepLayout | None:
         """The whole-step layout ``matrices`` decide (``None`` when planning activations alone)."""
         return None if self.step is None else self.step.layout(matrices.state_on_flash, self.costs)
@@ -414,7 +425,8 @@ def _plan_heuristic(ctx: _Context, method: str) -> PlanResult:
     if result is not None:
         return result
     return PlanResult(False, "infeasible", None, None, time.perf_counter() - started, None, method,
-                      message=f"{method} has no schedule within these budgets", stop_reason=HEURISTIC)
+                      message=ctx.infeasible(f"{method} has no schedule within these budgets"),
+                      stop_reason=HEURISTIC)
 
 
 def _best_heuristic(ctx: _Context) -> Matrices | None:
@@ -438,7 +450,7 @@ def _best_heuristic(ctx: _Context) -> Matrices | None:
 
 def _from_milp(ctx: _Context, outcome: MilpOutcome) -> PlanResult:
     if outcome.matrices is None:
-        message = ("the memory/runtime budgets admit no schedule" if outcome.status == "infeasible"
+        message = (ctx.infeasible("the memory/runtime budgets admit no schedule") if outcome.status == "infeasible"
                    else "the solver stopped before finding any schedule; raise the time limit")
         return PlanResult(False, outcome.status, None, None, outcome.solve_seconds, None, ctx.method,
                           bound_j=outcome.bound_j, message=message, stop_reason=outcome.stop_reason)
@@ -465,7 +477,8 @@ def _checked_result(ctx: _Context, matrices: Matrices, *, status: str, objective
             raise SolverError(f"the {ctx.method} MILP's plan failed the simulator ({exc}); please report this "
                               "with the graph file and budgets") from exc
         return PlanResult(False, "infeasible", None, None, seconds, None, ctx.method,
-                          message=f"{ctx.method} does not fit the budgets: {exc}", stop_reason=stop_reason)
+                          message=ctx.infeasible(f"{ctx.method} does not fit the budgets ({exc})"),
+                          stop_reason=stop_reason)
     objective = report.energy_j if objective is None else objective
     schedule = Schedule(
         instructions=tuple(instructions),

@@ -133,9 +133,10 @@ class Task:
         if self.graph is None:
             from engine.extract import extract
 
-            # one timing repeat: the planner needs node times, which barely move a model this small
+            # one timing repeat: the planner needs node times, which barely move a model this small; the fleet's
+            # digits CNN keeps the default cut, as simulations profile it (simulation/profile.py)
             self.graph, self.segments = extract(self.model, self.workload.example, self.workload.loss_fn,
-                                                repeats=1, segments=self.workload.segments)
+                                                repeats=1, segments=self.workload.segments, refine=False)
             self.model.load_state_dict(self.initial)  # extraction ran the model: start from the seeded weights
         elif self.segments is None:
             from engine.extract import segments_matching

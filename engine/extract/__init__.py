@@ -8,8 +8,8 @@
    plain containers (``nn.Sequential``, ``nn.ModuleList``, ``nn.ModuleDict``)
    and into any module that holds a ``ModuleList`` (a transformer's layer
    stack): resnet blocks, mobilenet blocks, vgg layers, BERT layers.  Explicit
-   ``segments=[qualified names]`` replace the rule.  With ``refine=True``
-   (what ``poet-edge profile`` does) the units whose forward or backward
+   ``segments=[qualified names]`` replace the rule.  Then, unless
+   ``refine=False``, the units whose forward or backward
    node sets the smallest budget any schedule could fit are cut a module
    level finer, again and again, while that floor falls and the graph stays
    small enough to solve fast (:data:`REFINE_MAX_NODES`): resnet18's
@@ -92,7 +92,7 @@ from engine.errors import ExtractionError, ScheduleRefusedError
 from engine.operator_bound import operator_bound
 from engine.runtime import ModelState
 from engine.segments import Segments
-from schedules.budgets import node_lower_bounds
+from schedules.floors import node_lower_bounds
 from schedules.graph import TrainingGraph
 
 from engine.extract.cutting import cut_into_units
@@ -112,7 +112,7 @@ def extract(
     *,
     segments: Sequence[str] | None = None,
     repeats: int = 5,
-    refine: bool = False,
+    refine: bool = True,
 ) -> tuple[TrainingGraph, Segments]:
     """Extract the training graph of ``model`` and the segments the executor runs it with.
 
@@ -135,7 +135,9 @@ def extract(
         Timed runs per node; each node's ``compute_ms`` is their median.
     refine:
         Cut finer where the floor is set (step 1 of the module docstring), starting from ``segments`` or the
-        default cut; the graph's ``cut`` records the cut chosen, for :func:`segments_matching`.
+        default cut; the graph's ``cut`` records the cut chosen, for :func:`segments_matching`, and
+        ``default_cut_floor_bytes`` the floor of the cut it started from.  ``False`` keeps that cut (one
+        extraction instead of several; the floor can be far higher: a ViT's is most of a plain step).
 
     The model's parameters, gradients, buffers and the RNG state are left as
     they were.
@@ -151,9 +153,12 @@ def extract(
     _check_dense_gradients(model)
     state = ModelState(model)
     try:
+        start_floor = 0
         if refine:
-            names = _refined(model, names, inputs, targets, loss_fn, max_nodes or REFINE_MAX_NODES, following)
+            names, start_floor = _refined(model, names, inputs, targets, loss_fn, max_nodes or REFINE_MAX_NODES,
+                                          following)
         graph, cut = _extract_once(model, names, inputs, targets, loss_fn, max_nodes, repeats, following)
+        graph = replace(graph, default_cut_floor_bytes=start_floor)
         if repeats:
             state.rollback()
             aside = ModelState(model)  # the caller's gradients set aside again: the bound's backward adds into .grad
@@ -200,28 +205,39 @@ REFINE_MARGIN = 1.05
 
 
 def _refined(model: nn.Module, names: list[str], inputs: Any, targets: Any, loss_fn: Callable, node_cap: int,
-             following: bool) -> list[str]:
+             following: bool) -> tuple[list[str], int]:
     """Cut finer, a module level at a time, the units whose forward or backward node sets the graph's
-    smallest possible budget (:func:`schedules.budgets.node_lower_bounds`), while that budget falls and the
+    smallest possible budget (:func:`schedules.floors.node_lower_bounds`), while that budget falls and the
     graph stays within ``node_cap`` nodes; coarse everywhere else.  Each candidate cut is measured (one timed
-    run: the node needs, not the times, decide)."""
+    run: the node needs, not the times, decide).  Returns the cut and the floor of ``names``, where it began."""
     best: tuple[int, list[str]] | None = None
+    start_floor = 0
     inplace = {name: m.inplace for name, m in model.named_modules() if isinstance(getattr(m, "inplace", None), bool)}
     while True:
-        graph, cut = _extract_once(model, names, inputs, targets, loss_fn, None, 1, following)
-        for name, flag in inplace.items():  # a cut sets lone in-place modules out of place: not the next one
-            model.get_submodule(name).inplace = flag
-        if graph.size > node_cap:
-            return best[1] if best is not None else names
+        try:
+            graph, cut = _extract_once(model, names, inputs, targets, loss_fn, None, 1, following)
+        except ExtractionError as exc:
+            if best is None:  # the cut asked for itself cannot be extracted: the caller hears why
+                raise
+            # a finer cut that cannot be run (code between its units draws NumPy's numbers, say): the coarser
+            # one the floor was measured on stands
+            log.info("refining stopped at a cut that cannot be extracted: %s", exc)
+            return best[1], start_floor
+        finally:
+            for name, flag in inplace.items():  # a cut sets lone in-place modules out of place: not the next one
+                model.get_submodule(name).inplace = flag
         needs = node_lower_bounds(graph)
         floor = max(needs)
+        start_floor = start_floor or floor
+        if graph.size > node_cap:
+            return (best[1] if best is not None else names), start_floor
         if best is None or floor < best[0] * REFINE_GAIN:  # a finer level that gains nothing is kept only if a
             best = (floor, names)                           # still finer one below it does
         setting = {m for i, need in enumerate(needs) if i and need * REFINE_MARGIN >= floor
                    for m in _unit_modules(cut, i)}
         finer = _expanded(model, names, setting)
         if finer == names:
-            return best[1]
+            return best[1], start_floor
         names = finer
 
 
@@ -267,7 +283,7 @@ def segments_matching(workload: Any, graph: TrainingGraph, max_nodes: int | None
     nodes, bytes and edges (another model, input, seed or node bound).
     """
     fresh, segments = extract(workload.model, workload.example, workload.loss_fn, max_nodes,
-                              segments=list(graph.cut) or workload.segments, repeats=0)
+                              segments=list(graph.cut) or workload.segments, repeats=0, refine=False)
     if fresh.fingerprint != graph.fingerprint:
         named = f"; it is of {graph.model!r}, this is {workload.name!r}" if graph.model != workload.name else ""
         raise ScheduleRefusedError(

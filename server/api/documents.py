@@ -67,7 +67,7 @@ TRAINING_GRAPH = {
         "parameters": {"type": "array", "items": object_schema(Parameter, "Parameter")},
         "cut": {"type": "array", "items": {"type": "string"},
                 "description": "the modules extraction cut the model at (`name:ops`: its own code as operations)"},
-        "operator_bound_bytes": _COUNT,
+        "operator_bound_bytes": _COUNT, "default_cut_floor_bytes": _COUNT,
     },
 }
 REFERENCE_GRAPH = {

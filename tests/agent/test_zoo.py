@@ -11,10 +11,10 @@ from engine.extract import extract
 
 def test_bert_is_cut_inside_each_layer_which_lowers_the_smallest_feasible_budget():
     work = load_workload("bert", (4, 64))
-    graph, segments = extract(work.model, work.example, work.loss_fn, segments=work.segments, repeats=1)
+    graph, segments = extract(work.model, work.example, work.loss_fn, segments=work.segments, repeats=1, refine=False)
     names = [unit.name for unit in segments.units]
     assert "bert.encoder.layer.0.attention.self" in names and "bert.encoder.layer.3.output" in names
-    whole, _ = extract(work.model, work.example, work.loss_fn, repeats=1)  # extraction's default: whole layers
+    whole, _ = extract(work.model, work.example, work.loss_fn, repeats=1, refine=False)  # the default cut: layers
     assert graph.size > whole.size
     assert memory_lower_bound(graph) / store_all_peak(graph) < 0.8 * memory_lower_bound(whole) / store_all_peak(whole)
 

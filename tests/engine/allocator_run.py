@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     model_fn, example_fn, loss_fn = _models()[args.model]
     torch.manual_seed(0)
     model = model_fn().train()
-    graph, segments = extract(model, example_fn(), loss_fn, repeats=1)
+    graph, segments = extract(model, example_fn(), loss_fn, repeats=1, refine=False)
     settings = OptimizerSettings("sgd", learning_rate=0.05, momentum=0.9)
     policy = {"recompute": recompute_everything, "page": page_everything}[args.schedule]
     schedule = whole_step_schedule(graph, policy(graph), settings.spec(chunk_bytes=1 << 20),

@@ -31,7 +31,7 @@ from tests.engine.models import (
 def unet():
     torch.manual_seed(0)
     model = TinyUNet().train()
-    graph, segments = extract(model, unet_example(), cross_entropy, repeats=1)
+    graph, segments = extract(model, unet_example(), cross_entropy, repeats=1, refine=False)
     return model, graph, segments
 
 
@@ -59,7 +59,7 @@ def test_ledger_never_exceeds_the_budget(unet, method, fraction, tmp_path):
 
 def test_schedule_for_another_model_is_refused(unet):
     model, graph, segments = unet
-    other, _ = extract(mlp().train(), mlp_example(), cross_entropy, repeats=1)
+    other, _ = extract(mlp().train(), mlp_example(), cross_entropy, repeats=1, refine=False)
     foreign = plan(other, "rpi4", method="store-all").schedule
     with pytest.raises(ScheduleRefusedError, match="planned for graph"):
         Executor(model, segments, graph, foreign)
@@ -89,7 +89,7 @@ class TwoBranches(nn.Module):
 
 
 def test_forward_nodes_first_computed_out_of_stage_order_are_refused():
-    graph, segments = extract(TwoBranches().train(), mlp_example(), cross_entropy, repeats=1)
+    graph, segments = extract(TwoBranches().train(), mlp_example(), cross_entropy, repeats=1, refine=False)
     names = [n.name for n in graph.nodes]
     a, b = names.index("a.0"), names.index("b")
     assert graph.predecessors[b] == (0,)  # b does not need a: a planner may order them either way
@@ -129,7 +129,9 @@ def _sabotaged(tmp_path):
     saboteur = Saboteur(tmp_path)
     model = nn.Sequential(nn.Linear(32, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 64),
                           nn.Tanh(), saboteur, nn.Linear(64, 5)).train()
-    graph, segments = extract(model, mlp_example(), cross_entropy, repeats=1)
+    # the default cut: refined, the saboteur could be cut into its operations, whose Python (the file damage)
+    # is then recorded once, not run each step
+    graph, segments = extract(model, mlp_example(), cross_entropy, repeats=1, refine=False)
     schedule = schedule_for(graph, page_everything(graph))
     return model, saboteur, Executor(model, segments, graph, schedule, swap_dir=tmp_path)
 
@@ -175,7 +177,7 @@ def test_steps_leave_nothing_of_their_autograd_graphs_behind(policy, tmp_path):
 
     torch.manual_seed(0)
     model = mlp().train()
-    graph, segments = extract(model, mlp_example(), cross_entropy, repeats=1)
+    graph, segments = extract(model, mlp_example(), cross_entropy, repeats=1, refine=False)
     ex = Executor(model, segments, graph, schedule_for(graph, policy(graph)), swap_dir=tmp_path)
     try:
         for _ in range(12):
@@ -214,7 +216,7 @@ def test_gradients_accumulate_across_steps_like_autograd(tmp_path):
     model = torchvision.models.resnet18(num_classes=10).train()
     reference = copy.deepcopy(model)
     example = image_example()
-    graph, segments = extract(model, example, cross_entropy, repeats=1)
+    graph, segments = extract(model, example, cross_entropy, repeats=1, refine=False)
     ex = Executor(model, segments, graph, schedule_for(graph, page_everything(graph)), swap_dir=tmp_path)
     for _ in range(2):  # no zero_grad in between: gradient accumulation
         inputs, targets = image_example()
@@ -229,7 +231,7 @@ def test_gradients_accumulate_across_steps_like_autograd(tmp_path):
 def test_a_gradient_zero_but_for_its_last_element_is_accumulated_not_dropped(tmp_path):
     torch.manual_seed(0)
     model = mlp().train()
-    graph, segments = extract(model, mlp_example(), cross_entropy, repeats=1)
+    graph, segments = extract(model, mlp_example(), cross_entropy, repeats=1, refine=False)
     ex = Executor(model, segments, graph, schedule_for(graph, recompute_everything(graph)), swap_dir=tmp_path)
     reference = copy.deepcopy(model)
     for p in (*model.parameters(), *reference.parameters()):  # odd sizes too (biases of 5 floats): the tail
@@ -271,7 +273,7 @@ def test_zeroed_gradients_are_dropped_for_the_step_and_come_back_as_zeros_on_fai
 def test_read_ahead_leaves_room_for_each_nodes_workspace(tmp_path):
     torch.manual_seed(0)
     model, example = mlp(), mlp_example()
-    graph, segments = extract(model, example, cross_entropy, repeats=1)
+    graph, segments = extract(model, example, cross_entropy, repeats=1, refine=False)
     # fixed workspaces: the measured ones of forward nodes vary from run to run by a few hundred bytes
     graph = graph.with_nodes([replace(n, workspace_bytes=2 * n.bytes if n.kind == "backward" else 0)
                               for n in graph.nodes])
@@ -309,7 +311,7 @@ def test_page_ins_fill_memory_kept_from_earlier_ones_or_freed_values_and_gradien
     inputs, targets = torch.randn(8, 64), torch.randint(0, 5, (8,))
     # one unit per block: a block's backward needs its value (the Tanh's output), so each paged value is read back
     graph, segments = extract(blocks, (inputs, targets), cross_entropy, repeats=1,
-                              segments=[str(k) for k in range(len(blocks))])
+                              segments=[str(k) for k in range(len(blocks))], refine=False)
     # computations far longer than any read here: after the first step has measured the reads, each may wait for
     # the free of a value of its size, to take over its memory
     graph = graph.with_nodes([replace(n, compute_ms=50.0) for n in graph.nodes])
@@ -343,7 +345,7 @@ def test_page_ins_fill_memory_kept_from_earlier_ones_or_freed_values_and_gradien
 def test_a_cancelled_step_stops_between_instructions_and_changes_nothing(tmp_path):
     torch.manual_seed(0)
     model, example = mlp(), mlp_example()
-    graph, segments = extract(model, example, cross_entropy, repeats=1)
+    graph, segments = extract(model, example, cross_entropy, repeats=1, refine=False)
     instructions = page_everything(graph)
     asked = []
 

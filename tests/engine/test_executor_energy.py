@@ -43,7 +43,7 @@ class TickingClock:
 def extracted():
     """The zoo's U-Net at the input ``poet-edge validate --model unet --input 1x3x8x8`` builds."""
     work = load_workload("unet", (1, 3, 8, 8))
-    return work, *extract(work.model, work.example, work.loss_fn, repeats=1)
+    return work, *extract(work.model, work.example, work.loss_fn, repeats=1, refine=False)
 
 
 def _step(extracted, instructions, tmp_path: Path, meter=None):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -21,7 +22,7 @@ def resnet():
     torch.manual_seed(0)
     model = torchvision.models.resnet18(num_classes=10).train()
     example = image_example()
-    graph, segments = extract(model, example, cross_entropy, repeats=1)
+    graph, segments = extract(model, example, cross_entropy, repeats=1, refine=False)
     return model, example, graph, segments
 
 
@@ -94,7 +95,7 @@ def test_graph_round_trips_and_fingerprint_is_stable(resnet, tmp_path):
     model, example, graph, _ = resnet
     graph.save(tmp_path / "g.json")
     assert TrainingGraph.load(tmp_path / "g.json").fingerprint == graph.fingerprint
-    again, _ = extract(model, example, cross_entropy, repeats=1)
+    again, _ = extract(model, example, cross_entropy, repeats=1, refine=False)
     assert again.fingerprint == graph.fingerprint
 
 
@@ -109,7 +110,7 @@ class _Scratch(nn.Module):
 def test_workspace_is_the_memory_a_node_holds_only_while_it_computes():
     model = nn.Sequential(nn.Linear(256, 256), _Scratch(), nn.Linear(256, 10)).train()
     x, y = torch.randn(8192, 256), torch.randint(0, 10, (8192,))  # 8 MiB activations
-    graph, segments = extract(model, (x, y), cross_entropy, repeats=1)
+    graph, segments = extract(model, (x, y), cross_entropy, repeats=1, refine=False)
     scratch = graph.nodes[2]
     assert scratch.name == "1"
     assert scratch.bytes == x.nbytes  # its output only: add and mul by a constant save nothing
@@ -124,7 +125,7 @@ def test_extraction_leaves_model_and_rng_untouched():
     before = copy.deepcopy(model.state_dict())
     example = unet_example()
     rng = torch.get_rng_state()
-    extract(model, example, cross_entropy, repeats=1)
+    extract(model, example, cross_entropy, repeats=1, refine=False)
     assert torch.equal(torch.get_rng_state(), rng)
     for key, value in model.state_dict().items():
         assert torch.equal(value, before[key]), key
@@ -132,7 +133,7 @@ def test_extraction_leaves_model_and_rng_untouched():
 
 
 def test_skip_connections_cross_segments():
-    graph, segments = extract(TinyUNet().train(), unet_example(), cross_entropy, repeats=1)
+    graph, segments = extract(TinyUNet().train(), unet_example(), cross_entropy, repeats=1, refine=False)
     names = [n.name for n in graph.nodes]
     enc1 = names.index("enc1.2")  # conv, BN, then its in-place ReLU run out-of-place as a unit of its own
     dec1 = names.index("dec1.0")         # torch.cat([up1(d2), e1]) is glue of dec1's first unit
@@ -148,7 +149,7 @@ def test_skip_connections_cross_segments():
 def test_a_gradient_passed_straight_through_stays_with_the_node_that_made_it():
     torch.manual_seed(0)
     graph, segments = extract(PassThrough().train(), fan_in_example(), cross_entropy, repeats=1,
-                              segments=PASS_THROUGH_CUT)
+                              segments=PASS_THROUGH_CUT, refine=False)
     names = [n.name for n in graph.nodes]
     b, add, head = (names.index(n) for n in ("b", "join:add", "head"))
     grad_b, grad_add, grad_head = (segments.backward_of(n) for n in (b, add, head))
@@ -160,7 +161,8 @@ def test_a_gradient_passed_straight_through_stays_with_the_node_that_made_it():
 
 def test_a_view_is_taken_in_the_unit_that_uses_it_not_merged_back_into_its_maker():
     torch.manual_seed(0)
-    _, segments = extract(Attending().train(), fan_in_example(), cross_entropy, repeats=1, segments=ATTENDING_CUT)
+    _, segments = extract(Attending().train(), fan_in_example(), cross_entropy, repeats=1, segments=ATTENDING_CUT,
+                          refine=False)
     calls = [[n.target for n in unit.nodes if n.op == "call_module"] for unit in segments.units]
     # the key's transpose joins the product that reads it: the projections stay units of their own
     assert ["attn.q"] in calls and ["attn.k"] in calls and ["attn.v"] in calls
@@ -183,20 +185,21 @@ class _HandsBack(nn.Module):
 
 def test_a_module_handing_its_input_back_joins_the_module_that_made_it():
     torch.manual_seed(0)
-    _, segments = extract(_HandsBack().train(), fan_in_example(), cross_entropy, repeats=1)
+    _, segments = extract(_HandsBack().train(), fan_in_example(), cross_entropy, repeats=1, refine=False)
     calls = [[n.target for n in unit.nodes if n.op == "call_module"] for unit in segments.units]
     # joined with l2 instead, the unit would still hand the value on to the add: l2 and head would follow it in
     assert calls == [["l1", "drop"], ["l2"], ["head"]]
 
 
 def test_max_nodes_merges_cheap_neighbours():
-    graph, segments = extract(mlp().train(), mlp_example(), cross_entropy, max_nodes=9, repeats=1)
+    graph, segments = extract(mlp().train(), mlp_example(), cross_entropy, max_nodes=9, repeats=1, refine=False)
     assert graph.size <= 9 and len(segments.units) == 3
 
 
 def test_explicit_segments_and_their_errors():
     model = mlp()
-    graph, _ = extract(model, mlp_example(), cross_entropy, segments=["0", "1", "2", "3", "4", "5", "6"], repeats=1)
+    graph, _ = extract(model, mlp_example(), cross_entropy, segments=["0", "1", "2", "3", "4", "5", "6"], repeats=1,
+                       refine=False)
     assert graph.size == 17
     with pytest.raises(ExtractionError, match="not modules"):
         extract(model, mlp_example(), cross_entropy, segments=["0", "nope"])
@@ -277,7 +280,7 @@ def _exact_on_batches(model: nn.Module, seeds, method: str = "checkpoint-all") -
     from agent.zoo import Workload
     from schedules.plan import plan
 
-    graph, segments = extract(model, _example(seeds[0]), cross_entropy, repeats=1)
+    graph, segments = extract(model, _example(seeds[0]), cross_entropy, repeats=1, refine=False)
     with Executor(model, segments, graph, plan(graph, "rpi4", method=method).schedule) as ex:
         for seed in seeds:
             report = check_parity(ex, Workload("model", model, *_example(seed), cross_entropy))
@@ -297,7 +300,7 @@ def test_glue_that_takes_a_tensors_value_into_python_stops_where_a_batch_leaves_
     positive = {seed: bool(model.a(_example(seed)[0]).sum() > 0) for seed in range(40)}
     same = next(seed for seed in range(1, 40) if positive[seed] == positive[0])
     other = next(seed for seed in range(1, 40) if positive[seed] != positive[0])
-    graph, segments = extract(model, _example(), cross_entropy, repeats=1)
+    graph, segments = extract(model, _example(), cross_entropy, repeats=1, refine=False)
     with Executor(model, segments, graph, plan(graph, "rpi4", method="checkpoint-all").schedule) as ex:
         assert check_parity(ex, Workload("glue", model, *_example(same), cross_entropy)).exact
         state = [t.clone() for t in (*model.parameters(), *(p.grad for p in model.parameters()))]
@@ -312,7 +315,7 @@ def test_glue_reading_a_parameter_into_python_stops_once_the_parameter_changed()
     from schedules.plan import plan
 
     model = GlueScale().train()
-    graph, segments = extract(model, _example(), cross_entropy, repeats=1)
+    graph, segments = extract(model, _example(), cross_entropy, repeats=1, refine=False)
     with Executor(model, segments, graph, plan(graph, "rpi4", method="store-all").schedule) as ex:
         ex.step(*_example(1))
         with torch.no_grad():
@@ -391,10 +394,10 @@ def test_a_decoder_with_its_key_value_cache_on_has_it_turned_off_for_training_wi
 
     model = gpt2_decoder(use_cache=True).train()
     with caplog.at_level("WARNING", logger="engine.extract"):
-        graph, _ = extract(model, next_token_example(), next_token_cross_entropy, repeats=0)
+        graph, _ = extract(model, next_token_example(), next_token_cross_entropy, repeats=0, refine=False)
     assert model.config.use_cache is False and graph.size > 3  # as transformers' Trainer does
     assert any("key/value cache turned off for training" in r.getMessage() for r in caplog.records)
-    plain, _ = extract(gpt2_decoder().train(), next_token_example(), next_token_cross_entropy, repeats=0)
+    plain, _ = extract(gpt2_decoder().train(), next_token_example(), next_token_cross_entropy, repeats=0, refine=False)
     assert plain.size == graph.size
 
 
@@ -407,7 +410,7 @@ def test_the_zoos_decoders_extract_with_their_cache_off_and_a_next_token_batch(n
     assert workload.model.config.use_cache is False and workload.model.training
     tokens, targets = workload.example
     assert tokens.shape == targets.shape == (2, 32) and torch.equal(tokens[:, 1:], targets[:, :-1])
-    graph, segments = extract(workload.model, workload.example, workload.loss_fn, repeats=0)
+    graph, segments = extract(workload.model, workload.example, workload.loss_fn, repeats=0, refine=False)
     assert [u.name for u in segments.units][-1] == "lm_head" and graph.size == 2 * len(segments.units) + 3
 
 
@@ -432,7 +435,8 @@ def test_the_operator_bound_is_the_largest_backward_working_set_autograd_makes()
 def test_a_unit_whose_backward_needs_no_output_of_its_own_has_no_edge_to_its_backward():
     torch.manual_seed(0)
     model = _norm_mlp().train()
-    graph, segments = extract(model, (torch.randn(64, 16), torch.randint(0, 4, (64,))), cross_entropy, repeats=1)
+    graph, segments = extract(model, (torch.randn(64, 16), torch.randint(0, 4, (64,))), cross_entropy, repeats=1,
+                              refine=False)
     names = [n.name for n in graph.nodes]
     linear, norm, relu = names.index("0"), names.index("1"), names.index("2")
     # a linear layer and a BatchNorm save their input (another unit's value) and a few statistics; a ReLU its output
@@ -443,17 +447,23 @@ def test_a_unit_whose_backward_needs_no_output_of_its_own_has_no_edge_to_its_bac
     assert graph.runtime_bytes == 2 * 256 * 4  # the BatchNorm's statistics, kept past a free for its backward
 
 
-def test_refining_the_cut_brings_the_floor_to_the_operator_bound(tmp_path):
+def test_extract_refines_by_default_bringing_the_floor_to_the_operator_bound(tmp_path):
     from schedules.budgets import memory_lower_bound, store_all_peak
+    from schedules.plan import plan
     torch.manual_seed(0)
     # large enough that activations, not the last blocks' weight-gradient workspaces, set the floor
     example = image_example(batch=16, size=64)
     model = torchvision.models.resnet18(num_classes=10).train()
     reference = copy.deepcopy(model)
-    coarse, _ = extract(model, example, cross_entropy, repeats=1)
-    graph, segments = extract(model, example, cross_entropy, repeats=1, refine=True)
+    coarse, _ = extract(model, example, cross_entropy, repeats=1, refine=False)
+    graph, segments = extract(model, example, cross_entropy, repeats=1)
     floor, bound = memory_lower_bound(graph), graph.operator_bound_bytes
     assert memory_lower_bound(graph) < memory_lower_bound(coarse) and floor <= 1.15 * bound
+    # the default cut's floor is kept beside the refined one; a budget below both names both
+    assert coarse.default_cut_floor_bytes == 0
+    assert abs(graph.default_cut_floor_bytes - memory_lower_bound(coarse)) <= 0.05 * memory_lower_bound(coarse)
+    message = plan(graph, "rpi4", memory_budget=floor // 2, method="checkpoint-all").message
+    assert f"{floor:,} B" in message and f"{graph.default_cut_floor_bytes:,} B" in message
     assert floor < 0.45 * store_all_peak(coarse) and graph.size <= 91
     # the blocks are cut where their backward set the floor: finer than the default cut, and recorded
     assert len(graph.cut) > len(coarse.cut) and any(name.startswith("layer1.0.") for name in graph.cut)
@@ -462,7 +472,8 @@ def test_refining_the_cut_brings_the_floor_to_the_operator_bound(tmp_path):
     # a device re-cuts the model from the graph's record alone
     again = TrainingGraph.from_dict(graph.to_dict())
     assert again.cut == graph.cut and again.operator_bound_bytes == bound
-    same, _ = extract(copy.deepcopy(reference), example, cross_entropy, repeats=0, segments=list(again.cut))
+    same, _ = extract(copy.deepcopy(reference), example, cross_entropy, repeats=0, segments=list(again.cut),
+                      refine=False)
     assert same.fingerprint == graph.fingerprint
 
 
@@ -472,5 +483,27 @@ def test_extraction_leaves_gradients_the_caller_accumulated_as_they_were():
     example = (torch.randn(64, 16), torch.randint(0, 4, (64,)))
     cross_entropy(model(example[0]), example[1]).backward()  # a step of gradient accumulation before extracting
     before = [p.grad.clone() for p in model.parameters()]
-    extract(model, example, cross_entropy, repeats=1)  # measures the operator-level bound with a backward of its own
+    # measures the operator-level bound with a backward of its own
+    extract(model, example, cross_entropy, repeats=1, refine=False)
     assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), before))
+
+
+class _DrawsAroundItsLayer(nn.Module):
+    """A layer whose own code scales by a number from NumPy's generator: cut into its operations, that code is
+    glue, which the recording refuses to fix (it would draw once for every step)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x) * float(1.0 + np.random.rand())
+
+
+def test_refining_stops_at_the_coarser_cut_where_a_finer_one_cannot_be_recorded():
+    model = nn.Sequential(_DrawsAroundItsLayer()).train()  # one unit: it sets the floor, so refining cuts into it
+    example = (torch.randn(8, 16), torch.randint(0, 16, (8,)))
+    graph, _ = extract(model, example, cross_entropy, repeats=1)
+    assert graph.cut == ("0",) and graph.default_cut_floor_bytes > 0
+    with pytest.raises(ExtractionError, match="NumPy"):  # the finer cut, asked for, is refused
+        extract(model, example, cross_entropy, repeats=1, segments=["0.inner", "0:ops"], refine=False)

@@ -53,7 +53,7 @@ def noisy_workload() -> Workload:
 
 
 def _executor(workload: Workload, schedule_of, swap_dir) -> Executor:
-    graph, segments = extract(workload.model, workload.example, workload.loss_fn, repeats=1)
+    graph, segments = extract(workload.model, workload.example, workload.loss_fn, repeats=1, refine=False)
     return Executor(workload.model, segments, graph, schedule_for(graph, schedule_of(graph)), swap_dir=swap_dir)
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from engine.errors import MemoryBoundError, ScheduleRefusedError, UpdateInterrupted
-from engine.extract import extract
+from engine.extract import extract, segments_matching
 from engine.optim.chunks import EXACT_COLUMNS
 from engine.optim.modes import ApplyNow, ByRows, HoldForClipping, InBackground
 from engine.parity import bits_equal
@@ -44,7 +44,7 @@ def train_side_by_side(model_fn: Callable, example_fn: Callable, settings: Optim
     torch.manual_seed(0)
     model = model_fn().train()
     reference = copy.deepcopy(model)
-    graph, segments = extract(model, example_fn(), loss_fn, repeats=1)
+    graph, segments = extract(model, example_fn(), loss_fn, repeats=1, refine=False)
     schedule = whole_step_schedule(graph, policy(graph), settings.spec(chunk_bytes=chunk), on_flash=on_flash)
     training = Training(Workload("test", model, *example_fn(), loss_fn), graph, segments, schedule, settings,
                         swap, check_memory=False)
@@ -74,7 +74,7 @@ def built(model_fn: Callable, settings: OptimizerSettings, policy: Callable, swa
     """``model_fn()``'s training under a hand-made whole-step schedule (``policy``), every state chunk on flash."""
     torch.manual_seed(0)
     model = model_fn().train()
-    graph, segments = extract(model, mlp_example(), cross_entropy, repeats=1)
+    graph, segments = extract(model, mlp_example(), cross_entropy, repeats=1, refine=False)
     schedule = whole_step_schedule(graph, policy(graph), settings.spec(chunk_bytes=4096))
     return Training(Workload("test", model, *mlp_example(), cross_entropy), graph, segments, schedule, settings, swap,
                     **options)
@@ -209,8 +209,8 @@ def test_a_checkpoint_of_a_table_updated_by_rows_holds_its_newest_rows(tmp_path:
         # another process restores the checkpoint: its first step must give the same bits
         torch.manual_seed(0)
         model = model_fn().train()
-        _, segments = extract(model, example_fn(), logits_cross_entropy, repeats=1)
-        restored = Training(Workload("test", model, *example_fn(), logits_cross_entropy), training.graph, segments,
+        workload = Workload("test", model, *example_fn(), logits_cross_entropy)
+        restored = Training(workload, training.graph, segments_matching(workload, training.graph),
                             training.schedule, settings, tmp_path / "b", check_memory=False)
         try:
             restored.load_state(saved)
@@ -244,7 +244,7 @@ def test_a_step_is_checked_part_by_part_and_a_leak_is_named(tmp_path: Path) -> N
 def test_a_schedule_for_activations_or_for_another_optimizer_is_refused(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = mlp().train()
-    graph, segments = extract(model, mlp_example(), cross_entropy, repeats=1)
+    graph, segments = extract(model, mlp_example(), cross_entropy, repeats=1, refine=False)
     from tests.engine.models import schedule_for
 
     work = Workload("mlp", model, *mlp_example(), cross_entropy)

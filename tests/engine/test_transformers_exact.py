@@ -56,7 +56,7 @@ def test_learned_positional_embeddings_train_bit_identically(make, schedule_of, 
     learned = [m for n, m in workload.model.named_modules()
                if n.endswith("embed_positions") and type(m) is not torch.nn.Embedding]
     assert learned and not any(row_updatable(m) for m in learned)  # they look up positions, not the ids
-    graph, segments = extract(workload.model, workload.example, workload.loss_fn, repeats=1)
+    graph, segments = extract(workload.model, workload.example, workload.loss_fn, repeats=1, refine=False)
     with Executor(workload.model, segments, graph, schedule_for(graph, schedule_of(graph)), swap_dir=tmp_path) as ex:
         report = check_parity(ex, workload)
     assert report.exact, report.mismatched
@@ -85,13 +85,13 @@ def test_wav2vec2s_default_spec_augment_is_refused_naming_the_setting_not_traine
     assert workload.model.config.apply_spec_augment and workload.model.config.mask_time_prob > 0  # the defaults
     with pytest.raises(ExtractionError, match=r"Wav2Vec2Model's own code.*draws from NumPy's global generator.*"
                                               r"config.apply_spec_augment = False"):
-        extract(workload.model, workload.example, workload.loss_fn, repeats=0)
+        extract(workload.model, workload.example, workload.loss_fn, repeats=0, refine=False)
 
 
 @pytest.mark.parametrize("schedule_of", [recompute_everything, page_everything])
 def test_wav2vec2_without_spec_augment_trains_bit_identically(schedule_of, tmp_path) -> None:
     workload = wav2vec2(spec_augment=False)
-    graph, segments = extract(workload.model, workload.example, workload.loss_fn, repeats=1)
+    graph, segments = extract(workload.model, workload.example, workload.loss_fn, repeats=1, refine=False)
     with Executor(workload.model, segments, graph, schedule_for(graph, schedule_of(graph)), swap_dir=tmp_path) as ex:
         report = check_parity(ex, workload)
     assert report.exact, report.mismatched

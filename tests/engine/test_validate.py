@@ -67,7 +67,7 @@ def one_thread():
 @pytest.fixture(scope="module")
 def extracted(one_thread):
     workload = sleepy_workload()
-    graph, segments = extract(workload.model, workload.example, workload.loss_fn, repeats=3)
+    graph, segments = extract(workload.model, workload.example, workload.loss_fn, repeats=3, refine=False)
     return workload, graph, segments
 
 

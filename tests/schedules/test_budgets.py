@@ -114,3 +114,24 @@ def test_sweep_plans_every_method_at_every_budget():
     assert by["store-all", top].feasible and by["poet", top].energy_j <= by["store-all", top].energy_j + 1e-9
     assert not by["store-all", budgets[0]].feasible and by["store-all", budgets[0]].energy_j is None
     assert all(by["poet", b].feasible for b in budgets)
+
+
+@pytest.mark.parametrize("method", ["poet", "checkpoint-all"])
+def test_a_budget_below_the_floor_names_the_floor_on_this_cut_and_on_the_one_extraction_began_from(method):
+    from dataclasses import replace
+
+    from common.units import format_bytes
+
+    reference = linear_graph(5)
+    floor = memory_lower_bound(reference)
+    below = plan(reference, memory_budget=floor - 1, method=method)
+    assert not below.feasible and f"less than {format_bytes(floor)} on this cut" in below.message
+    assert "refine" not in below.message  # a reference graph was not extracted here: no cut to refine
+    coarse = replace(reference, cut=("a", "b"))  # extracted without refining
+    assert "refine=True" in plan(coarse, memory_budget=floor - 1, method=method).message
+    refined = replace(reference, cut=("a", "a.x", "b"), default_cut_floor_bytes=3 * floor)
+    message = plan(refined, memory_budget=floor - 1, method=method).message
+    assert f"{format_bytes(floor)} on this cut" in message and f"before refining, {format_bytes(3 * floor)}" in message
+    # above the floor the budget is not the reason: no floor is named
+    tight = plan(refined, memory_budget=floor, runtime_budget=0.5, method=method)
+    assert not tight.feasible and "on this cut" not in tight.message
