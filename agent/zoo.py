@@ -261,6 +261,8 @@ ZOO: dict[str, ZooEntry] = {
                       _decoder("llama")),
     "vit": ZooEntry("vision transformer: 6 layers, hidden 192, 3 heads, 8x8 patches, 10 classes", (16, 3, 64, 64),
                     _vit),
+    "swin_t": ZooEntry("torchvision swin_t, shifted-window attention, 10 classes", (8, 3, 64, 64),
+                       _torchvision("swin_t")),
 }
 
 

@@ -15,6 +15,7 @@ ZOO_INPUTS: dict[str, tuple[int, str]] = {
     "gpt2": (2, "8x128"),
     "llama": (2, "8x128"),
     "vit": (4, "16x3x64x64"),
+    "swin_t": (4, "8x3x64x64"),
 }
 LANGUAGE_MODELS = frozenset({"gpt2", "llama"})
 """Zoo models with a next-token loss: the ones ``workload.chunked_loss`` applies to."""

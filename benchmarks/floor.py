@@ -18,8 +18,12 @@ others, within 1.15x of the bound on all).  Where a language model's logits set 
 ``gpt2-32k-chunked`` is the 32,768-token GPT-2 with the opt-in chunked loss (:mod:`engine.chunked_loss`: not
 bit-identical to plain cross-entropy); its M is the plain loss's.
 
+``swin_t`` (torchvision's shifted-window transformer) is measured with ``--models swin_t``; ``--max-nodes N``
+refines up to ``N`` nodes instead of extraction's default cap (:data:`engine.extract.REFINE_MAX_NODES`), to show
+what the cap costs.
+
 ``python -m benchmarks.floor [--models resnet18,bert,gpt2,gpt2-32k,gpt2-32k-chunked,llama,vit] [--search-time S]
-[--json F]``
+[--max-nodes N] [--json F]``
 """
 
 from __future__ import annotations
@@ -51,24 +55,27 @@ def smallest_budget(graph: Any, search_time: float) -> tuple[int | None, bool]:
     return search.budget, search.exact
 
 
-def measure(name: str, search_time: float) -> dict[str, Any]:
+def measure(name: str, search_time: float, max_nodes: int | None = None) -> dict[str, Any]:
     """Every figure of one model's row."""
     import torch
 
     from engine.extract import extract
-    from schedules.budgets import node_lower_bounds, store_all_peak
+    from schedules.budgets import store_all_peak
+    from schedules.floors import node_lower_bounds
 
     torch.set_num_threads(1)
     model = BENCH_MODELS[name]
     work = model.plain.build()  # M is plain training's, with or without a chunked loss
-    plain, _ = extract(work.model, work.example, work.loss_fn, segments=work.segments, repeats=2)
+    plain, _ = extract(work.model, work.example, work.loss_fn, segments=work.segments, repeats=2, refine=False)
     coarse = plain
     if model.chunked_loss:
         work = model.build()
-        coarse, _ = extract(work.model, work.example, work.loss_fn, segments=work.segments, repeats=2)
+        coarse, _ = extract(work.model, work.example, work.loss_fn, segments=work.segments, repeats=2,
+                            refine=False)
     work = model.build()
     started = time.perf_counter()
-    refined, _ = extract(work.model, work.example, work.loss_fn, segments=work.segments, repeats=2, refine=True)
+    refined, _ = extract(work.model, work.example, work.loss_fn, max_nodes, segments=work.segments, repeats=2,
+                         refine=True)
     extract_s = time.perf_counter() - started
     peak = store_all_peak(plain)
     coarse_floor, _ = smallest_budget(coarse, search_time)
@@ -116,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default=",".join(FLOOR_MODELS), help=f"comma-separated, of {', '.join(BENCH_MODELS)}")
     parser.add_argument("--search-time", type=float, default=240.0,
                         help="seconds for each search of the smallest feasible budget (default 240)")
+    parser.add_argument("--max-nodes", type=int, default=None,
+                        help="refine up to this many graph nodes (default: extraction's own cap)")
     parser.add_argument("--json", metavar="FILE", help="write every figure here")
     args = parser.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -126,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in models:
         print(f"== {name} {BENCH_MODELS[name].input}: extracting (default and refined cuts), searching the floors ...",
               flush=True)
-        rows.append(measure(name, args.search_time))
+        rows.append(measure(name, args.search_time, args.max_nodes))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0 if report(rows) else 1

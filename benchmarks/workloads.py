@@ -59,4 +59,5 @@ BENCH_MODELS: dict[str, BenchModel] = {
     "gpt2-lora": BenchModel("gpt2", "8x128", lora=True),
     "llama-lora": BenchModel("llama", "8x128", lora=True),
     "vit": BenchModel("vit", "16x3x64x64"),
+    "swin_t": BenchModel("swin_t", "8x3x64x64"),
 }
