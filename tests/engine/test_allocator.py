@@ -80,3 +80,32 @@ def test_the_status_command_says_where_the_library_is(tmp_path) -> None:
     done = subprocess.run([sys.executable, "-m", "engine.allocator", "status"], capture_output=True, text=True,
                           cwd=ROOT, env={**os.environ, allocator.DIRECTORY: str(tmp_path)})
     assert done.returncode == 0 and "not built" in done.stdout and str(tmp_path) in done.stdout
+
+
+ADVISED = """
+import torch
+from engine import allocator
+assert allocator.load() is not None
+def advised(tensor):  # the smaps VmFlags of the mapping holding the tensor: hg = advised to use huge pages
+    address, flags = tensor.data_ptr(), {}
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            start, end = (int(part, 16) for part in head.split("-"))
+            inside = start <= address < end
+        elif line.startswith("VmFlags:") and inside:
+            return "hg" in line.split()[1:]
+large, small = torch.ones(4 << 20, dtype=torch.uint8), torch.ones(1 << 20, dtype=torch.uint8)
+print(advised(large), advised(small))
+"""
+
+
+def test_blocks_of_2_mib_and_more_ask_for_transparent_huge_pages_unless_switched_off() -> None:
+    def flags(**env: str) -> str:
+        done = subprocess.run([sys.executable, "-c", ADVISED], capture_output=True, text=True, cwd=ROOT,
+                              timeout=300, env={**os.environ, allocator.SWITCH: "on", **env})
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.split()
+
+    assert flags() == ["True", "False"]  # a 1 MiB block keeps small pages: a huge one would outgrow it
+    assert flags(**{allocator.HUGE_PAGES: "off"}) == ["False", "False"]
