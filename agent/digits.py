@@ -30,9 +30,9 @@ import torch.nn.functional as F
 
 from agent.data import LocalDataset
 from agent.errors import DataError
-from agent.federated.virtual import FleetData
+from agent.federated.virtual import STDLIB_TEXT, FleetData
 from agent.image_sets import ImageSet, ImageShape, image_set_shape, load_image_set
-from agent.stdlib_text import STDLIB_TEXT, device_text, text_workload
+from agent.stdlib_text import device_text, text_workload
 from agent.zoo import Workload, cross_entropy
 
 CLASSES = 10

@@ -24,7 +24,7 @@ import torch
 
 from agent.data import LocalDataset
 from agent.errors import DataError
-from agent.federated.virtual import STDLIB_TEXT  # noqa: F401 - also here: the dataset naming this data
+from agent.federated.virtual import STDLIB_TEXT
 from agent.zoo import Workload
 
 SEQUENCE = 64  # bytes a window holds

@@ -8,7 +8,8 @@ import torch
 from agent.digits import device_dataset, fleet_workload, vendor_dataset
 from agent.errors import FederationError
 from agent.federated.virtual import FleetData
-from agent.stdlib_text import SEQUENCE, TRAIN_SHARE, STDLIB_TEXT, device_packages, package_text, vendor_text
+from agent.federated.virtual import STDLIB_TEXT
+from agent.stdlib_text import SEQUENCE, TRAIN_SHARE, device_packages, package_text, vendor_text
 
 TEXT = FleetData(samples=32, dataset=STDLIB_TEXT, viewpoints=0.0)
 
