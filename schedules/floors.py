@@ -4,8 +4,8 @@ below it.
 Computing a node needs its value, its workspace and its inputs' values in RAM at once, so no schedule runs in
 less than the largest of those sums (:func:`memory_lower_bound`).  The floor belongs to the *cut*: where
 extraction cut the model finer (:func:`engine.extract.extract`'s ``refine``, its default) the graph also
-carries the floor of the cut it began from (``TrainingGraph.default_cut_floor_bytes``), and an infeasible
-budget is answered with both (:func:`cut_floors_text`).
+carries the floor of the cut it began from (``TrainingGraph.default_cut_floor_bytes``), and a budget
+below the floor is answered with both (:func:`below_floor_text`).
 """
 
 from __future__ import annotations
@@ -44,12 +44,15 @@ def node_lower_bounds(graph: TrainingGraph, training: TrainingSpec | None = None
     return bounds
 
 
-def cut_floors_text(graph: TrainingGraph, training: TrainingSpec | None = None) -> str:
-    """The graph's floor in words, and the other cut's where extraction measured it (or how to get a lower
-    one where it did not refine), for a budget that admits no schedule.  With ``training`` the floors are of
-    the step's whole memory (the other cut's then about: the step's share is the same on both)."""
+def below_floor_text(graph: TrainingGraph, budget: float | None, training: TrainingSpec | None = None) -> str | None:
+    """Where ``budget`` is below the graph's floor, that floor in words and the other cut's where extraction
+    measured it (or how to get a lower one where it did not refine); ``None`` where it is not.  With
+    ``training`` the floors are of the step's whole memory (the other cut's then about: the step's share is the
+    same on both)."""
     needs = node_lower_bounds(graph, training)
     setting = max(range(len(needs)), key=needs.__getitem__)
+    if budget is None or budget >= needs[setting]:
+        return None
     text = (f"no schedule runs in less than {format_bytes(needs[setting])} on this cut ({graph.nodes[setting].name} "
             "needs its value, workspace and inputs at once)")
     other = graph.default_cut_floor_bytes

@@ -15,7 +15,7 @@ from typing import Callable
 from schedules.baselines import HEURISTIC_BASELINES, BaselineProblem, page_every_gap
 from schedules.device import DeviceProfile, paging_time_ms, price_graph
 from schedules.errors import PlannerError, ScheduleViolation, SolverError, UnknownNameError
-from schedules.floors import cut_floors_text, memory_lower_bound
+from schedules.floors import below_floor_text
 from schedules.graph import TrainingGraph
 from schedules.matrices import Instruction, Matrices, to_instructions
 from schedules.milp import MilpOutcome, SolveProgress, solve_poet_milp
@@ -367,13 +367,11 @@ class _Context:
 
     def infeasible(self, message: str) -> str:
         """``message``, and where the memory budget is below the graph's floor, the floor on this cut and on the
-        other (:func:`schedules.floors.cut_floors_text`): no solver setting helps there, a larger budget or a
+        other (:func:`schedules.floors.below_floor_text`): no solver setting helps there, a larger budget or a
         finer cut does."""
-        budget = self.problem.memory_budget
         training = self.step.spec if self.step is not None else None
-        if budget is None or budget >= memory_lower_bound(self.graph, training):
-            return message
-        return f"{message}: {cut_floors_text(self.graph, training)}"
+        floors = below_floor_text(self.graph, self.problem.memory_budget, training)
+        return message if floors is None else f"{message}: {floors}"
 
     def layout(self, matrices: Matrices) -> StepLayout | None:
         """The whole-step layout ``matrices`` decide (``None`` when planning activations alone)."""
