@@ -164,12 +164,14 @@ def _version(version: int | None) -> str:
 
 def format_status(s: dict[str, Any]) -> str:
     """The status for a person: one figure per line, unknown ones left out."""
+    from agent.daemon.status import unsaved_steps
+
     rows = [("state", f"{s['state']}: {s.get('reason') or ''}")]
     if s.get("since"):
         rows.append(("since", datetime.datetime.fromtimestamp(s["since"]).strftime("%Y-%m-%d %H:%M:%S")))
-    done, saved = s.get("steps_done") or 0, s.get("steps_saved")
-    unsaved = f" ({done - saved:,} not yet in a checkpoint)" if saved is not None and done > saved else ""
-    rows.append(("steps", f"{done:,}{unsaved}"))
+    unsaved = unsaved_steps(s)
+    kept = f" ({unsaved:,} not yet in a checkpoint)" if unsaved else ""
+    rows.append(("steps", f"{s.get('steps_done') or 0:,}{kept}"))
     if s.get("loss") is not None:
         rows.append(("last loss", f"{s['loss']:.4f}"))
     if s.get("holdout_accuracy") is not None or s.get("holdout_loss") is not None:

@@ -78,6 +78,13 @@ def initial_status(device: str) -> dict[str, Any]:
     return status
 
 
+def unsaved_steps(status: dict[str, Any]) -> int:
+    """Steps trained since the newest checkpoint: lost if training fails before the next one (0 before a window
+    restored one)."""
+    saved = status.get("steps_saved")
+    return max(0, (status.get("steps_done") or 0) - saved) if saved is not None else 0
+
+
 def write_status(path: Path, status: dict[str, Any]) -> None:
     """Replace the status file atomically."""
     status["updated"] = time.time()

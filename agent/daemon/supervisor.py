@@ -48,7 +48,7 @@ from agent.daemon import history
 from agent.config import AgentConfig
 from agent.daemon.notify import Notifier
 from agent.schedule_sources import NoReporter, Reporter
-from agent.daemon.status import initial_status, write_status
+from agent.daemon.status import initial_status, unsaved_steps, write_status
 from agent.provenance import kept_summary
 from agent.monitors import Decision, Eligibility
 from common.backoff import Backoff
@@ -450,9 +450,9 @@ class Daemon:
         self._last_report = now
 
     def _status_line(self) -> str:
-        done, saved = self.status["steps_done"], self.status.get("steps_saved")
-        unsaved = f", {done - saved} not yet in a checkpoint" if saved is not None and done > saved else ""
-        return f"{self.status['state']}: {self.status['reason']} ({done} steps{unsaved})"
+        unsaved = unsaved_steps(self.status)
+        return (f"{self.status['state']}: {self.status['reason']} ({self.status['steps_done']} steps"
+                f"{f', {unsaved} not yet in a checkpoint' if unsaved else ''})")
 
     def _write(self, now: float, throttle: bool = False) -> None:
         if throttle and now - self._last_write < 1.0:
