@@ -170,8 +170,8 @@ def format_status(s: dict[str, Any]) -> str:
     if s.get("since"):
         rows.append(("since", datetime.datetime.fromtimestamp(s["since"]).strftime("%Y-%m-%d %H:%M:%S")))
     unsaved = unsaved_steps(s)
-    kept = f" ({unsaved:,} not yet in a checkpoint)" if unsaved else ""
-    rows.append(("steps", f"{s.get('steps_done') or 0:,}{kept}"))
+    pending = f" ({unsaved:,} not yet in a checkpoint)" if unsaved else ""
+    rows.append(("steps", f"{s.get('steps_done') or 0:,}{pending}"))
     if s.get("loss") is not None:
         rows.append(("last loss", f"{s['loss']:.4f}"))
     if s.get("holdout_accuracy") is not None or s.get("holdout_loss") is not None:
