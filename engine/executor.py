@@ -148,12 +148,17 @@ class Executor:
         self._plan_io()
         # A freed activation must leave the process, or the budget binds the ledger but not the device's RAM:
         # glibc otherwise keeps freed tensors for reuse, and RSS grows well past the ledger.  The price is a page
-        # fault per fresh page; extraction times nodes in the same mode, so plans and predictions include it.
+        # fault per fresh page.
         rss.return_freed_memory()
         # Large blocks freed by a step are kept for reuse instead (engine.allocator) as long as all it holds stays
-        # within what the step plans to hold: no fault to map them again, and RSS still within the plan.  The
-        # runtime's own memory (the pager's buffers, what the model's first run left) is not the allocator's to fill
-        self.allocator = allocator.for_step(max(0, schedule.predicted_peak_bytes - graph.runtime_bytes))
+        # within what the step plans to hold: no fault to map them again, and RSS still within the plan
+        # (extraction times nodes from that cache too).  The runtime's own memory (the pager's buffers, what the
+        # model's first run left) is not the allocator's to fill.  A schedule that budgets activations only
+        # leaves out the gradients plain autograd accumulates; they hold their memory outside its plan.
+        planned = max(0, schedule.predicted_peak_bytes - graph.runtime_bytes)
+        self.allocator = allocator.for_step(planned + (graph.parameter_bytes if schedule.step is None else 0))
+        # the limit is the process's: each step puts back its own (another executor may have run in between)
+        self._cache_limit = self.allocator.limit_bytes if self.allocator is not None else 0
         # ... and what still landed in the heap goes back once TRIM_SHARE of the budget is free there
         self._heap = rss.HeapTrimmer(max(1, int(TRIM_SHARE * limit)))
         self._behind: dict[int, int] = {}     # value freed while its write runs -> bytes the write still holds
@@ -175,6 +180,8 @@ class Executor:
         ledger = Ledger(self.report.resident_bytes, self.schedule.memory_budget, self._activation_limits())
         node_seconds = [0.0] * self.graph.size
         try:
+            if self.allocator is not None:
+                self.allocator.set_limit(self._cache_limit)
             self.runtime.start(inputs, targets)
             if self.pager is not None:
                 self.pager.reset_counters()

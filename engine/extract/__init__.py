@@ -142,8 +142,8 @@ def extract(
     The model's parameters, gradients, buffers and the RNG state are left as
     they were.
     """
-    # Large tensors on mmap from the start, as the executor runs them: RSS then follows tensors (workspaces are
-    # measured by it) and node times include the page faults the executor's steps pay too.
+    # Large tensors on mmap from the start: RSS then follows tensors (workspaces are measured by it); the timed
+    # runs alone take them from the caching allocator's cache, as the executor's steps do (measuring.measure).
     following = rss.return_freed_memory()
     allocator.caching_off()
     _cache_off(model)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from engine import rss
+from engine import allocator, rss
 from engine.optim.chunks import Chunking, column_unit_bytes
 from engine.optim.rows import row_updatable
 from engine.optim.streamed import streamable, streaming
@@ -145,33 +145,36 @@ def measure(model: nn.Module, segs: Segments, inputs: Any, targets: Any, repeats
              following: bool) -> Measured:
     """Run the step store-all ``repeats + 1`` times (the first warms up) through the executor's runtime.
 
-    Large allocations are on mmap by then (:func:`extract` calls
-    :func:`engine.rss.return_freed_memory` first), as in the executor's steps:
-    times include the page faults of fresh tensors the executor pays too, and
-    RSS follows tensors for the workspace runs.
+    The timed runs take large tensors from the caching allocator's cache, as the executor's steps do
+    (:func:`engine.allocator.caching_everything`; fresh mappings where it is switched off, as the
+    executor's then are).  Afterwards large allocations are on mmap again (:func:`extract` calls
+    :func:`engine.rss.return_freed_memory` first), so RSS follows tensors for the workspace runs.
     """
     runtime = Runtime(model, segs)
     samples: list[list[float]] = [[] for _ in range(segs.size)]
     first: Measured | None = None
     probe = _GradientProbe(model)
     try:
-        for run in range(repeats + 1):
-            probe.start_run()
-            runtime.start(inputs, targets)
-            with probe.streaming() if run else nullcontext():
-                for node in range(segs.size):
-                    probe.node = node
-                    started = time.perf_counter()
-                    runtime.compute(node)
-                    samples[node].append((time.perf_counter() - started) * 1e3)
-            if first is None:
-                first = Measured(
-                    bytes=[runtime.value_bytes(i) for i in range(segs.size)], compute_ms=[],
-                    refs={f: runtime.references(f) for f in range(1, segs.loss_node + 1)},
-                    grad_ports={b: runtime.gradient_ports(b) for b in range(segs.loss_node + 1, segs.size)},
-                    reads={b: set(r) for b, r in runtime.reads.items()}, light=_light_units(runtime, segs))
-                probe.stop_counting()
-            runtime.finish()
+        # timed as the executor's steps run: a freed tensor's memory reused from the caching allocator (where
+        # it exists), not faulted in afresh; RSS follows tensors again once the block ends
+        with allocator.caching_everything() if repeats else nullcontext():
+            for run in range(repeats + 1):
+                probe.start_run()
+                runtime.start(inputs, targets)
+                with probe.streaming() if run else nullcontext():
+                    for node in range(segs.size):
+                        probe.node = node
+                        started = time.perf_counter()
+                        runtime.compute(node)
+                        samples[node].append((time.perf_counter() - started) * 1e3)
+                if first is None:
+                    first = Measured(
+                        bytes=[runtime.value_bytes(i) for i in range(segs.size)], compute_ms=[],
+                        refs={f: runtime.references(f) for f in range(1, segs.loss_node + 1)},
+                        grad_ports={b: runtime.gradient_ports(b) for b in range(segs.loss_node + 1, segs.size)},
+                        reads={b: set(r) for b, r in runtime.reads.items()}, light=_light_units(runtime, segs))
+                    probe.stop_counting()
+                runtime.finish()
         first.compute_ms = [statistics.median(s[1:] if repeats else s) for s in samples]
         first.parameters = probe.layout()
         # repeats=0 asks for structure and bytes only (re-cutting a model to match a saved graph)

@@ -109,3 +109,43 @@ def test_blocks_of_2_mib_and_more_ask_for_transparent_huge_pages_unless_switched
 
     assert flags() == ["True", "False"]  # a 1 MiB block keeps small pages: a huge one would outgrow it
     assert flags(**{allocator.HUGE_PAGES: "off"}) == ["False", "False"]
+
+
+TIMED = """
+import json, sys
+import torch
+from engine import allocator, rss
+from engine.executor import Executor
+from engine.extract import extract
+from tests.engine.models import TinyUNet, cross_entropy, recompute_everything, schedule_for, unet_example
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model, example = TinyUNet(), unet_example(batch=4, size=32)
+graph, segments = extract(model, example, cross_entropy, repeats=2, refine=False)
+held = allocator.installed()
+after_extraction = {"limit": held.limit_bytes, "cached": held.stats().cached_bytes, "hits": held.stats().hits}
+everything = [("compute", node) for node in range(graph.size)]  # nothing freed before the step ends
+stored = Executor(model, segments, graph, schedule_for(graph, everything), swap_dir=sys.argv[1])
+stored_limit = held.limit_bytes
+live = held.stats().live_bytes
+tight = Executor(model, segments, graph, schedule_for(graph, recompute_everything(graph)), swap_dir=sys.argv[1])
+stored.step(*example)
+print(json.dumps({**after_extraction, "stored_limit": stored_limit, "limit_after_its_step": held.limit_bytes,
+                  "tight_limit": tight._cache_limit, "live": live, "gradients": graph.parameter_bytes,
+                  "planned": stored.schedule.predicted_peak_bytes - graph.runtime_bytes}))
+"""
+
+
+def test_extraction_times_nodes_from_the_cache_and_each_executor_steps_under_its_own_limit(tmp_path) -> None:
+    done = subprocess.run([sys.executable, "-c", TIMED, str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
+                          timeout=600, env={**os.environ, allocator.SWITCH: "on"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    # the timed runs reused freed blocks, as the executor's steps do; afterwards nothing is cached any more,
+    # so RSS follows tensors for the workspace runs and the figures after them
+    assert figures["hits"] > 0
+    assert figures["limit"] == 0 and figures["cached"] == 0
+    # an activation-only schedule leaves plain autograd's gradients out of its plan: they do not squeeze its cache
+    assert figures["stored_limit"] == figures["live"] + figures["planned"] + figures["gradients"]
+    # another executor built since set a tighter limit; the step put back its own
+    assert figures["tight_limit"] < figures["stored_limit"] == figures["limit_after_its_step"]
