@@ -26,8 +26,9 @@ hashes its parameters and optimizer state: every row must equal plain's bit for 
 
 Targets (each model, each thread count): at most 0.33 of plain's memory at no more than 1.35x its time; at
 most 0.5 at no more than 1.15x; at ``torch.utils.checkpoint``'s memory, no slower than it; the executor at a
-budget that neither pages nor recomputes at most 1.03x plain; no step over its budget plus tolerance; bits
-identical.
+budget that neither pages nor recomputes at most 1.03x plain; the planner's step time (the schedule's
+``predicted_runtime_ms``, column ``planned``) within 15% of the measured median in every row of ours; no step
+over its budget plus tolerance; bits identical.
 
 ``python -m benchmarks.memory [--models resnet18,vgg11_bn,bert,gpt2,...] [--threads 1,2] [--rounds 9]
 [--refine] [--json F]`` (about 8 minutes a model and thread count on 2 cores).
@@ -67,6 +68,7 @@ NOISE_LIMIT = 0.05  # targets are judged in a run whose plain-against-plain spre
 SHARES = (0.5, 0.33)  # budgets as shares of plain's measured memory
 TARGETS = {0.5: 1.15, 0.33: 1.35}  # share of plain's memory: the most time it may take, as a ratio to plain's
 OVERHEAD_TARGET = 1.03  # the executor's own cost where it neither pages nor recomputes
+PREDICTION_TARGET = 0.15  # the planner's step time against the measured, either way
 MB = 1e6
 
 
@@ -247,6 +249,7 @@ class Row:
     over: int = 0  # steps the memory check stopped, over every round
     budget: int | None = None
     paged_state: int = 0
+    predicted_s: float | None = None  # the planner's step time for the schedule (rows of ours)
 
     @property
     def ratio(self) -> float:
@@ -259,6 +262,12 @@ class Row:
     @property
     def peak(self) -> int:
         return statistics.median(self.memory)
+
+    @property
+    def prediction_error(self) -> float:
+        """How far the planner's step time lies from the measured median: negative where it promised less."""
+        assert self.predicted_s is not None
+        return self.predicted_s / statistics.median(self.seconds) - 1
 
 
 def bench_model(name: str, threads: int, workdir: Path, plan_time: float, rounds: int,
@@ -369,7 +378,8 @@ def _row(label: str, result: Any, folder: Path, graph: Any) -> Row:
     path = folder / f"schedule-{label.split(', ')[1].replace(' ', '-')}.json"
     result.schedule.save(path)
     return Row(label, f"ours:{path}", budget=result.schedule.memory_budget,
-               paged_state=result.schedule.step.paged_state_bytes)
+               paged_state=result.schedule.step.paged_state_bytes,
+               predicted_s=result.schedule.predicted_runtime_ms / 1e3)
 
 
 def _child(model: str, run: str, folder: Path, threads: int, input: str | None = None,
@@ -411,15 +421,17 @@ def report(results: list[dict[str, Any]]) -> bool:
               f"parameters {result['parameters'] / MB:.1f} MB; plain step {statistics.median(plain.seconds):.3f} s, "
               f"training memory {plain.peak / MB:.1f} MB (glibc's default allocator, a fresh process each)")
         print(f"  {'configuration':<27} {'budget':>8} {'memory':>8} {'/plain':>7} {'time':>7} {'/plain':>7} "
-              f"{'(25%-75%)':>13} {'on flash':>9} {'over':>5} {'bits':>5}")
+              f"{'(25%-75%)':>13} {'planned':>8} {'error':>7} {'on flash':>9} {'over':>5} {'bits':>5}")
         for r in rows:
             low, high = r.spread
             budget = f"{r.budget / MB:.1f}" if r.budget else "-"
             flash = f"{r.paged_state / MB:.1f}" if r.run.startswith("ours") else "-"
             same = all(d == plain.digests[0] for d in r.digests)
+            planned = f"{r.predicted_s:.3f}" if r.predicted_s else "-"
+            error = f"{r.prediction_error:+.0%}" if r.predicted_s else "-"
             print(f"  {r.label:<27} {budget:>8} {r.peak / MB:8.1f} {r.peak / plain.peak:7.2f} "
-                  f"{statistics.median(r.seconds):7.3f} {r.ratio:7.2f} {f'({low:.2f}-{high:.2f})':>13} {flash:>9} "
-                  f"{r.over:>5} {'same' if same else 'DIFF':>5}")
+                  f"{statistics.median(r.seconds):7.3f} {r.ratio:7.2f} {f'({low:.2f}-{high:.2f})':>13} {planned:>8} "
+                  f"{error:>7} {flash:>9} {r.over:>5} {'same' if same else 'DIFF':>5}")
         print(f"  the machine's noise (plain again against plain): {machine_noise:.1%}")
         checks = _targets(plain, checkpoint, ours)
         if machine_noise >= NOISE_LIMIT:
@@ -454,6 +466,11 @@ def _targets(plain: Row, checkpoint: Row, ours: list[Row]) -> list[tuple[str, bo
     checks.append((f"the executor's own cost, nothing paged or recomputed, <= {OVERHEAD_TARGET}x: "
                    + (f"{stored.ratio:.2f}x" if stored else "no such row"),
                    stored is not None and stored.ratio <= OVERHEAD_TARGET))
+    predicted = [r for r in ours if r.predicted_s]
+    worst = max(predicted, key=lambda r: abs(r.prediction_error), default=None)
+    checks.append((f"the planner's step time within {PREDICTION_TARGET:.0%} of the measured in every row of ours: "
+                   + (f"at most {worst.prediction_error:+.0%} ({worst.label})" if worst else "no row"),
+                   worst is not None and abs(worst.prediction_error) <= PREDICTION_TARGET))
     checks.append(("no step over its budget plus tolerance (the agent's check on)",
                    all(r.over == 0 for r in ours)))
     checks.append(("parameters and optimizer state bit-identical to plain after 3 steps in every row",

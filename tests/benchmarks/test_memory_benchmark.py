@@ -25,3 +25,21 @@ def test_the_noise_is_how_far_plain_again_lies_from_plain() -> None:
     rows[1].ratios = [1.0, 1.2, 0.8, 1.1, 0.9] * 2
     loud = memory.noise({"rows": [memory.asdict(r) for r in rows]})
     assert quiet < memory.NOISE_LIMIT <= loud
+
+
+def test_a_row_whose_planned_step_time_strays_over_15_percent_misses_the_prediction_target() -> None:
+    plain = memory.Row("plain", "plain", ratios=[1.0] * 3, seconds=[0.4] * 3, memory=[200] * 3, digests=["a"] * 3)
+    checkpoint = memory.Row("checkpoint", "checkpoint:all", ratios=[1.3] * 3, seconds=[0.52] * 3, memory=[190] * 3,
+                            digests=["a"] * 3)
+
+    def ours(predicted_s: float) -> memory.Row:
+        return memory.Row("ours, no paging", "ours:s.json", ratios=[1.0] * 3, seconds=[0.4] * 3, memory=[150] * 3,
+                          digests=["a"] * 3, predicted_s=predicted_s)
+
+    def verdict(*rows: memory.Row) -> tuple[str, bool]:
+        return next(c for c in memory._targets(plain, checkpoint, list(rows)) if "planner's step time" in c[0])
+
+    assert verdict(ours(0.36))[1]  # 10% under the measured 0.4 s
+    text, ok = verdict(ours(0.36), ours(0.30))  # 25% under
+    assert not ok and "-25%" in text
+    assert not verdict(ours(0.47))[1]  # 18% over
