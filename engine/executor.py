@@ -153,10 +153,8 @@ class Executor:
         # Large blocks freed by a step are kept for reuse instead (engine.allocator) as long as all it holds stays
         # within what the step plans to hold: no fault to map them again, and RSS still within the plan
         # (extraction times nodes from that cache too).  The runtime's own memory (the pager's buffers, what the
-        # model's first run left) is not the allocator's to fill.  A schedule that budgets activations only
-        # leaves out the gradients plain autograd accumulates; they hold their memory outside its plan.
-        planned = max(0, schedule.predicted_peak_bytes - graph.runtime_bytes)
-        self.allocator = allocator.for_step(planned + (graph.parameter_bytes if schedule.step is None else 0))
+        # model's first run left) is not the allocator's to fill.
+        self.allocator = allocator.for_step(max(0, schedule.predicted_peak_bytes - graph.runtime_bytes))
         # the limit is the process's: each step puts back its own (another executor may have run in between)
         self._cache_limit = self.allocator.limit_bytes if self.allocator is not None else 0
         # ... and what still landed in the heap goes back once TRIM_SHARE of the budget is free there
