@@ -85,9 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     training = Training(Workload(args.model, model, *example_fn(), loss_fn), graph, segments, schedule, settings,
                         args.swap)
     held = allocator.installed()
+    before = None
     if held is not None:  # the figures are the steps' own: extraction timed its nodes from the cache too
         held.reset_peak()
-    before = held.stats() if held is not None else None
+        before = held.stats()
     torch.manual_seed(1)
     batches = [example_fn() for _ in range(4)]  # the same few batches in turn: no data cost in the step
     peak, code = 0, 0
