@@ -111,6 +111,49 @@ def test_blocks_of_2_mib_and_more_ask_for_transparent_huge_pages_unless_switched
     assert flags(**{allocator.HUGE_PAGES: "off"}) == ["False", "False"]
 
 
+RESIZED = """
+import json, resource
+import torch
+from engine import allocator
+held = allocator.load()
+MiB = 1 << 20
+held.set_limit(held.stats().live_bytes + 12 * MiB)
+def faults(make):  # minor page faults while a tensor is made and written
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    tensor = make()
+    tensor.fill_(1)
+    return tensor, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+first, fresh = faults(lambda: torch.empty(8 * MiB, dtype=torch.uint8))
+address = first.data_ptr()
+del first  # cached: 8 MiB of 12
+start = held.stats()
+shrunk, shrunk_faults = faults(lambda: torch.empty(6 * MiB, dtype=torch.uint8))  # no room beside the cached block
+at_shrink = held.stats()
+same_address = shrunk.data_ptr() == address
+del shrunk
+grown, grown_faults = faults(lambda: torch.empty(10 * MiB, dtype=torch.uint8))
+end = held.stats()
+print(json.dumps({"fresh": fresh, "shrunk": shrunk_faults, "grown": grown_faults, "same_address": same_address,
+                  "resized": end.resized - start.resized, "misses": end.misses - start.misses,
+                  "cached_at_shrink": at_shrink.cached_bytes, "peak_over_limit": end.peak_bytes - held.limit_bytes,
+                  "page": resource.getpagesize()}))
+"""
+
+
+def test_a_request_with_no_room_under_the_limit_resizes_a_cached_block_instead_of_faulting_a_new_one() -> None:
+    done = subprocess.run([sys.executable, "-c", RESIZED], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env={**os.environ, allocator.SWITCH: "on", allocator.HUGE_PAGES: "off"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    pages = (1 << 20) // figures["page"]
+    assert figures["fresh"] >= 8 * pages  # a fresh block faults in every page
+    assert figures["resized"] == 2 and figures["misses"] == 0
+    assert figures["same_address"] and figures["shrunk"] < pages // 4  # shrunk in place: its pages stay resident
+    assert figures["cached_at_shrink"] == 0  # the cut tail went back to the system
+    assert 4 * pages <= figures["grown"] < 5 * pages  # only the 4 MiB it grew by fault in
+    assert figures["peak_over_limit"] <= 0
+
+
 TIMED = """
 import json, sys
 import torch
