@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -169,6 +169,9 @@ def prepare(config: AgentConfig, say: Callable[[str], None] = log.info,
         graph, device = _profile(config, workload, directory)
         workload = build_workload(config)  # profiling ran steps: start again from the initial weights
         segments, first_run_bytes = _cut(config, workload, graph)
+    elif training_spec(config).update_kind not in device.update_costs:  # another optimizer than profiled
+        say(f"timing the update of {config.training.optimizer} on this device (the profile has not timed it)")
+        device = _with_update_cost(config, device, graph, device_path)
     request = Request(graph, device, config.training.memory_budget, training_spec(config),
                       config.training.runtime_budget)
     chosen = source or schedule_source(config, say)
@@ -193,8 +196,25 @@ def _cut(config: AgentConfig, workload: Workload, graph: TrainingGraph) -> tuple
     return segments, rss.anonymous_growth_since(loaded)
 
 
+def _with_update_cost(config: AgentConfig, device: DeviceProfile, graph: TrainingGraph, path: Path) -> DeviceProfile:
+    """``device`` with the configured optimizer's update timed at the windows' thread count, saved to ``path``."""
+    from engine.profile import measure_updates
+    from engine.training import OptimizerSettings
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(config.workload.compute_threads)
+    try:
+        measured = measure_updates([OptimizerSettings.from_config(config.training)], graph.parameter_bytes)
+    finally:
+        torch.set_num_threads(threads)
+    device = replace(device, update_costs={**device.update_costs, **measured})
+    device.save(path)
+    return device
+
+
 def _profile(config: AgentConfig, workload: Workload, directory: Path) -> tuple[TrainingGraph, DeviceProfile]:
     from engine.profile import profile_workload
+    from engine.training import OptimizerSettings
 
     config.swap_dir.mkdir(parents=True, exist_ok=True)
     threads = torch.get_num_threads()
@@ -203,7 +223,8 @@ def _profile(config: AgentConfig, workload: Workload, directory: Path) -> tuple[
         profile, _ = profile_workload(workload.model, workload.example, workload.loss_fn, config.swap_dir,
                                       name=workload.name, repeats=config.workload.profile_repeats,
                                       max_nodes=config.workload.max_nodes, segments=workload.segments,
-                                      meter_config=config.energy)
+                                      meter_config=config.energy,
+                                      training=OptimizerSettings.from_config(config.training))
     finally:
         torch.set_num_threads(threads)
     directory.mkdir(parents=True, exist_ok=True)

@@ -342,12 +342,14 @@ def _profile_child(args: argparse.Namespace) -> None:
 
     from agent.zoo import parse_shape
     from engine.profile import profile_workload
+    from engine.training import OptimizerSettings
 
     torch.set_num_threads(args.threads)
     folder = Path(args.workdir)
     work = BENCH_MODELS[args.model].build(parse_shape(BENCH_MODELS[args.model].input))
     profile, _ = profile_workload(work.model, work.example, work.loss_fn, folder / "swap", name=args.model,
-                                  repeats=3, segments=work.segments, refine=args.refine)
+                                  repeats=3, segments=work.segments, refine=args.refine,
+                                  training=OptimizerSettings(**MODELS[args.model]))
     profile.graph.save(folder / "graph.json")
     profile.device.save(folder / "device.json")
 

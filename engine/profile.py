@@ -599,6 +599,61 @@ def measure_node_energy(
     return [statistics.median(s) for s in samples]
 
 
+# -- the optimizer's update ---------------------------------------------------------------------
+UPDATE_BYTES = 32 << 20  # the most of a scratch parameter an update is timed on: past the caches, as a model's are
+UPDATE_CHUNKS = (64 << 10, 4 << 20)  # chunk sizes timed: their difference tells a chunk's cost from a byte's
+
+
+def default_updates() -> tuple[Any, ...]:
+    """The optimizers every profile times the update of: SGD, SGD with momentum, AdamW (PyTorch's defaults)."""
+    from engine.training import OptimizerSettings
+
+    return OptimizerSettings(), OptimizerSettings(momentum=0.9), OptimizerSettings("adamw")
+
+
+def measure_update(settings: Any, parameter_bytes: int = UPDATE_BYTES, repeats: int = 5) -> tuple[float, float]:
+    """``(seconds per chunk, seconds per byte)`` of ``settings``' update (an
+    :class:`engine.training.OptimizerSettings`) through the engine's own update code
+    (:mod:`engine.optim.rules`), on a scratch parameter of at most :data:`UPDATE_BYTES`: its chunks are timed
+    at two sizes, and ``seconds = chunks * per_chunk + bytes * per_byte`` is solved from their medians."""
+    from engine.optim.rules import rule_for
+
+    elements = max(1 << 18, min(parameter_bytes, UPDATE_BYTES)) // 4
+    generator = torch.Generator().manual_seed(0)
+    param = torch.randn(elements, generator=generator)
+    grad = torch.randn(elements, generator=generator) * 1e-3
+    optimizer = settings.build([param])
+    rule = rule_for(optimizer, optimizer.param_groups[0])
+    state: dict[str, Any] = {}
+    tensors = [torch.zeros_like(param) for _ in rule.state_names]
+
+    def run(chunk_elements: int) -> float:
+        rule.begin(state, param)
+        started = time.perf_counter()
+        for low in range(0, elements, chunk_elements):
+            high = min(elements, low + chunk_elements)
+            rule.update(state, param[low:high], grad[low:high], [t[low:high] for t in tensors])
+        return time.perf_counter() - started
+
+    sizes = [min(elements, chunk // 4) for chunk in UPDATE_CHUNKS]
+    counts = [-(-elements // size) for size in sizes]
+    with allocator.caching_everything():  # an update's temporaries come from the cache, as in a training step
+        for size in sizes:
+            run(size)  # warm-up: the first call of each size
+        medians = [statistics.median(run(size) for _ in range(repeats)) for size in sizes]
+    if counts[0] == counts[1]:
+        return 0.0, medians[1] / (elements * 4)
+    per_chunk = max(0.0, (medians[0] - medians[1]) / (counts[0] - counts[1]))
+    per_byte = max(0.0, (medians[1] - counts[1] * per_chunk) / (elements * 4))
+    return per_chunk, per_byte
+
+
+def measure_updates(settings: Sequence[Any], parameter_bytes: int) -> dict[str, tuple[float, float]]:
+    """:func:`measure_update` of each of ``settings``, keyed by its update kind (the device profile's
+    ``update_costs``)."""
+    return {s.spec().update_kind: measure_update(s, parameter_bytes) for s in settings}
+
+
 # -- the whole profile -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Profile:
@@ -631,6 +686,9 @@ class Profile:
             ("compute power", f"{d.compute_power_w:.2f} W above idle", self.sources["compute_power_w"]),
             ("paging power", f"{d.memory_power_w:.2f} W above idle", self.sources["memory_power_w"]),
             ("compute speed", f"{(d.flops_per_s or 0) / 1e9:,.1f} GFLOP/s", self.sources["flops_per_s"]),
+            ("optimizer update", ", ".join(f"{kind} {per_byte * 1e9:.2f} ms/MB + {per_chunk * 1e6:.0f} us/chunk"
+                                           for kind, (per_chunk, per_byte) in d.update_costs.items()),
+             self.sources["update_costs"]),
             ("node energy", "measured per node" if self.power.measured else "priced from the powers above",
              self.sources["compute_j"]),
         ]
@@ -656,6 +714,7 @@ def profile_workload(
     idle_s: float = 1.0,
     progress: Progress = _quiet,
     refine: bool = True,
+    training: Any = None,
 ) -> tuple[Profile, Any]:
     """Profile one training step of ``model`` and this machine; returns the profile and the segments.
 
@@ -687,6 +746,9 @@ def profile_workload(
         ``progress(stage, done, total)`` as the profile advances.
     refine:
         Cut finer where the floor is set (:func:`engine.extract.extract`'s ``refine``).
+    training:
+        The :class:`engine.training.OptimizerSettings` the device trains with: its update is timed beside
+        :func:`default_updates` (the device profile's ``update_costs``).
     """
     from engine.extract import extract
 
@@ -722,7 +784,11 @@ def profile_workload(
             node_j = measure_node_energy(model, segments, example, chosen, power.idle_w)
             progress("node energy", 1, 1)
     flops_per_s = compute.flops / statistics.median(compute.run() for _ in range(3))
-    device = _device(swap, overlap, power, flops_per_s, name or graph.model, repeats)
+    progress("optimizer update", 0, 1)
+    updates = measure_updates([*default_updates(), *([training] if training is not None else [])],
+                              graph.parameter_bytes)
+    progress("optimizer update", 1, 1)
+    device = replace(_device(swap, overlap, power, flops_per_s, name or graph.model, repeats), update_costs=updates)
     graph = _named(graph, name)
     if node_j is not None:
         graph = graph.with_nodes(replace(n, compute_j=j) for n, j in zip(graph.nodes, node_j))
@@ -748,7 +814,7 @@ def _chosen_meter(meter: EnergyMeter | None, config: MeterConfig | None,
 
 _DEVICE_FIELDS = ("compute_power_w", "idle_power_w", "memory_power_w", "pagein_bandwidth_bps",
                   "pageout_bandwidth_bps", "pagein_latency_s", "pageout_latency_s", "paging_overlaps_compute",
-                  "paging_hidden_fraction", "ram_bytes", "flops_per_s")
+                  "paging_hidden_fraction", "ram_bytes", "flops_per_s", "update_costs")
 """The device profile's figures whose sources go into its ``sources`` map."""
 
 
@@ -811,6 +877,8 @@ def _sources(swap: SwapPath, overlap: Overlap, power: PowerFigures, repeats: int
         **power.sources,
         "ram_bytes": "measured: physical memory (sysconf)",
         "flops_per_s": "measured: 512x512 matrix-multiply loop",
+        "update_costs": (f"measured: engine.optim.rules on a scratch parameter, chunks of "
+                         f"{UPDATE_CHUNKS[0] >> 10} KiB and {UPDATE_CHUNKS[1] >> 20} MiB, median of 5 after a warm-up"),
         "compute_j": (f"measured: {power.meter}, per node above idle" if power.measured
                       else "compute_ms x compute_power_w, paging bytes x the swap path's time x memory_power_w"),
     }

@@ -329,7 +329,7 @@ def print_summary(result: PlanResult, schedule: Schedule, graph: TrainingGraph, 
         ("objective", _objective_text(result)),
         ("solve time", f"{result.solve_seconds:.2f} s"),
         ("peak / budget", _peak_text(schedule)),
-        ("runtime", _runtime_summary(schedule, graph.total_compute_ms)),
+        ("runtime", _runtime_summary(schedule, graph.total_compute_ms + (schedule.step.update_ms if schedule.step else 0))),
         ("energy", f"{schedule.predicted_energy_j:.6g} J (compute {sim.compute_energy_j:.4g}, "
                    f"page-in {sim.pagein_energy_j:.4g}, page-out {sim.pageout_energy_j:.4g})"),
         ("work", f"{sim.recomputed_nodes} recomputes, {short_bytes(sim.bytes_paged_out)} paged out, "
@@ -375,6 +375,8 @@ def _runtime_summary(schedule: Schedule, plain_ms: float) -> str:
         text += f" = {schedule.predicted_runtime_ms / plain_ms:.3f}x plain step"
         if schedule.runtime_budget_ms is not None:
             text += f" (budget {schedule.runtime_budget_ms / plain_ms:g}x)"
+    if schedule.step is not None and schedule.step.update_ms:
+        text += f"; the optimizer's updates {schedule.step.update_ms:,.1f} ms of it"
     return text
 
 

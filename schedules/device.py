@@ -90,6 +90,14 @@ class DeviceProfile:
     flops_per_s:
         Effective compute speed, FLOP/s, to turn FLOP counts into time and to
         scale timings between devices; ``None`` when unknown.
+    update_costs:
+        What an optimizer's update costs here, by the kind of update
+        (:attr:`schedules.step_memory.TrainingSpec.update_kind`, ``"sgd:1:0"``):
+        ``(seconds per chunk updated, seconds per byte updated)``, measured
+        through the engine's update code (``poet-edge profile``).  The update
+        runs beside no node the graph times, so a whole-step plan adds it to
+        its step time (:func:`schedules.step_memory.update_ms`); a kind not
+        here adds nothing.
     source:
         Where the figures came from, in a line (``builtin: ...``, ``measured on HOST at DATE``).
     sources:
@@ -112,6 +120,7 @@ class DeviceProfile:
     ram_bytes: int
     flops_per_s: float | None = None
     paging_hidden_fraction: float | None = None
+    update_costs: dict[str, tuple[float, float]] = field(default_factory=dict)
     source: str
     sources: dict[str, str] = field(default_factory=dict)
     version: int = DEVICE_VERSION
@@ -162,6 +171,12 @@ class DeviceProfile:
             )
         return flops / self.flops_per_s * 1000.0
 
+    def update_seconds(self, kind: str, chunks: int, nbytes: int) -> float | None:
+        """Seconds the update of ``kind`` takes for ``nbytes`` of parameters in ``chunks`` chunks, or ``None``
+        where this profile has not measured that kind."""
+        cost = self.update_costs.get(kind)
+        return None if cost is None else chunks * cost[0] + nbytes * cost[1]
+
     def with_ram(self, ram_bytes: int) -> "DeviceProfile":
         """A copy with ``ram_bytes`` replaced (e.g. the 8 GB model of a board)."""
         return replace(self, ram_bytes=ram_bytes)
@@ -191,9 +206,13 @@ class DeviceProfile:
 
     # -- files -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """The versioned JSON shape (format tag first, then every field)."""
+        """The versioned JSON shape (format tag first, then every field; ``update_costs`` only where measured)."""
         data: dict[str, Any] = {"format": DEVICE_FORMAT, "version": self.version}
         data.update({f.name: getattr(self, f.name) for f in fields(self) if f.name != "version"})
+        if not self.update_costs:
+            del data["update_costs"]
+        else:
+            data["update_costs"] = {kind: list(cost) for kind, cost in self.update_costs.items()}
         return data
 
     @classmethod
@@ -212,6 +231,9 @@ class DeviceProfile:
         _check_keys(values)
         if isinstance(values.get("ram_bytes"), float) and values["ram_bytes"].is_integer():
             values["ram_bytes"] = int(values["ram_bytes"])  # 4e9 written by hand is still a byte count
+        if isinstance(values.get("update_costs"), dict):
+            values["update_costs"] = {kind: tuple(cost) if isinstance(cost, list) else cost
+                                      for kind, cost in values["update_costs"].items()}
         return cls(**values)
 
     @classmethod
@@ -236,7 +258,7 @@ _LATENCIES = ("pagein_latency_s", "pageout_latency_s")
 _FIELDS = tuple(f.name for f in fields(DeviceProfile) if f.name != "version")
 _REQUIRED = tuple(
     f.name for f in fields(DeviceProfile)
-    if f.name not in ("description", "flops_per_s", "paging_hidden_fraction", "sources", "version")
+    if f.name not in ("description", "flops_per_s", "paging_hidden_fraction", "update_costs", "sources", "version")
 )
 
 
@@ -265,6 +287,11 @@ def _problems(p: DeviceProfile) -> list[str]:
         problems.append(f"paging_hidden_fraction must be a number from 0 to 1 or null, got {hidden!r}")
     if p.flops_per_s is not None and not (_is_number(p.flops_per_s) and p.flops_per_s > 0):
         problems.append(f"flops_per_s must be a finite number > 0 or null, got {p.flops_per_s!r}")
+    if not (isinstance(p.update_costs, dict) and all(
+            isinstance(kind, str) and isinstance(cost, tuple) and len(cost) == 2
+            and all(_is_number(v) and v >= 0 for v in cost) for kind, cost in p.update_costs.items())):
+        problems.append("update_costs must map update kinds to [seconds per chunk, seconds per byte], both finite "
+                        f"and >= 0, got {p.update_costs!r}")
     if not (isinstance(p.sources, dict) and all(isinstance(k, str) and isinstance(v, str)
                                                  for k, v in p.sources.items())):
         problems.append(f"sources must map field names to text, got {p.sources!r}")

@@ -22,7 +22,7 @@ from schedules.milp import MilpOutcome, SolveProgress, solve_poet_milp
 from schedules.milp.outcome import TIME_LIMIT
 from schedules.schedule import Schedule, SolverInfo, StepPlan
 from schedules.simulate import SimulationReport, simulate
-from schedules.step_memory import StateCosts, StepLayout, StepMemory, TrainingSpec, state_costs
+from schedules.step_memory import StateCosts, StepLayout, StepMemory, TrainingSpec, state_costs, update_ms
 from schedules.timeline import timeline_step_ms
 
 # Methods solved by the MILP, with the (paging, remat) switches they use.
@@ -228,10 +228,14 @@ def _plan(graph: TrainingGraph, device: DeviceProfile | str | None, memory_budge
     read_ahead = _read_ahead_mode(options.read_ahead)
     if read_ahead == "read" and paging_ms is None:
         raise PlannerError('read_ahead="read" needs a device profile to know read times; pass device=')
-    runtime_ms = None if runtime_budget is None else runtime_budget * graph.total_compute_ms
+    # the optimizer's updates run beside no node: the step's time is the nodes' plus theirs, the budget a
+    # multiple of a plain step's (its nodes and its updates), and the nodes get what the updates leave of it
+    update = update_ms(step, profile) if step is not None else 0.0
+    step_budget_ms = None if runtime_budget is None else runtime_budget * (graph.total_compute_ms + update)
+    runtime_ms = None if step_budget_ms is None else step_budget_ms - update
     problem = BaselineProblem(graph, memory_budget, runtime_ms, _counted_paging_ms(profile, paging_ms, count_paging_time),
                               paging_ms)
-    context = _Context(graph, profile, problem, count_paging_time, method, options.solver, step, costs)
+    context = _Context(graph, profile, problem, count_paging_time, method, options.solver, step, costs, update)
     if method in HEURISTIC_BASELINES:
         return _plan_heuristic(context, method)
     if options.time_limit is not None and not options.time_limit > 0:
@@ -250,13 +254,15 @@ def _plan(graph: TrainingGraph, device: DeviceProfile | str | None, memory_budge
     if not (options.check_timeline and paging and result.feasible and runtime_ms is not None and profile is not None
             and profile.paging_overlaps_compute and not count_paging_time):
         return result
-    step_ms = timeline_step_ms(graph, result.schedule, profile)
-    if step_ms <= runtime_ms * (1 + 1e-9):
+    def timeline(schedule: Schedule) -> float:
+        return timeline_step_ms(graph, schedule, profile) + update
+
+    step_ms = timeline(result.schedule)
+    if step_ms <= step_budget_ms * (1 + 1e-9):
         return replace(result, timeline_ms=step_ms)
     replan = functools.partial(_plan, graph, profile, memory_budget, runtime_budget, method, deadline=deadline,
                                training=training)
-    return _replanned(result, step_ms, runtime_ms, replan, lambda s: timeline_step_ms(graph, s, profile), options,
-                      read_ahead, deadline)
+    return _replanned(result, step_ms, step_budget_ms, replan, timeline, options, read_ahead, deadline)
 
 
 def _step_memory(graph: TrainingGraph, training: TrainingSpec | None, memory_budget: float | None,
@@ -364,6 +370,7 @@ class _Context:
     solver: str
     step: StepMemory | None = None
     costs: StateCosts | None = None
+    update_ms: float = 0.0  # the optimizer's updates: beside no node, added to the nodes' step time
 
     def infeasible(self, message: str) -> str:
         """``message``, and where the memory budget is below the graph's floor, the floor on this cut and on the
@@ -485,23 +492,24 @@ def _checked_result(ctx: _Context, matrices: Matrices, *, status: str, objective
         model=ctx.graph.model,
         device=ctx.device.name if ctx.device is not None else ctx.graph.source or "graph-costs",
         memory_budget=None if ctx.problem.memory_budget is None else int(ctx.problem.memory_budget),
-        runtime_budget_ms=ctx.problem.runtime_budget_ms,
+        runtime_budget_ms=None if ctx.problem.runtime_budget_ms is None else ctx.problem.runtime_budget_ms + ctx.update_ms,
         predicted_peak_bytes=report.peak_memory_bytes,  # what the budget bounds: values plus workspace
-        predicted_runtime_ms=report.runtime_ms,
+        predicted_runtime_ms=report.runtime_ms + ctx.update_ms,
         predicted_energy_j=report.energy_j,
         solver=SolverInfo(method=ctx.method, solver=ctx.solver if ctx.method in MILP_METHODS else "heuristic",
                           status=status, objective_j=objective, gap=gap, seconds=seconds),
         count_paging_time=ctx.count_paging_time,
-        step=None if layout is None else step_plan(layout, report),
+        step=None if layout is None else step_plan(layout, report, ctx.update_ms),
     )
     return PlanResult(True, status, objective, gap, seconds, schedule, ctx.method, bound_j=bound, simulation=report,
                       stop_reason=stop_reason)
 
 
-def step_plan(layout: StepLayout, report: SimulationReport) -> StepPlan:
-    """What a whole-step schedule records of its plan and predicts part by part."""
+def step_plan(layout: StepLayout, report: SimulationReport, update: float = 0.0) -> StepPlan:
+    """What a whole-step schedule records of its plan and predicts part by part (``update``: the optimizer's
+    updates' milliseconds)."""
     memory = layout.memory
     return StepPlan(training=memory.spec, state_on_flash=layout.parameters_on_flash,
                     activation_peak_bytes=report.activation_peak_bytes, gradient_peak_bytes=layout.gradient_peak_bytes,
                     resident_state_bytes=layout.resident_state_bytes, paged_state_bytes=layout.paged_state_bytes,
-                    runtime_bytes=memory.runtime_bytes)
+                    runtime_bytes=memory.runtime_bytes, update_ms=update)

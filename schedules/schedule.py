@@ -67,7 +67,10 @@ class StepPlan:
     included), ``gradient_peak_bytes``, ``resident_state_bytes`` (optimizer
     state kept in RAM) and ``runtime_bytes``.  ``state_on_flash`` lists the
     parameters (indices into the graph's ``parameters``) whose optimizer state
-    lives in page files.
+    lives in page files.  ``update_ms`` is the optimizer's updates' share of
+    the schedule's ``predicted_runtime_ms`` (and of its ``runtime_budget_ms``),
+    measured on the device (:func:`schedules.step_memory.update_ms`; 0 where
+    the profile has not measured it).
     """
 
     training: TrainingSpec
@@ -77,6 +80,7 @@ class StepPlan:
     resident_state_bytes: int
     paged_state_bytes: int
     runtime_bytes: int
+    update_ms: float = 0.0
 
     def parts(self) -> dict[str, int]:
         """The predicted peak of each part, by the names the agent reports."""
@@ -87,7 +91,7 @@ class StepPlan:
         return {"training": self.training.to_dict(), "state_on_flash": _ranges(list(self.state_on_flash)),
                 "activation_peak_bytes": self.activation_peak_bytes, "gradient_peak_bytes": self.gradient_peak_bytes,
                 "resident_state_bytes": self.resident_state_bytes, "paged_state_bytes": self.paged_state_bytes,
-                "runtime_bytes": self.runtime_bytes}
+                "runtime_bytes": self.runtime_bytes, **({"update_ms": self.update_ms} if self.update_ms else {})}
 
     @classmethod
     def from_dict(cls, d: Any) -> "StepPlan":
@@ -107,7 +111,7 @@ class StepPlan:
                    state_on_flash=_indices(on_flash),
                    activation_peak_bytes=count("activation_peak_bytes"), gradient_peak_bytes=count("gradient_peak_bytes"),
                    resident_state_bytes=count("resident_state_bytes"), paged_state_bytes=count("paged_state_bytes"),
-                   runtime_bytes=count("runtime_bytes"))
+                   runtime_bytes=count("runtime_bytes"), update_ms=_update_ms(d.get("update_ms", 0.0)))
 
 
 @dataclass(frozen=True)
@@ -331,6 +335,13 @@ def _from_dict(d: dict[str, Any]) -> Schedule:
         )
     except (KeyError, TypeError) as exc:
         raise FormatError(f"schedule is missing or has a malformed field: {exc}") from exc
+
+
+def _update_ms(value: Any) -> float:
+    ms = finite_number(value, "step.update_ms")
+    if ms < 0:
+        raise FormatError(f"step.update_ms must be >= 0 ms, got {ms!r}")
+    return ms
 
 
 def _optional_number(value: Any, field_name: str) -> float | None:

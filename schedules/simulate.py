@@ -93,7 +93,9 @@ def simulate(
     if isinstance(schedule, Schedule):
         schedule.check_graph(graph)
         memory_budget = schedule.memory_budget if memory_budget is None else memory_budget
-        runtime_budget_ms = schedule.runtime_budget_ms if runtime_budget_ms is None else runtime_budget_ms
+        if runtime_budget_ms is None and schedule.runtime_budget_ms is not None:
+            # the replay times the nodes; the optimizer's updates have their share of the schedule's budget
+            runtime_budget_ms = schedule.runtime_budget_ms - (schedule.step.update_ms if schedule.step else 0.0)
         instructions: Sequence[Instruction] = schedule.instructions
         if step is None and schedule.step is not None:
             step = schedule.step_layout(graph)

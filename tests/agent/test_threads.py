@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import torch
 from agent.config import load_config
 from agent.errors import ConfigError
 from agent.prepare import prepare, workload_key
+from schedules.device import DeviceProfile
 from tests.agent.daemon_helpers import FakeDevice, write_config, write_csv
 
 
@@ -42,3 +44,18 @@ def test_a_profile_is_measured_at_the_configured_count_and_another_count_profile
     assert torch.get_num_threads() == 1  # and left as it was
     assert prepare(one).profiled  # the one-thread windows get a profile of their own
     assert not prepare(two).profiled  # ... and each count keeps its own
+
+
+def test_a_profile_that_has_not_timed_the_configured_optimizers_update_times_it_and_keeps_it(tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    config = load_config(config_with(tmp_path, 1))
+    kind = prepare(config).schedule.step.training.update_kind
+    (device_path,) = (config.device.state_dir / "prepared").glob("*/device.json")
+    device = DeviceProfile.load(device_path)
+    assert kind in device.update_costs
+    dataclasses.replace(device, update_costs={}).save(device_path)  # as an earlier release wrote it
+    said: list[str] = []
+    again = prepare(config, say=said.append)
+    assert not again.profiled and any("timing the update" in line for line in said)
+    assert kind in again.device.update_costs and kind in DeviceProfile.load(device_path).update_costs
+    assert again.schedule.step.update_ms > 0  # the plan now counts the update in its step time

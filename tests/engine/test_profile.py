@@ -183,6 +183,10 @@ def test_profile_output_loads_in_the_planner_and_its_plan_runs_in_the_executor(t
     assert device.sources["pageout_bandwidth_bps"].startswith("measured: engine.pagefile")  # each figure's own
     assert device.sources["idle_power_w"].startswith("estimate") and "paging_hidden_fraction" in device.sources
     assert all(n.compute_ms > 0 for n in graph.nodes[1:])
+    # every profile times the common optimizers' updates: a byte of AdamW's costs more than one of SGD's
+    costs = device.update_costs
+    assert set(costs) == {"sgd:0:0", "sgd:1:0", "adamw:2:2"} and "optimizer update" in out
+    assert costs["adamw:2:2"][1] > costs["sgd:0:0"][1] > 0
 
     budget = memory_lower_bound(graph) + (store_all_peak(graph) - memory_lower_bound(graph)) // 4
     assert main(["solve", str(graph_path), "--memory", str(budget), "-o", str(schedule_path)]) == ExitCode.OK

@@ -138,6 +138,9 @@ def test_paper_platform_figures_are_the_reference_constants() -> None:
     ({"paging_hidden_fraction": 1.2}, "paging_hidden_fraction"),
     ({"paging_hidden_fraction": "most"}, "paging_hidden_fraction"),
     ({"name": ""}, "name"),
+    ({"update_costs": {"sgd:1:0": [1e-5]}}, "update_costs"),
+    ({"update_costs": {"sgd:1:0": [1e-5, -1e-9]}}, "update_costs"),
+    ({"update_costs": [1e-5, 1e-9]}, "update_costs"),
     ({"memory_power_w": None}, "missing field(s) memory_power_w"),
     ({"pagein_bandwith_bps": 1e6}, "unknown field(s) pagein_bandwith_bps"),
     ({"format": "poet-edge/training-graph"}, "not a device profile"),
@@ -160,6 +163,17 @@ def test_the_exposed_share_of_paging_follows_the_measured_hidden_fraction(tmp_pa
     del old["paging_hidden_fraction"]  # profiles written before the field existed still load
     (tmp_path / "old.json").write_text(json.dumps(old))
     assert DeviceProfile.load(tmp_path / "old.json").paging_hidden_fraction is None
+
+
+def test_measured_update_costs_round_trip_and_price_an_update(tmp_path: Path) -> None:
+    plain = round_profile()
+    assert "update_costs" not in plain.to_dict()  # only where measured: built-in files stay as they are
+    assert plain.update_seconds("sgd:1:0", 10, 1000) is None
+    measured = replace(plain, update_costs={"sgd:1:0": (2e-5, 1e-10)})
+    measured.save(tmp_path / "d.json")
+    assert DeviceProfile.load(tmp_path / "d.json") == measured
+    assert measured.update_seconds("sgd:1:0", 10, 10**6) == pytest.approx(10 * 2e-5 + 1e-4)
+    assert measured.update_seconds("adamw:2:2", 10, 10**6) is None
 
 
 def test_unknown_version_is_rejected(tmp_path: Path) -> None:

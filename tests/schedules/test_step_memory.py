@@ -236,7 +236,34 @@ def test_a_whole_step_schedule_round_trips_and_its_plan_is_signed_with_it(tmp_pa
     assert simulate(g, again).peak_memory_bytes == schedule.predicted_peak_bytes
 
 
+def test_the_optimizers_updates_add_their_measured_time_to_the_plans_step_and_its_budget() -> None:
+    from schedules.device import DeviceProfile
+
+    g = graph()
+    rpi4 = DeviceProfile.builtin("rpi4")
+    per_chunk, per_byte = 2e-4, 5e-7  # seconds
+    measured = replace(rpi4, update_costs={SGD.update_kind: (per_chunk, per_byte), "adamw:2:2": (1.0, 1.0)})
+    budget = store_all_peak(g, SGD)
+    without = plan(g, rpi4, memory_budget=budget, training=SGD).schedule
+    result = plan(g, measured, memory_budget=budget, training=SGD)
+    chunks = sum(-(-p.bytes // SGD.chunk_bytes) for p in g.parameters)
+    update = (chunks * per_chunk + g.parameter_bytes * per_byte) * 1000
+    assert update > 0 and result.schedule.step.update_ms == pytest.approx(update)
+    assert result.schedule.predicted_runtime_ms == pytest.approx(without.predicted_runtime_ms + update)
+    assert without.step.update_ms == 0  # rpi4's built-in profile has measured no update: nothing is added
+    # a runtime budget is a multiple of a plain step's time, its updates included; the nodes get the rest
+    timed = plan(g, measured, memory_budget=budget, training=SGD, runtime_budget=1.5).schedule
+    assert timed.runtime_budget_ms == pytest.approx(1.5 * (g.total_compute_ms + update))
+    assert simulate(g, timed).runtime_ms == pytest.approx(timed.predicted_runtime_ms - update)  # within its budget
+    again = Schedule.from_json(timed.to_json())
+    assert again.step.update_ms == timed.step.update_ms
+    # a kind of update the profile has not measured adds nothing
+    other = TrainingSpec.for_optimizer("sgd", chunk_bytes=64)
+    assert plan(g, measured, memory_budget=store_all_peak(g, other), training=other).schedule.step.update_ms == 0
+
+
 @pytest.mark.parametrize("field, value, message", [
+    ("update_ms", -1.0, "update_ms"),
     ("state_on_flash", "0-x", "parameter indices"),
     ("state_on_flash", "3,1", "ascend"),
     ("training", {"optimizer": "sgd", "clip": "yes"}, "clip must be true or false"),
