@@ -298,9 +298,11 @@ def bench_model(name: str, threads: int, workdir: Path, plan_time: float, rounds
             print(f"   {label}: no schedule fits {budget / MB:.1f} MB", flush=True)
             continue
         ours.append(_row(label, result, folder, graph))
-    tightest = _plan_tightest(graph, device, spec, plan_time, whole)
+    tightest, why = _plan_tightest(graph, device, spec, plan_time, whole)
     if tightest is not None:
         ours.append(_row("ours, tightest", tightest, folder, graph))
+    else:
+        print(f"   ours, tightest: {why}", flush=True)
     plain.budget = checkpoint.budget = None
     again = Row("plain again (noise)", "plain")
     rows = [plain, checkpoint, *ours, again]
@@ -362,8 +364,9 @@ def _plan(graph: Any, device: Any, spec: Any, budget: int) -> Any:
     return result if result.feasible else None
 
 
-def _plan_tightest(graph: Any, device: Any, spec: Any, plan_time: float, whole: int) -> Any:
-    """The plan at the smallest budget any schedule fits, or ``None``."""
+def _plan_tightest(graph: Any, device: Any, spec: Any, plan_time: float, whole: int) -> tuple[Any, str]:
+    """The plan at the smallest budget any schedule fits, or ``None`` and why.  Near the floor the least-energy
+    solve may stop before it finds the schedule the search's looser probe found: that one is kept then."""
     from schedules.budgets import smallest_feasible_budget
     from schedules.plan import plan
 
@@ -373,7 +376,12 @@ def _plan_tightest(graph: Any, device: Any, spec: Any, plan_time: float, whole: 
 
     search = smallest_feasible_budget(graph, probe, time_budget_s=plan_time, probe_time_limit_s=20, upper=whole,
                                       training=spec)
-    return None if search.budget is None else _plan(graph, device, spec, search.budget)
+    if search.budget is None:
+        return None, f"no budget found ({search.note or 'the search found no schedule'})"
+    result = _plan(graph, device, spec, search.budget) or probe(search.budget, 60)
+    if not result.feasible:
+        return None, f"no schedule at the search's {search.budget / MB:.1f} MB within 30 s and 60 s of solving"
+    return result, ""
 
 
 def _row(label: str, result: Any, folder: Path, graph: Any) -> Row:
