@@ -139,11 +139,13 @@ class _Replay:
         handler = getattr(self, f"_{op}", None)
         if handler is None:
             raise ScheduleViolation(f"instruction {position}: unknown op {op!r}", position)
-        # a computation belongs to the stage of the first node not computed yet; what follows it (frees,
-        # page-ins) to the same stage until the next computation: the MILP checks memory at computations, and
-        # what its next stage holds beside activations (a background update's gradients) is in the workspace
-        # of the computation that makes it
-        stage = self.stage if op == "compute" else self.compute_stage
+        # a computation belongs to the stage of the first node not computed yet, and so does a page-in: it reads
+        # a value in for a computation still to come, after the last one's background updates were waited for
+        # (the executor waits for node t-1's at the end of node t), as the MILP counts it; frees and page-outs
+        # stay with the stage of the computation before them: the MILP checks memory at computations, and what
+        # its next stage holds beside activations (a background update's gradients) is in the workspace of the
+        # computation that makes it
+        stage = self.stage if op in ("compute", "page_in") else self.compute_stage
         if op == "compute":
             self.compute_stage = stage
         handler(position, node)

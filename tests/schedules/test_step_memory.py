@@ -305,3 +305,18 @@ def test_parameter_layouts_are_validated_and_part_of_the_fingerprint() -> None:
         TrainingGraph.from_dict(data)
     assert TrainingGraph.from_dict(g.to_dict()) == g
     assert isinstance(g.parameters[0], Parameter)
+
+
+def test_a_page_in_after_a_computation_is_held_to_the_next_stages_memory_as_the_milp_counts_it() -> None:
+    # the executor waits for node t-1's background updates at the end of node t: a page-in issued after
+    # computation t, for the computations to come, sits beside what stage t+1 holds, not stage t
+    g = graph()
+    layout = StepMemory.build(g, SGD).all_on_flash()
+    assert layout.fixed_at(11) > layout.fixed_at(12)  # node 10's state group is updated during stage 11
+    instructions = [("compute", n) for n in range(4)] + [("page_out", 3), ("compute", 4), ("free", 3)]
+    instructions += [("compute", n) for n in range(5, 12)] + [("page_in", 3)]
+    instructions += [("compute", n) for n in range(12, g.size)]
+    report = simulate(g, instructions, step=layout)
+    at = instructions.index(("page_in", 3))
+    assert report.fixed_bytes[at] == layout.fixed_at(12)
+    assert report.fixed_bytes[at - 1] == layout.fixed_at(11)  # computation 11 itself: its own stage's
