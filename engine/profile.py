@@ -22,6 +22,9 @@ machine it runs on:
   executor's pager does), each alone and then together: the share of the
   shorter one hidden by the concurrency says whether paging overlaps compute
   (:attr:`Profile.overlap` keeps the share itself);
+* **the optimizer's update** (:func:`measure_update`) -- SGD's, SGD with momentum's, AdamW's and the
+  device's own optimizer's, through the engine's update rules on a scratch parameter: a cost per chunk and
+  per byte (the device profile's ``update_costs``), which a whole-step plan adds to its step time;
 * **power** (:func:`measure_power`) -- idle, computing and paging power from
   the best meter :func:`engine.energy.detect_meter` finds; with no meter the
   nominal powers of a named device or of a generic host, labelled estimates;

@@ -179,6 +179,14 @@ def planner_processes() -> list[int]:
     return [p.pid for p in psutil.Process().children(recursive=True) if "spawn_main" in " ".join(p.cmdline())]
 
 
+def stopped(pid: int) -> bool:
+    """Whether process ``pid`` has ended (gone, or a zombie not yet reaped): it may go between two looks."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def test_cancelling_a_running_solve_stops_its_planner_and_the_next_request_is_solved(tmp_path, poet_graphs) -> None:
     # plan() on resnet50 (335 nodes) takes seconds: long enough to be cancelled while it runs
     settings = ServerSettings(data_dir=tmp_path / "s", solve_time_limit=60)
@@ -194,7 +202,7 @@ def test_cancelling_a_running_solve_stops_its_planner_and_the_next_request_is_so
         (worker,) = planner_processes()
         assert client.delete(url, headers=device.headers).json()["status"] == "cancelled"
         deadline = time.monotonic() + 10
-        while psutil.pid_exists(worker) and psutil.Process(worker).status() != psutil.STATUS_ZOMBIE:
+        while not stopped(worker):
             assert time.monotonic() < deadline, "the planner process still runs"
             time.sleep(0.05)
         after = ask(client, device.headers, schedule_request())
