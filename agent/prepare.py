@@ -15,6 +15,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -169,11 +171,11 @@ def prepare(config: AgentConfig, say: Callable[[str], None] = log.info,
         graph, device = _profile(config, workload, directory)
         workload = build_workload(config)  # profiling ran steps: start again from the initial weights
         segments, first_run_bytes = _cut(config, workload, graph)
-    elif training_spec(config).update_kind not in device.update_costs:  # another optimizer than profiled
+    spec = training_spec(config)
+    if not profiled and spec.update_kind not in device.update_costs:  # another optimizer than profiled
         say(f"timing the update of {config.training.optimizer} on this device (the profile has not timed it)")
         device = _with_update_cost(config, device, graph, device_path)
-    request = Request(graph, device, config.training.memory_budget, training_spec(config),
-                      config.training.runtime_budget)
+    request = Request(graph, device, config.training.memory_budget, spec, config.training.runtime_budget)
     chosen = source or schedule_source(config, say)
     say(f"getting a schedule for a step in {config.training.memory_budget:,} B from {chosen.description}")
     schedule, origin = get_schedule(chosen, ScheduleCache(directory, trusted_key(config)), request)
@@ -196,17 +198,24 @@ def _cut(config: AgentConfig, workload: Workload, graph: TrainingGraph) -> tuple
     return segments, rss.anonymous_growth_since(loaded)
 
 
+@contextmanager
+def _training_threads(config: AgentConfig) -> Iterator[None]:
+    """Inside, torch computes with the thread count the windows train with; after, with what it had."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(config.workload.compute_threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _with_update_cost(config: AgentConfig, device: DeviceProfile, graph: TrainingGraph, path: Path) -> DeviceProfile:
     """``device`` with the configured optimizer's update timed at the windows' thread count, saved to ``path``."""
     from engine.profile import measure_updates
     from engine.training import OptimizerSettings
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(config.workload.compute_threads)
-    try:
+    with _training_threads(config):
         measured = measure_updates([OptimizerSettings.from_config(config.training)], graph.parameter_bytes)
-    finally:
-        torch.set_num_threads(threads)
     device = replace(device, update_costs={**device.update_costs, **measured})
     device.save(path)
     return device
@@ -217,16 +226,12 @@ def _profile(config: AgentConfig, workload: Workload, directory: Path) -> tuple[
     from engine.training import OptimizerSettings
 
     config.swap_dir.mkdir(parents=True, exist_ok=True)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(config.workload.compute_threads)  # node times at the count the windows train with
-    try:
+    with _training_threads(config):  # node times at the count the windows train with
         profile, _ = profile_workload(workload.model, workload.example, workload.loss_fn, config.swap_dir,
                                       name=workload.name, repeats=config.workload.profile_repeats,
                                       max_nodes=config.workload.max_nodes, segments=workload.segments,
                                       meter_config=config.energy,
                                       training=OptimizerSettings.from_config(config.training))
-    finally:
-        torch.set_num_threads(threads)
     directory.mkdir(parents=True, exist_ok=True)
     profile.graph.save(directory / "graph.json")
     profile.device.save(directory / "device.json")
