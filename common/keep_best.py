@@ -15,13 +15,22 @@ sample ended 0.3-3.6 points under the baseline on average in 6 of the 10 regimes
 margin, two samples in none; on fresh seeds two samples was ahead of one in every regime, and still under the
 baseline at label skew 1 (docs/benchmarks.md, "A steadier choice").
 
-Pure and torch-free: the device's ClientApp (:mod:`agent.federated.clientapp`) chooses with it, and
-``poet-edge simulate``'s report applies the same rule when it adds a local-only model trained in another run.
+Twenty samples cannot tell apart a device whose models differ by a few points, and one device in 18 whose
+selection half favoured the global model by two samples while its test half favoured training alone by 20-25
+points cost a seed's mean 4 points at label skew 1.  So a fleet chooses together: each device reports its
+selection half's accuracies, the server pools them (:func:`fleet_choice`: the baseline unless another candidate
+is ahead on the devices' selection halves with 95% confidence) and sends the fleet's choice back, and every
+device keeps that candidate (:func:`choose` with ``fleet``).  The device's own rule is what it keeps until the fleet's choice arrives, and
+where it never does (the server gone, the device offline).
+
+Pure and torch-free: the device's ClientApp (:mod:`agent.federated.clientapp`) chooses with it, the ServerApp
+(:mod:`server.federated.serverapp`) pools with it, and ``poet-edge simulate``'s report applies the same rules
+when it adds a local-only model trained in another run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 CANDIDATES = ("global", "personal", "local")
@@ -36,6 +45,7 @@ class Choice:
     selection: dict[str, float]  # accuracy on the half that chose
     test: dict[str, float]  # accuracy on the half that reports
     selection_loss: dict[str, float] = field(default_factory=dict)  # loss on the half that chose, where given
+    by: str = "device"  # who chose: "device" (its own selection half) or "fleet" (every device's, pooled)
 
     @property
     def kept_accuracy(self) -> float:
@@ -48,25 +58,83 @@ class Choice:
 
 
 def choose(selection: Mapping[str, float], test: Mapping[str, float],
-           selection_loss: Mapping[str, float] | None = None, samples: int | None = None) -> Choice:
+           selection_loss: Mapping[str, float] | None = None, samples: int | None = None,
+           fleet: str | None = None) -> Choice:
     """The candidate kept on ``selection`` (name -> accuracy on the selection half's ``samples`` samples; a
     negative accuracy is unknown and never kept unless every one is), with ``test`` beside it (module docstring).
 
     The best candidate is the most accurate; equal accuracies, common on a few dozen samples where two models
     are both good, are told apart by ``selection_loss`` (the held-out loss on the same half: a model right with
     more confidence), and only then by :data:`CANDIDATES` order.  With ``samples``, the best replaces the
-    device's baseline only when right on :data:`SWITCH_SAMPLES` more of them; without, the best is kept."""
+    device's baseline only when right on :data:`SWITCH_SAMPLES` more of them; without, the best is kept.  With
+    ``fleet`` (the fleet's pooled choice, :func:`fleet_choice`), that candidate is kept where the device has it."""
     names = [c for c in CANDIDATES if c in selection and c in test]
     if not names:
         raise ValueError(f"no candidate to choose from: give accuracies of {', '.join(CANDIDATES)}")
     losses = selection_loss or {}
+    figures = ({c: float(selection[c]) for c in names}, {c: float(test[c]) for c in names},
+               {c: float(losses[c]) for c in names if c in losses})
+    if fleet in names and selection[fleet] >= 0:
+        return Choice(fleet, *figures, by="fleet")
     kept = max(names, key=lambda c: (selection[c], -losses.get(c, 0.0), -names.index(c)))
     baseline = "local" if "local" in names else "global" if "global" in names else kept
     if samples and kept != baseline and selection[baseline] >= 0:
         if (selection[kept] - selection[baseline]) * samples < SWITCH_SAMPLES - 1e-6:
             kept = baseline
-    return Choice(kept, {c: float(selection[c]) for c in names}, {c: float(test[c]) for c in names},
-                  {c: float(losses[c]) for c in names if c in losses})
+    return Choice(kept, *figures)
+
+
+def fleet_choice(devices: Iterable[tuple[Mapping[str, float], int]],
+                 losses: Iterable[Mapping[str, float]] = ()) -> str | None:
+    """The candidate every device of the fleet keeps, from each device's selection-half accuracies (``devices``:
+    name -> accuracy, negative: unknown, with the half's sample count); ``None`` where no candidate is common to
+    all devices (or there are none).
+
+    Only candidates every device has count.  The fleet keeps its **baseline** (the local-only model, else the
+    global one) unless another candidate is better on the devices' selection halves with 95% confidence: a
+    one-sided Student's t test on the per-device differences, each device weighing the same, as each does in
+    the fleet's mean accuracy (the figure an operator holds against training alone).  Of the candidates that
+    pass, the one with the largest mean difference is kept (equal ones by the lower pooled loss in
+    ``losses``, given in the same device order, then :data:`CANDIDATES` order).  A fleet of one device has no
+    spread to test: it switches as :func:`choose` does, on :data:`SWITCH_SAMPLES` more samples."""
+    devices = [(dict(accuracies), int(samples)) for accuracies, samples in devices]
+    losses = [dict(loss) for loss in losses]
+    common = [c for c in CANDIDATES if devices and all(c in acc and acc[c] >= 0 for acc, _ in devices)]
+    if not common:
+        return None
+    baseline = "local" if "local" in common else "global" if "global" in common else common[0]
+    ahead = {c: [acc[c] - acc[baseline] for acc, _ in devices] for c in common if c != baseline}
+    better = [c for c, differences in ahead.items() if _confidently_positive(differences, devices[0][1])]
+    if not better:
+        return baseline
+    pooled_loss = {c: sum(loss.get(c, 0.0) for loss in losses) for c in better}
+    return max(better, key=lambda c: (round(sum(ahead[c]), 9), -pooled_loss[c], -CANDIDATES.index(c)))
+
+
+# One-sided 95% quantiles of Student's t for 1-10 degrees of freedom; past 10 the normal quantile with its first
+# two Cornish-Fisher corrections (within 0.001 of the exact value).
+_T95 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812)
+_Z95 = 1.6449
+
+
+def _t95(degrees: int) -> float:
+    if degrees <= len(_T95):
+        return _T95[degrees - 1]
+    z = _Z95
+    return z + (z ** 3 + z) / (4 * degrees) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * degrees ** 2)
+
+
+def _confidently_positive(differences: Sequence[float], samples: int) -> bool:
+    """Whether the mean of ``differences`` (one per device) is above zero with 95% confidence; one device's
+    difference is judged on its own ``samples`` (:data:`SWITCH_SAMPLES`)."""
+    count = len(differences)
+    centre = sum(differences) / count
+    if count == 1:
+        return centre * samples >= SWITCH_SAMPLES - 1e-6
+    spread = (sum((d - centre) ** 2 for d in differences) / (count - 1)) ** 0.5
+    if spread == 0:
+        return centre > 0
+    return centre / (spread / count ** 0.5) >= _t95(count - 1)
 
 
 def interleaved_halves(count: int) -> tuple[Sequence[int], Sequence[int]]:

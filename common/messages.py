@@ -22,9 +22,11 @@ from __future__ import annotations
 INITIAL = "initial"  # query: the model's seeded initial shared weights and its name
 NAME = "device"  # query: the device's name (rounds are sampled by name, so a seed picks the same devices)
 PERSONALIZE = "personalize"  # train: fine-tune the final global model and keep it on the device
+KEEP = "keep"  # train: keep the candidate the fleet chose (common.keep_best.fleet_choice) after personalize
 QUERY_INITIAL = f"query.{INITIAL}"
 QUERY_NAME = f"query.{NAME}"
 TRAIN_PERSONALIZE = f"train.{PERSONALIZE}"
+TRAIN_KEEP = f"train.{KEEP}"
 
 # The records of a message's content.
 ARRAYS = "arrays"
@@ -50,3 +52,17 @@ LR = "lr"
 FINETUNE_STEPS = "finetune-steps"
 LOCAL_BASELINE = "local-baseline"
 GLOBAL_VERSION = "global-version"  # the stored global model version being personalized (-1: none stored)
+FLEET_KEPT = "fleet-kept"  # a keep message's: the candidate the fleet chose (global, personal or local)
+
+# The METRICS of a personalize reply that the server pools into the fleet's choice.
+SELECT_SAMPLES = "select-samples"  # the samples of the device's selection half
+
+
+def select_accuracy(candidate: str) -> str:
+    """The metric of ``candidate``'s accuracy on the device's selection half."""
+    return f"select-{candidate}-accuracy"
+
+
+def select_loss(candidate: str) -> str:
+    """The metric of ``candidate``'s loss on the device's selection half."""
+    return f"select-{candidate}-loss"

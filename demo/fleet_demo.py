@@ -396,12 +396,12 @@ class FleetDemo:
             str(d.status.get("supernode", "")).startswith("running") for d in self.devices)
 
     def _read_rounds(self, run_id: int) -> None:
-        """The personalize rows of the federation's (last) Flower run."""
-        from server.federated.rounds import open_store, round_rows
+        """What each device kept in the federation's (last) Flower run (its keep row, else its personalize row)."""
+        from server.federated.rounds import open_store, personalized, round_rows
 
         database = open_store(f"sqlite:///{self.server_dir / 'server.db'}")
         try:
-            rows = [r for r in round_rows(database, run_id, limit=10_000) if r.phase == "personalize"]
+            rows = personalized(round_rows(database, run_id, limit=10_000))
         finally:
             database.dispose()
         self.outcome.rounds = [{"device": r.device_name, **r.metrics} for r in rows]

@@ -577,13 +577,13 @@ def print_rounds(settings: ServerSettings, run_ids: list[int]) -> None:
     """Per round the devices that answered and their mean accuracy; per device the personalization (over the
     Flower runs of one federation, in order)."""
     from server.datadir import open_database
-    from server.federated.rounds import round_rows
+    from server.federated.rounds import PERSONALIZED, PHASES, round_rows
 
     from common.keep_best import kept_name
 
     database = open_database(settings)
     rows = sorted((row for run_id in run_ids for row in round_rows(database, run_id)),
-                  key=lambda r: (r.round, r.phase, r.device_name))
+                  key=lambda r: (r.round, PHASES.index(r.phase) if r.phase in PHASES else len(PHASES), r.device_name))
     for row in rows:
         m = row.metrics
         if "error" in m:
@@ -591,11 +591,13 @@ def print_rounds(settings: ServerSettings, run_ids: list[int]) -> None:
             continue
         accuracy = f"{m['accuracy']:.3f}" if m.get("accuracy", -1) >= 0 else "-"
         extra = (f" global {m['global-accuracy']:.3f} -> personal {m['personal-accuracy']:.3f}"
-                 if row.phase == "personalize" else f" loss {m.get('eval-loss', -1):.4f}")
+                 if row.phase in PERSONALIZED else f" loss {m.get('eval-loss', -1):.4f}")
         if "local-accuracy" in m:
             extra += f" (alone {m['local-accuracy']:.3f})"
         if kept_name(m.get("kept")):
             extra += f", kept {kept_name(m['kept'])} {m['kept-accuracy']:.3f}"
+            if m.get("kept-by-fleet") == 1:
+                extra += f" (the fleet's choice; its own: {kept_name(m.get('own-kept'))})"
         peak, budget = (f"{int(m[k]):,} B" if m.get(k, -1) >= 0 else "-" for k in ("peak-bytes", "budget-bytes"))
         print(f"round {row.round} {row.phase:<11} {row.device_name:<24} accuracy {accuracy}{extra} "
               f"peak {peak} / budget {budget}")

@@ -28,7 +28,7 @@ from typing import Any, TextIO
 
 from common.runconfig import PERSONALIZATIONS
 from common.errors import CommandError
-from common.keep_best import CANDIDATES, Choice, choose, interleaved_halves
+from common.keep_best import CANDIDATES, Choice, choose, fleet_choice, interleaved_halves
 from simulation.report import MEMORY_TOLERANCE_FRACTION, MEMORY_TOLERANCE_MIN_BYTES, SimulationReport, mean
 
 STRATEGIES = tuple(p for p in PERSONALIZATIONS if p != "none")
@@ -77,9 +77,10 @@ class Comparison:
     def choices(self, strategy: str) -> dict[str, Choice]:
         """What each device keeps after ``strategy``'s run (:mod:`common.keep_best`): its global and personal
         models, and the local-only model the first run trained (the same model: the same initial weights, data
-        and steps), chosen on the selection half of its held-out data, reported on the test half."""
+        and steps), the one the fleet chose on every device's selection half pooled, reported on the test half
+        (the run's own devices chose without the first run's local-only model, so the choice is made again)."""
         base = {d.name: d for d in self.baseline_run.devices}
-        kept = {}
+        figures = {}
         for d in self.runs[strategy].devices:
             if not {"global", "personal"} <= set(d.selection):
                 continue
@@ -91,8 +92,12 @@ class Comparison:
                 selection["local"], test["local"] = alone.selection["local"], alone.local_accuracy
                 if "local" in alone.selection_loss:
                     loss["local"] = alone.selection_loss["local"]
-            kept[d.name] = choose(selection, test, loss, samples=self._selection_samples(strategy))
-        return kept
+            figures[d.name] = selection, test, loss
+        samples = self._selection_samples(strategy)
+        fleet = (fleet_choice([(selection, samples) for selection, _, _ in figures.values()],
+                              [loss for _, _, loss in figures.values()]) if samples else None)
+        return {name: choose(selection, test, loss, samples=samples, fleet=fleet)
+                for name, (selection, test, loss) in figures.items()}
 
     def _selection_samples(self, strategy: str) -> int | None:
         """The held-out samples each device chose on: half its held-out digits (FleetData.holdout)."""
@@ -146,7 +151,11 @@ class Comparison:
         for strategy in self.runs:
             wins = self.wins(strategy)
             if wins:
-                out.write(f"{strategy}: each device keeps the best on half its held-out data, "
+                fleet = {c.kept for c in self.choices(strategy).values() if c.by == "fleet"}
+                who = (f"the fleet keeps {fleet.pop()}, its baseline unless another is ahead on its devices' "
+                       "selection halves with 95% confidence"
+                       if fleet else "each device keeps the best on half its held-out data")
+                out.write(f"{strategy}: {who}, "
                           f"{f.get(f'{strategy} kept', float('nan')):.1f}% on the other half; kept "
                           + ", ".join(f"{c} on {n} ({m:+.1f} +- {h:.1f} points over the next best)"
                                       for c, (n, m, h) in wins.items()) + "\n")
@@ -253,7 +262,7 @@ class SeedRuns:
         if f["kept gap"][0] == f["kept gap"][0]:  # not NaN: the devices reported what they kept
             out.write(f"the model each device keeps after {best}, over the better of local-only and global: "
                       f"{f['kept gap'][0]:+.1f} +- {f['kept gap'][1]:.1f} points (target >= 0: "
-                      f"{'met' if f['kept gap'][0] >= 0 else 'NOT met'})\n")
+                      f"{'met' if f['kept gap'][0] >= -1e-9 else 'NOT met'})\n")  # the same figure summed apart
 
     def to_json(self) -> dict[str, Any]:
         f = self.figures()

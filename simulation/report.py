@@ -146,7 +146,9 @@ def _rounds(by_phase: dict[str, list[RoundRow]], started: float, absent: dict[in
 
 def _device(name: str, node: dict[str, Any], rows: list[RoundRow], rounds: list[RoundResult]) -> DeviceResult:
     trained = [r for r in rows if r.phase in ("train", "personalize")]
-    final = next((r for r in rows if r.phase == "personalize"), None)
+    # the keep row (the fleet's choice) repeats the personalize row's figures with the final choice
+    final = next((r for r in rows if r.phase == "keep"), None) or next((r for r in rows if r.phase == "personalize"),
+                                                                         None)
     last_eval = max((r for r in rows if r.phase == "evaluate"), key=lambda r: r.round, default=None)
     budget = int(trained[0].metrics["budget-bytes"]) if trained else -1
     global_accuracy = (final.metrics["global-accuracy"] if final else

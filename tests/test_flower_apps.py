@@ -29,7 +29,7 @@ from engine.parity import bits_equal  # noqa: E402
 from engine.training import DEFAULT_TOLERANCE_BYTES  # noqa: E402
 from server.config import ServerSettings  # noqa: E402
 from server.errors import ServerConfigError  # noqa: E402
-from server.federated.serverapp import federation_config  # noqa: E402
+from server.federated.serverapp import federation_config, pooled_choice  # noqa: E402
 from server.keys import load_or_create  # noqa: E402
 from server.model_versions import list_versions, load_version  # noqa: E402
 from server.federated.rounds import open_store, round_rows  # noqa: E402
@@ -56,7 +56,8 @@ def test_a_round_trip_in_the_simulation_engine_stores_a_row_per_device_per_round
                            cpus_per_device=1, scratch=scratch)
     rows = round_rows(open_store(url), run_id)
     counts = {(phase, r): sum(1 for x in rows if (x.phase, x.round) == (phase, r))
-              for phase, r in [("train", 1), ("evaluate", 1), ("train", 2), ("evaluate", 2), ("personalize", 3)]}
+              for phase, r in [("train", 1), ("evaluate", 1), ("train", 2), ("evaluate", 2), ("personalize", 3),
+                               ("keep", 3)]}
     assert set(counts.values()) == {3}, counts
     assert {r.device_name for r in rows} == {n["device-name"] for n in fleet_node_configs(3, DEFAULT_CLASSES)}
     nodes = {r.node_id for r in rows}  # src_node_id of each reply: one per virtual SuperNode, not the SuperLink's
@@ -68,6 +69,11 @@ def test_a_round_trip_in_the_simulation_engine_stores_a_row_per_device_per_round
             assert 0 < r.metrics["peak-bytes"] <= r.metrics["budget-bytes"] + DEFAULT_TOLERANCE_BYTES
     final = [r for r in rows if r.phase == "personalize"]
     assert all(0 <= r.metrics["global-accuracy"] <= 1 and 0 <= r.metrics["personal-accuracy"] <= 1 for r in final)
+    # the server pooled the devices' selection halves: every device keeps the candidate the fleet chose
+    kept = {r.device_name: r.metrics for r in rows if r.phase == "keep"}
+    assert len({m["kept"] for m in kept.values()}) == 1 and all(m["kept-by-fleet"] == 1 for m in kept.values())
+    assert kept_name(next(iter(kept.values()))["kept"]) == pooled_choice(final)
+    assert all(m["kept-accuracy"] == m[f"{kept_name(m['kept'])}-accuracy"] for m in kept.values())
     # each round's global model is a signed version, chained to the one before; the devices personalized the last
     database = open_store(url)
     versions = list_versions(database, run_id=str(run_id))
@@ -319,6 +325,31 @@ def test_an_agents_device_keeps_its_personalized_model_shows_it_and_exports_it(t
 
     with pytest.raises(PersonalModelError, match="does not match its provenance"):
         export_model(_parse("agent", "export", "--config", str(path), "--out", str(out)))
+
+
+def _keeps_the_fleets_choice_after_a_restart(node: dict, path: Path, metrics: dict, received: dict) -> None:
+    """After personalize, the SuperNode restarts; the server's ``train.keep`` names another candidate than the
+    device's own pick: the device keeps that one (its candidates came back from the state directory), says so,
+    and lets the candidates go."""
+    from agent.personal_model import load
+
+    own = kept_name(metrics["kept"])
+    assert metrics["select-samples"] > 0 and {f"select-{c}-accuracy" for c in CANDIDATES} <= set(metrics)
+    fleet = "global" if own != "global" else "personal"
+    keep = RecordDict({"config": ConfigRecord({"fleet-kept": fleet})})
+    restarted = Device(0, node_config=node, personalization="fedper")
+    kept = restarted.ask("train.keep", keep).content["metrics"]
+    assert (kept_name(kept["kept"]), kept["kept-by-fleet"], kept_name(kept["own-kept"])) == (fleet, 1, own)
+    assert kept["kept-accuracy"] == metrics[f"{fleet}-accuracy"]
+    assert kept["global-accuracy"] == metrics["global-accuracy"]  # the personalize figures, repeated
+    provenance, weights = load(load_config_of(path).device.state_dir)
+    assert provenance.kept == fleet and provenance.accuracy_kept == metrics[f"{fleet}-accuracy"]
+    shared = [k for k in received if not k.startswith("head.")]  # fedper: the head is the device's own
+    assert all(bits_equal(weights[k], received[k]) for k in shared) == (fleet == "global")
+    # the candidates are let go, in memory and in the run's file
+    assert not [k for k in restarted.context.state if k.startswith(client.CANDIDATE) or k == client.CHOSEN]
+    with pytest.raises(FederationError, match="has kept already"):
+        Device(0, node_config=node, personalization="fedper").ask("train.keep", keep)
 
 
 def load_config_of(path: Path):
@@ -634,7 +665,9 @@ def test_an_agents_personal_layers_and_data_position_outlive_a_supernode_restart
     assert dict(restarted.context.state[client.POSITION]) == dict(first.context.state[client.POSITION])
     # its local-only baseline repeats the rounds it trained before and after the restart
     reply = restarted.ask("train.personalize", weights_message(sent, **{"finetune-steps": 4, "local-baseline": True}))
-    assert reply.content["metrics"]["local-steps-total"] == 3 + 3 + 4
+    metrics = reply.content["metrics"]
+    assert metrics["local-steps-total"] == 3 + 3 + 4
+    _keeps_the_fleets_choice_after_a_restart(node, path, metrics, sent.to_torch_state_dict())
     # without the file the device would have gone on from its initial head, unseen
     saved.unlink()
     forgot = Device(0, node_config=node, personalization="fedper")

@@ -139,6 +139,9 @@ def test_federated_rounds_complete_with_a_device_unplugged_mid_round(fleet: Flee
     assert devices[(1, "train")] == ["pi-0", "pi-1"]
     assert devices[(2, "train")] == ["pi-0", "pi-1"]  # and it was not sampled any more
     assert devices[(3, "personalize")] == ["pi-0", "pi-1"]
+    assert devices[(3, "keep")] == ["pi-0", "pi-1"]  # ... and kept the fleet's choice
+    kept = {r.device_name: r.metrics for r in rows if r.phase == "keep"}
+    assert len({m["kept"] for m in kept.values()}) == 1 and all(m["kept-by-fleet"] == 1 for m in kept.values())
     train = [r for r in rows if r.phase == "train"]
     # each device trained its own data under its own schedule, within its budget; the same keys from all
     for phase in ("train", "evaluate", "personalize"):
@@ -151,6 +154,7 @@ def test_federated_rounds_complete_with_a_device_unplugged_mid_round(fleet: Flee
         assert row.metrics["startup-seconds"] >= 0  # measured (benchmarks/flower_overhead.py has the figure)
     printed = output.read_text()
     assert "round 3 personalize" in printed and "round 1 train       pi-2" in printed
+    assert "round 3 keep" in printed and "(the fleet's choice; its own: " in printed
     for name in DEVICES:  # every ClientApp was forked by the device's warm runner, none started cold
         runner_log = fleet.flower_file(name, "clientapps.log").read_text(errors="replace")
         assert "Start `flwr-clientapp` process" in runner_log

@@ -16,7 +16,11 @@ Messages it answers (Flower's Message API):
 ``train.personalize``  evaluate the global model, fine-tune it locally under the schedule (``ditto``: train
                        the device's personal model on towards it), evaluate again; metrics only
                        (``global-accuracy``, ``personal-accuracy`` and the ``global-version`` it started
-                       from added), no weights back
+                       from added), no weights back; the device keeps its own pick of the candidates
+                       (:mod:`common.keep_best`) and holds them all until ``train.keep``
+``train.keep``         keep the candidate the fleet chose (``fleet-kept``: every device's selection half
+                       pooled) in place of the device's own pick; the personalize reply's metrics back, with
+                       the final ``kept``, ``kept-by-fleet`` (1) and the device's own pick (``own-kept``)
 =====================  =================================================================================
 
 A device agent's SuperNode (:mod:`agent.federated.supernode`) gives the node config ``agent-config``, the
@@ -71,9 +75,10 @@ from agent.holdout import holdout_halves
 from agent.weights import tied_aliases
 from common.keep_best import CANDIDATES, Choice, choose
 from common.errors import RunConfigError
-from common.messages import (ABSENT, ARRAYS, CONFIG, DEVICE, DEVICE_NAME, DEVICE_PROFILE, FINETUNE_STEPS, GLOBAL_VERSION,
-                             INITIAL, LOCAL_BASELINE, LOCAL_STEPS, LR, METRICS, MODEL, MODEL_NAME, MODEL_TIED, NAME,
-                             PERSONALIZE, SCHEDULE_ID, SERVER_ROUND)
+from common.messages import (ABSENT, ARRAYS, CONFIG, DEVICE, DEVICE_NAME, DEVICE_PROFILE, FINETUNE_STEPS, FLEET_KEPT,
+                             GLOBAL_VERSION, INITIAL, KEEP, LOCAL_BASELINE, LOCAL_STEPS, LR, METRICS, MODEL, MODEL_NAME,
+                             MODEL_TIED, NAME, PERSONALIZE, SCHEDULE_ID, SELECT_SAMPLES, SERVER_ROUND, select_accuracy,
+                             select_loss)
 from common.runconfig import RunConfig
 from schedules.graph import TrainingGraph
 
@@ -81,6 +86,8 @@ PERSONAL = "personal"  # context.state: the ArrayRecord of personal layers
 DITTO = "ditto"  # context.state: the ArrayRecord of Ditto's personal model
 POSITION = "position"  # context.state: the ConfigRecord of the next batch's (epoch, index)
 BUDGET = "budget"  # context.state: the ConfigRecord of the device's memory budget in bytes (-1: none)
+CHOSEN = "chosen"  # context.state: the ConfigRecord of the personalize reply's metrics, until train.keep
+CANDIDATE = "candidate."  # context.state: + a candidate's name, the ArrayRecord of its weights, until train.keep
 
 app = ClientApp()
 DEFAULTS = RunConfig()  # what a message's config falls back to
@@ -544,16 +551,61 @@ def personalize(msg: Message, context: Context) -> Message:
         candidates["local"] = _local_candidate(d.task, variants, d.data, metrics)
     choice = _choice(task, candidates, d.data)
     metrics.update({f"{name}-accuracy": value for name, value in choice.test.items()})  # the reporting half
-    metrics.update({f"select-{name}-accuracy": value for name, value in choice.selection.items()})
-    metrics.update({f"select-{name}-loss": value for name, value in choice.selection_loss.items()})
-    metrics.update({"kept": CANDIDATES.index(choice.kept), "kept-accuracy": choice.kept_accuracy})
-    if d.state_dir is not None:  # a device agent keeps what it made (the simulation's devices do not)
-        from agent.personal_model import keep
+    metrics.update({select_accuracy(name): value for name, value in choice.selection.items()})
+    metrics.update({select_loss(name): value for name, value in choice.selection_loss.items()})
+    metrics.update({"kept": CANDIDATES.index(choice.kept), "kept-accuracy": choice.kept_accuracy,
+                    SELECT_SAMPLES: len(holdout_halves(d.data)[0].holdout_y)})
+    _keep_model(d, context, choice, candidates[choice.kept], metrics)
+    # every candidate waits on the device for the fleet's choice (train.keep); a device agent's on disk too
+    context.state[CHOSEN] = ConfigRecord(dict(metrics))
+    for name, candidate in candidates.items():
+        context.state[CANDIDATE + name] = ArrayRecord(candidate)
+    if d.state_dir is not None:
+        run_state.persist(context, d.state_dir)
+    return Message(RecordDict({METRICS: MetricRecord(metrics), DEVICE: _info(d.setup, d.plan)}), reply_to=msg)
 
-        keep(d.state_dir, candidates[choice.kept], model=d.task.workload.name, input=d.input,
-             global_version=version if version >= 0 else None, run_id=int(context.run_id),
-             personalization=personalization(context).name, steps=outcome.steps,
-             accuracy_before=choice.test["global"], accuracy_after=choice.test["personal"],
-             weights_sha256=d.weights_sha256, kept=choice.kept, accuracy_kept=choice.kept_accuracy,
-             accuracy_local=choice.test.get("local"))
+
+def _keep_model(d: _Device, context: Context, choice: Choice, weights: dict[str, torch.Tensor],
+                metrics: dict[str, Any]) -> None:
+    """A device agent keeps ``weights``, the candidate ``choice`` names, with its provenance (the simulation's
+    devices keep nothing)."""
+    if d.state_dir is None:
+        return
+    from agent.personal_model import keep
+
+    version = int(metrics.get(GLOBAL_VERSION, -1))
+    keep(d.state_dir, weights, model=d.task.workload.name, input=d.input,
+         global_version=version if version >= 0 else None, run_id=int(context.run_id),
+         personalization=personalization(context).name, steps=int(metrics["steps"]),
+         accuracy_before=choice.test["global"], accuracy_after=choice.test["personal"],
+         weights_sha256=d.weights_sha256, kept=choice.kept, accuracy_kept=choice.kept_accuracy,
+         accuracy_local=choice.test.get("local"))
+
+
+@app.train(KEEP)
+def keep_fleet_choice(msg: Message, context: Context) -> Message:
+    """Keep the candidate the fleet chose (``fleet-kept``) where it is not the device's own pick; the personalize
+    reply's metrics back with the final choice.  The candidates are let go either way."""
+    d = _device(context)
+    if CHOSEN not in context.state:
+        raise FederationError(f"{d.setup.name}: asked to keep the fleet's choice, but holds no personalization of "
+                              f"run {context.run_id} (it did not personalize, or has kept already)")
+    metrics = {k: float(v) for k, v in context.state[CHOSEN].items()}
+    names = [c for c in CANDIDATES if f"{c}-accuracy" in metrics and select_accuracy(c) in metrics]
+    own = CANDIDATES[int(metrics["kept"])]
+    choice = choose({c: metrics[select_accuracy(c)] for c in names}, {c: metrics[f"{c}-accuracy"] for c in names},
+                    {c: metrics[select_loss(c)] for c in names if select_loss(c) in metrics},
+                    fleet=str(_config(msg).get(FLEET_KEPT, "")))
+    if choice.by != "fleet":  # the fleet chose no candidate of this device: its own pick stands
+        choice = replace(choice, kept=own)
+    if choice.kept != own:
+        _keep_model(d, context, choice, context.state[CANDIDATE + choice.kept].to_torch_state_dict(), metrics)
+    for name in CANDIDATES:
+        context.state.pop(CANDIDATE + name, None)
+    del context.state[CHOSEN]
+    if d.state_dir is not None:
+        run_state.persist(context, d.state_dir)
+    metrics.update({"kept": CANDIDATES.index(choice.kept), "kept-accuracy": choice.kept_accuracy,
+                    "kept-by-fleet": int(choice.by == "fleet"), "own-kept": CANDIDATES.index(own),
+                    "startup-seconds": _startup_seconds()})
     return Message(RecordDict({METRICS: MetricRecord(metrics), DEVICE: _info(d.setup, d.plan)}), reply_to=msg)

@@ -18,7 +18,7 @@ from server.dashboard import display
 from server.db.engine import Database
 from server.db.models import DEVICE_STATES, Device, DeviceSchedule, FederatedRound, Heartbeat, SolveRequest, StoredSchedule
 from server.model_versions import list_versions
-from server.federated.rounds import RoundRow, round_rows, run_ids
+from server.federated.rounds import PERSONALIZED, RoundRow, round_rows, run_ids
 
 STATES = DEVICE_STATES
 # The fleet table's columns: (key in a row's cells, heading).
@@ -93,7 +93,7 @@ def device_view(db: Database, name: str, now: float, online_seconds: float) -> D
         used = session.get(DeviceSchedule, device.id)
         schedule = _schedule_summary(session, used.schedule_id) if used is not None else None
         personalized = session.scalars(select(FederatedRound).where(FederatedRound.device_name == name,
-                                                                    FederatedRound.phase == "personalize")
+                                                                    FederatedRound.phase.in_(PERSONALIZED))
                                        .order_by(FederatedRound.id.desc()).limit(1)).first()
     fields = [(key, display.clock(value) if key in CLOCK_FIELDS else _field_text(value))
               for key, value in sorted((device.last_heartbeat or {}).items()) if key != "eligibility"]
@@ -118,7 +118,8 @@ def _kept(m: dict[str, Any]) -> str:
     if name is None:
         return ""
     alone = f", alone {display.percent(m.get('local-accuracy'))}" if "local-accuracy" in m else ""
-    return f"{alone}; kept {name} {display.percent(m.get('kept-accuracy'))}"
+    fleet = " (the fleet's choice)" if m.get("kept-by-fleet") == 1 else ""
+    return f"{alone}; kept {name} {display.percent(m.get('kept-accuracy'))}{fleet}"
 
 
 CLOCK_FIELDS = {"sent_at", "since"}  # Unix times a heartbeat carries (device clock)

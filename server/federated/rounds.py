@@ -21,7 +21,8 @@ from server.db.migrate import upgrade
 from server.db.models import DEVICE_NAME_LENGTH, FederatedRound
 from server.errors import DatabaseError
 
-PHASES = ("train", "evaluate", "personalize")
+PHASES = ("train", "evaluate", "personalize", "keep")
+PERSONALIZED = ("personalize", "keep")  # the phases whose rows say what a device kept (keep: the fleet's choice)
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,16 @@ class RoundRow:
     metrics: dict[str, Any]
     schedule_id: str | None = None
     recorded_at: float = field(default_factory=time.time)
+
+
+def personalized(rows: Iterable[RoundRow]) -> list[RoundRow]:
+    """Per device, the row that says what it kept after personalization: its ``keep`` row (the fleet's choice,
+    with the personalize row's figures) where it has one, else its ``personalize`` row; in the rows' order."""
+    final: dict[str, RoundRow] = {}
+    for row in rows:
+        if row.phase == "keep" or (row.phase == "personalize" and row.device_name not in final):
+            final[row.device_name] = row
+    return list(final.values())
 
 
 def open_store(url: str) -> Database:

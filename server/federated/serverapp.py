@@ -25,7 +25,10 @@ rows to a recorder: the rounds table when the run config names a database.
    fine-tuning under its schedule.  Which layers stay on the device (``fedper``:
    the head, ``fedbn``: BatchNorm) is the devices' business (:mod:`agent.federated.clientapp`):
    they never send them, so the global model is made of the shared layers only.
-   Its rows carry the round number after the last.
+   Each device also reports every candidate's accuracy on the selection half of its held-out data; the
+   server pools them (:func:`common.keep_best.fleet_choice`) and sends the fleet's choice back
+   (``train.keep``), which every device then keeps: twenty samples of one device cannot tell its candidates
+   apart, the fleet's can.  Both phases' rows (``personalize``, ``keep``) carry the round number after the last.
 
 Each round's devices are a seeded draw (:class:`DeviceSampler`): the same seed samples the same devices.
 
@@ -54,9 +57,11 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
 from common.errors import RunConfigError
-from common.messages import (ABSENT, ARRAYS, CONFIG, DEVICE, DEVICE_NAME, FINETUNE_STEPS, GLOBAL_VERSION, LOCAL_BASELINE,
-                             LOCAL_STEPS, LR, MODEL, MODEL_NAME, MODEL_TIED, QUERY_INITIAL, QUERY_NAME, SCHEDULE_ID,
-                             SERVER_ROUND, TRAIN_PERSONALIZE)
+from common.keep_best import CANDIDATES, fleet_choice
+from common.messages import (ABSENT, ARRAYS, CONFIG, DEVICE, DEVICE_NAME, FINETUNE_STEPS, FLEET_KEPT, GLOBAL_VERSION,
+                             LOCAL_BASELINE, LOCAL_STEPS, LR, MODEL, MODEL_NAME, MODEL_TIED, QUERY_INITIAL, QUERY_NAME,
+                             SCHEDULE_ID, SELECT_SAMPLES, SERVER_ROUND, TRAIN_KEEP, TRAIN_PERSONALIZE, select_accuracy,
+                             select_loss)
 from common.runconfig import RunConfig
 from server.db.engine import Database
 from server.errors import ModelVersionError, ServerConfigError, ServerError
@@ -279,7 +284,28 @@ def personalize(grid: Grid, arrays: ArrayRecord, config: RunConfig, recorder: Re
     rows = [reply_row(m, "personalize", server_round, grid.run.run_id, asks) for m in replies]
     if rows:
         recorder(rows)
-    return rows
+    chose = [row for row in rows if SELECT_SAMPLES in row.metrics]
+    fleet = pooled_choice(chose)
+    if fleet is None:  # nothing to pool: every device keeps its own pick
+        return rows
+    log.info("personalization: the fleet's %d devices keep the %s model", len(chose), fleet)
+    keep = RecordDict({CONFIG: ConfigRecord({FLEET_KEPT: fleet})})
+    asks = [Message(keep, dst_node_id=row.node_id, message_type=TRAIN_KEEP) for row in chose]
+    kept = [reply_row(m, "keep", server_round, grid.run.run_id, asks)
+            for m in grid.send_and_receive(asks, timeout=config.round_timeout)]
+    if kept:
+        recorder(kept)
+    return rows + kept
+
+
+def pooled_choice(rows: Iterable[RoundRow]) -> str | None:
+    """The candidate the fleet keeps (:func:`common.keep_best.fleet_choice`: the baseline unless another is ahead
+    on the devices' selection halves with 95% confidence), from their personalize rows."""
+    rows = list(rows)
+    return fleet_choice([({c: float(r.metrics[select_accuracy(c)]) for c in CANDIDATES
+                           if select_accuracy(c) in r.metrics}, int(r.metrics[SELECT_SAMPLES])) for r in rows],
+                        [{c: float(r.metrics[select_loss(c)]) for c in CANDIDATES if select_loss(c) in r.metrics}
+                         for r in rows])
 
 
 @dataclass(frozen=True)

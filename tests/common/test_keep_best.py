@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.keep_best import CANDIDATES, choose, interleaved_halves, kept_name
+from common.keep_best import CANDIDATES, choose, fleet_choice, interleaved_halves, kept_name
 
 
 def test_the_best_on_the_selection_half_is_kept_and_reported_on_the_test_half() -> None:
@@ -56,3 +56,48 @@ def test_the_baseline_is_kept_unless_another_is_right_on_two_more_selection_samp
     assert choose({"global": 0.70, "personal": 0.75}, {"global": 0.7, "personal": 0.7}, samples=20).kept == "global"
     assert choose({"global": 0.70, "personal": 0.80}, {"global": 0.7, "personal": 0.7}, samples=20).kept == "personal"
     assert choose({"global": 0.5, "personal": 1.0}, {"global": 0.5, "personal": 1.0}, samples=2).kept == "global"
+
+
+def test_the_fleet_keeps_its_baseline_unless_another_is_ahead_on_the_devices_selection_halves_with_confidence() -> None:
+    def fleet(*ahead: float, samples: int = 20) -> str | None:  # personal's lead over local on each device
+        return fleet_choice([({"global": 0.1, "personal": 0.5 + d, "local": 0.5}, samples) for d in ahead])
+
+    assert fleet(0.10, 0.15, 0.05, 0.10) == "personal"  # t = 4.9 on 3 degrees of freedom, past 2.353
+    assert fleet(0.10, 0.15, 0.05, -0.05) == "local"  # t = 1.5: not confident
+    # ahead on the samples pooled (+5 of 60), but one device far behind: the fleet's mean is not
+    assert fleet(0.20, 0.20, -0.15) == "local"
+    assert fleet(0.05, 0.05, 0.05) == "personal" and fleet(0.0, 0.0) == "local"  # no spread: the sign decides
+    # one device favours the global model by two of its samples; the others do not: every device keeps local
+    devices = [({"global": 0.70, "personal": 0.70, "local": 0.60}, 20),
+               ({"global": 0.50, "personal": 0.55, "local": 0.70}, 20),
+               ({"global": 0.40, "personal": 0.50, "local": 0.60}, 20)]
+    assert fleet_choice(devices) == "local"
+    outlier = choose(*[devices[0][0]] * 2, samples=20, fleet="local")
+    assert outlier.kept == "local" and outlier.by == "fleet"
+    assert choose(*[devices[0][0]] * 2, samples=20).kept == "global"  # what it would keep on its own
+    # a fleet of one has no spread: it switches on two more samples, as a device alone does
+    assert fleet(0.10) == "personal" and fleet(0.05) == "local"
+
+
+def test_the_fleet_pools_only_candidates_every_device_has_and_keeps_the_furthest_ahead() -> None:
+    # the second device has no local-only model (or an unknown one): the global model is the baseline
+    assert fleet_choice([({"global": 0.5, "personal": 0.6, "local": 1.0}, 20),
+                         ({"global": 0.5, "personal": 0.6}, 20)]) == "personal"
+    assert fleet_choice([({"global": 0.5, "local": 1.0}, 20), ({"global": 0.5, "local": -1.0}, 20)]) == "global"
+    both = [({"global": 0.9, "personal": 0.8, "local": 0.5}, 20)] * 3  # both ahead: the one furthest ahead
+    assert fleet_choice(both) == "global"
+    tied = [({"global": 0.8, "personal": 0.8, "local": 0.5}, 20)] * 3
+    assert fleet_choice(tied, [{"global": 0.9, "personal": 0.3, "local": 0.8}] * 3) == "personal"  # lower loss
+    assert fleet_choice(tied) == "global"  # then CANDIDATES order
+    assert fleet_choice([]) is None and fleet_choice([({"global": -1.0}, 20)]) is None
+    # a fleet's choice this device does not have leaves it to its own rule
+    own = choose({"global": 0.5, "personal": 0.9}, {"global": 0.5, "personal": 0.8}, samples=20, fleet="local")
+    assert own.kept == "personal" and own.by == "device"
+
+
+def test_the_t_quantiles_are_students() -> None:
+    from scipy.stats import t
+
+    from common.keep_best import _t95
+
+    assert max(abs(_t95(df) - t.ppf(0.95, df)) for df in range(1, 500)) < 1e-3

@@ -491,6 +491,11 @@ def test_the_rounds_page_lists_global_model_versions_and_a_device_page_its_perso
     page = client.get("/devices/pi-1").text
     assert re.search(rf'id="personalized-version">v{second.version} \(run 7,', page)
     assert "50.0 % → 75.0 %" in page
+    # the fleet's choice, sent after personalization, is what the device kept
+    record_rounds(db(client), [round_row(7, 3, "keep", "pi-1", **{"global-accuracy": 0.5, "personal-accuracy": 0.75,
+                                                                  "kept": 0.0, "kept-accuracy": 0.5,
+                                                                  "kept-by-fleet": 1.0, "own-kept": 1.0})])
+    assert "kept global 50.0 % (the fleet&#39;s choice)" in client.get("/devices/pi-1").text
 
 
 # -- enrolment tokens and revocation ----------------------------------------------------------

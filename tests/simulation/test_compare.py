@@ -54,3 +54,28 @@ def test_a_strategy_some_device_could_not_run_is_left_out_saying_why() -> None:
     comparison.print(out)
     assert "ditto: failed, left out (1 of 3 devices failed (small-000: ditto holds" in out.getvalue()
     assert "ditto" not in comparison.figures() and comparison.to_json()["failed"] == comparison.failed
+
+
+def test_with_the_held_out_samples_known_every_device_keeps_the_fleets_choice() -> None:
+    # 20 selection samples each: device a alone favours personal by two samples; the fleet does not
+    settings = {"data": {"holdout": 40}}
+    finetune = SimulationReport(settings, [], [
+        device("a", 0.50, 0.75, 0.70, {"global": 0.50, "personal": 0.80, "local": 0.70}),
+        device("b", 0.60, 0.55, 0.90, {"global": 0.50, "personal": 0.50, "local": 0.90}),
+        device("c", 0.80, 0.70, 0.60, {"global": 0.90, "personal": 0.60, "local": 0.60}),
+    ], 1.0)
+    fedbn = SimulationReport(settings, [], [  # pooled with the first run's local-only models (0.7, 0.9, 0.6)
+        device("a", 0.50, 0.40, -1.0, {"global": 0.5, "personal": 0.85}),
+        device("b", 0.60, 0.65, -1.0, {"global": 0.5, "personal": 1.0}),
+        device("c", 0.80, 0.85, -1.0, {"global": 0.6, "personal": 0.75}),
+    ], 1.0)
+    comparison = Comparison(0, {"finetune": finetune, "fedbn": fedbn}, {"a": 0.9, "b": 0.9, "c": 0.9})
+    kept = comparison.choices("finetune")
+    assert {c.kept for c in kept.values()} == {"local"} and {c.by for c in kept.values()} == {"fleet"}
+    assert comparison.figures()["finetune kept"] == pytest.approx(100 * (0.70 + 0.90 + 0.60) / 3)
+    # ahead of the first run's local-only model on every device, by 10-15 points: confidently better
+    assert {c.kept for c in comparison.choices("fedbn").values()} == {"personal"}
+    out = io.StringIO()
+    comparison.print(out)
+    assert "finetune: the fleet keeps local, its baseline unless another is ahead on its devices' selection halves" \
+        in out.getvalue()
