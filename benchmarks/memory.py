@@ -18,8 +18,9 @@ Memory is the peak RSS over a process's steps minus the RSS of that process once
 built the model (and loaded the optimizer's code, which any training process does): every copy, leftover,
 buffer and cache a configuration adds counts -- cutting the model into segments, the executor's and the
 allocator's.  Time: every round (``--rounds``, default 9) runs each configuration in a fresh process, plain
-first and plain again last, each ``STEPS`` steps on the same seeded batches (the first a warm-up; its time the
-median of the rest); a row's ratio is the median over the rounds of its time over its round's plain, printed
+first and plain again last, each ``STEPS`` steps on the same seeded batches (the first ``WARMUP`` warm up: a
+process's first steps fault in its memory and, where a schedule pages, start the storage's writeback; its
+time the median of the rest, the steady step a device's window trains at); a row's ratio is the median over the rounds of its time over its round's plain, printed
 with the spread of those ratios (25th to 75th percentile).  Plain again over plain is the machine's own noise;
 a run whose noise is 5% or more says so, and its targets are not judged.  After three steps each process
 hashes its parameters and optimizer state: every row must equal plain's bit for bit.
@@ -31,7 +32,7 @@ budget that neither pages nor recomputes at most 1.03x plain; the planner's step
 over its budget plus tolerance; bits identical.
 
 ``python -m benchmarks.memory [--models resnet18,vgg11_bn,bert,gpt2,...] [--threads 1,2] [--rounds 9]
-[--refine] [--json F]`` (about 8 minutes a model and thread count on 2 cores).
+[--refine] [--json F]`` (about 12 minutes a model and thread count on 2 cores).
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ DEFAULT_MODELS = ("resnet18", "vgg11_bn", "bert", "gpt2")
 LAYER_CHECKPOINTS = {"bert": "checkpoint:layers", "gpt2": "checkpoint:layers", "gpt2-32k": "checkpoint:layers",
                      "gpt2-32k-chunked": "checkpoint:layers", "llama": "checkpoint:layers",
                      "vit": "checkpoint:vit-layers"}  # per-layer torch.utils.checkpoint for the transformers
-STEPS = 5
+STEPS = 10
+WARMUP = 2  # steps each process runs before its time counts (every configuration alike)
 HASH_AFTER = 3
 ROUNDS = 9
 NOISE_LIMIT = 0.05  # targets are judged in a run whose plain-against-plain spread is below this
@@ -101,7 +103,8 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
             digest = _digest(work.model, optimizer_state())
     from engine import allocator
 
-    return {"memory": rss.peak_since_start() - baseline, "seconds": statistics.median(times[1:]), "digest": digest,
+    return {"memory": rss.peak_since_start() - baseline, "seconds": statistics.median(times[WARMUP:] or times),
+            "digest": digest,
             "over": over, "agent_memory": max(seen, default=None), "threads": torch.get_num_threads(),
             "caching_allocator": allocator.installed() is not None,
             MMAP_VARIABLE: os.environ.get(MMAP_VARIABLE)}
