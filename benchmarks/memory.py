@@ -56,7 +56,7 @@ from benchmarks.workloads import BENCH_MODELS
 SGD = {"optimizer": "sgd", "learning_rate": 0.01, "momentum": 0.9}
 ADAMW = {"optimizer": "adamw", "learning_rate": 1e-4, "weight_decay": 0.01}
 MODELS = {"resnet18": SGD, "mobilenet_v2": SGD, "vgg11_bn": SGD, "unet": SGD, "bert": ADAMW, "gpt2": ADAMW, "gpt2-32k": ADAMW,  # name: optimizer
-          "gpt2-32k-chunked": ADAMW, "llama": ADAMW, "vit": ADAMW,  # (the input: BENCH_MODELS')
+          "gpt2-32k-chunked": ADAMW, "llama": ADAMW, "vit": ADAMW, "swin_t": ADAMW,  # (the input: BENCH_MODELS')
           "gpt2-lora": ADAMW, "llama-lora": ADAMW}
 DEFAULT_MODELS = ("resnet18", "vgg11_bn", "bert", "gpt2")
 LAYER_CHECKPOINTS = {"bert": "checkpoint:layers", "gpt2": "checkpoint:layers", "gpt2-32k": "checkpoint:layers",

@@ -26,7 +26,7 @@ from typing import Any
 from benchmarks.memory import MB, MODELS, _child, _plan, _plan_tightest, _row, profile_in_child
 from benchmarks.workloads import BENCH_MODELS
 
-ZOO_MODELS = ("resnet18", "mobilenet_v2", "vgg11_bn", "unet", "bert", "gpt2", "llama", "vit")
+ZOO_MODELS = ("resnet18", "mobilenet_v2", "vgg11_bn", "unet", "bert", "gpt2", "llama", "vit", "swin_t")  # agent.zoo's
 STEPS = 20
 PLAN_TIME = 60.0  # seconds for the search of the smallest feasible budget
 
@@ -42,11 +42,12 @@ def check_model(name: str, threads: int, workdir: Path, steps: int) -> dict[str,
     spec = OptimizerSettings(**MODELS[name]).spec()
     whole = store_all_peak(graph, spec)
     rows = []
-    plans = {"tightest": _plan_tightest(graph, device, spec, PLAN_TIME, whole),
-             "0.5 of plain": _plan(graph, device, spec, whole // 2)}
-    for label, result in plans.items():
+    tightest, why = _plan_tightest(graph, device, spec, PLAN_TIME, whole)
+    half = _plan(graph, device, spec, whole // 2)
+    plans = {"tightest": (tightest, why), "0.5 of plain": (half, "no schedule fits half of plain's planned memory")}
+    for label, (result, missing) in plans.items():
         if result is None:
-            print(f"   {label}: no schedule", flush=True)
+            print(f"   {label}: {missing}", flush=True)
             continue
         row = _row(f"ours, {label}", result, folder, graph)
         figures = _child(name, row.run, folder, threads, steps=steps)
