@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.memory import MB, MODELS, _child, _plan, _plan_tightest, _row, profile_in_child
+from benchmarks.memory import MB, MODELS, _child, _row, plans_with_tightest, profile_in_child
 
 DECODERS = ("gpt2", "llama")
 FULL_SHARE, LORA_SHARE = 0.2, 0.5  # the targets: ours against full fine-tuning's and plain LoRA's memory
@@ -45,13 +45,13 @@ def bench(name: str, threads: int, workdir: Path) -> dict[str, Any]:
     graph, device = profile_in_child(lora, threads, folder, refine=True)  # cut as the agent cuts
     spec = OptimizerSettings(**MODELS[lora]).spec()
     whole = store_all_peak(graph, spec)
-    plans = {"tightest": _plan_tightest(graph, device, spec, PLAN_TIME, whole),
-             f"{FULL_SHARE} of full": _plan(graph, device, spec, int(FULL_SHARE * full["memory"]))}
+    plans = plans_with_tightest(graph, device, spec, PLAN_TIME, whole,
+                                {f"{FULL_SHARE} of full": int(FULL_SHARE * full["memory"])})
     rows = [{"label": "plain full fine-tuning", "memory": full["memory"], "over": 0, "same": None},
             {"label": "plain peft LoRA", "memory": plain["memory"], "over": 0, "same": True}]
-    for label, result in plans.items():
+    for label, (result, missing) in plans.items():
         if result is None:
-            print(f"   ours, {label}: no schedule fits", flush=True)
+            print(f"   ours, {label}: {missing}", flush=True)
             continue
         row = _row(f"ours, {label}", result, folder, graph)
         figures = _child(lora, row.run, folder, threads)

@@ -387,6 +387,17 @@ def _plan_tightest(graph: Any, device: Any, spec: Any, plan_time: float, whole: 
     return result, ""
 
 
+def plans_with_tightest(graph: Any, device: Any, spec: Any, plan_time: float, whole: int,
+                        budgets: dict[str, int]) -> dict[str, tuple[Any, str]]:
+    """The tightest plan, then one plan per labelled budget: label -> ``(result, "")``, or ``(None, why)``."""
+    tightest, why = _plan_tightest(graph, device, spec, plan_time, whole)
+    plans = {"tightest": (tightest, why)}
+    for label, budget in budgets.items():
+        result = _plan(graph, device, spec, budget)
+        plans[label] = (result, "" if result is not None else f"no schedule fits {budget / MB:.1f} MB")
+    return plans
+
+
 def _row(label: str, result: Any, folder: Path, graph: Any) -> Row:
     path = folder / f"schedule-{label.split(', ')[1].replace(' ', '-')}.json"
     result.schedule.save(path)

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.memory import MB, MODELS, _child, _plan, _plan_tightest, _row, profile_in_child
+from benchmarks.memory import MB, MODELS, _child, _row, plans_with_tightest, profile_in_child
 from benchmarks.workloads import BENCH_MODELS
 
 ZOO_MODELS = ("resnet18", "mobilenet_v2", "vgg11_bn", "unet", "bert", "gpt2", "llama", "vit", "swin_t")  # agent.zoo's
@@ -42,9 +42,7 @@ def check_model(name: str, threads: int, workdir: Path, steps: int) -> dict[str,
     spec = OptimizerSettings(**MODELS[name]).spec()
     whole = store_all_peak(graph, spec)
     rows = []
-    tightest, why = _plan_tightest(graph, device, spec, PLAN_TIME, whole)
-    half = _plan(graph, device, spec, whole // 2)
-    plans = {"tightest": (tightest, why), "0.5 of plain": (half, "no schedule fits half of plain's planned memory")}
+    plans = plans_with_tightest(graph, device, spec, PLAN_TIME, whole, {"0.5 of plain": whole // 2})
     for label, (result, missing) in plans.items():
         if result is None:
             print(f"   {label}: {missing}", flush=True)
