@@ -11,15 +11,21 @@ a step wait on exact-size free lists for the next request of their size, and the
 cached never exceed a limit (:meth:`CachingAllocator.set_limit`), past which freed blocks are unmapped
 largest first.  :class:`engine.training.Training` sets the limit to what the schedule plans for the step,
 so whatever the cache holds is inside the step's budget.  Results are bit-identical with it and without.
-A request of a size the cache does not hold, with no room under the limit, takes a cached block of another
-size and resizes it (``mremap``): its pages stay resident, and only what it grows by faults in (resnet18's
-steps at half of a plain step's memory: 13k page faults and 60 ms of system time a step, against 18k and
-80-100 ms when such blocks were unmapped and mapped afresh).  Blocks of 2 MiB and more are advised to use
-transparent huge pages (``madvise(MADV_HUGEPAGE)``), one fault per 2 MiB instead of 512, unless
-``POET_EDGE_HUGE_PAGES=off``; they are mapped to start on a 2 MiB boundary (the kernel aligns only lengths of
-whole 2 MiB), so that every whole 2 MiB of a block can be a huge page (resnet18's steps at a whole-step
-budget: about 1,900 page faults and 4 ms of system time a step, against 3,000 and 11 ms).  A shrink that cuts through a huge page leaves its cut-off part to the
-kernel's deferred split: out of RSS at once, given back to the system when memory runs short.
+A request of a size the cache does not hold takes the head of the smallest cached block large enough (its
+tail stays cached; a block freed joins its cached neighbours again).  With no such block and no room under the
+limit, cached blocks are moved side by side into one range (``mremap`` moves their page tables: their pages
+stay resident, nothing is faulted in or zeroed), and only what the cache lacks is mapped afresh; a request is
+not gathered from more than 64 pieces (a fresh mapping is cheaper than that many moves).  resnet18's steps at
+half of a plain step's memory: about 30 page faults a step (1,600 in the steps where the piece limit maps part
+of a request afresh), where unmapping blocks and mapping them afresh took 11,000 and 60-70 ms of system time.
+
+Blocks of 2 MiB and more are advised to use transparent huge pages (``madvise(MADV_HUGEPAGE)``), one fault
+per 2 MiB instead of 512, unless ``POET_EDGE_HUGE_PAGES=off``; they are mapped to start on a 2 MiB boundary
+(the kernel aligns only lengths of whole 2 MiB), so that every whole 2 MiB of a block can be a huge page
+(resnet18's steps at a whole-step budget: about 1,900 page faults and 4 ms of system time a step, against
+3,000 and 11 ms).  A block unmapped while a huge page it shares with a neighbour stays mapped leaves its part
+of that page to the kernel's deferred split: out of RSS at once, given back to the system when memory runs
+short.  A huge page moved to an address it is not aligned to is split into small pages (resident still).
 
 The library is compiled from its C++ source against the installed PyTorch's headers (``torch.utils.cpp_extension``
 gives their paths) by :func:`build`, which the installer and ``make`` run, and which :func:`load` runs on
@@ -53,7 +59,8 @@ DIRECTORY = "POET_EDGE_ALLOCATOR_DIR"  # where the compiled library goes (defaul
 POISON = "POET_EDGE_ALLOCATOR_POISON"  # "1": every large block handed out filled with 0xFF (NaN): for tests
 HUGE_PAGES = "POET_EDGE_HUGE_PAGES"  # "off": blocks of 2 MiB and more are not advised to use transparent huge pages
 LARGE_BYTES = 64 << 10  # requests from this size up are cached (smaller ones go to malloc, as before)
-_STATS = ("live_bytes", "cached_bytes", "peak_bytes", "hits", "misses", "released_bytes", "resized")
+_STATS = ("live_bytes", "cached_bytes", "peak_bytes", "hits", "misses", "released_bytes", "reshaped",
+          "moved")
 
 
 class AllocatorBuildError(RuntimeError):
@@ -70,7 +77,8 @@ class AllocatorStats:
     hits: int  # requests served from the cache
     misses: int  # requests that mapped fresh memory
     released_bytes: int  # unmapped to stay within the limit
-    resized: int  # requests with no room under the limit served by resizing a cached block of another size
+    reshaped: int  # requests with no room under the limit served from cached blocks of other sizes
+    moved: int  # cached ranges moved into the range of such a request (their pages stay resident)
 
 
 class CachingAllocator:

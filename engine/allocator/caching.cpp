@@ -1,14 +1,16 @@
 // A caching CPU allocator for PyTorch, bounded by a byte limit: large blocks freed by one step are handed
-// out again to the next request of the same size instead of being unmapped and faulted back in.
+// out again to later requests instead of being unmapped and faulted back in.
 //
-// Large requests (at least `threshold` bytes) are rounded up to whole pages and served from exact-size free
-// lists, else from a fresh anonymous mapping.  A block freed goes back to its free list while the blocks in
-// use plus the blocks cached stay within `limit`; otherwise it is unmapped at once.  A request that misses
-// the cache and has no room under the limit takes a cached block of another size and resizes it (`mremap`:
-// its pages stay resident, only what it grows by faults in), then unmaps cached blocks (largest first) until
-// the new block fits.  So the resident memory of the large blocks never exceeds max(limit, bytes in use):
-// whatever the cache holds counts in the budget the limit is set to.  Small requests go to malloc (glibc
-// keeps them in its heap either way).
+// Large requests (at least `threshold` bytes) are rounded up to whole pages and served from the cache's free
+// lists: a block of their size, else the head of the smallest cached block large enough (its tail stays cached:
+// no system call).  Else, while the blocks in use plus the blocks cached leave room for it under `limit`, from
+// a fresh anonymous mapping; without room, from cached blocks moved side by side into one range (`mremap` moves
+// their page tables: nothing is faulted in or zeroed), with a fresh mapping only for what the cache lacks.  A
+// block freed joins its cached neighbours and goes back to the free lists while the blocks in use plus the
+// blocks cached stay within `limit`; otherwise it is unmapped at once.  So the resident memory of the large
+// blocks never exceeds max(limit, bytes in use), whatever the cache holds counts in the budget the limit is set
+// to, and a step that repeats the one before faults nothing in once the blocks held reach the limit.  Small
+// requests go to malloc (glibc keeps them in its heap either way).
 //
 // Registered with c10::SetCPUAllocator; driven from Python through the C functions at the end (ctypes), so
 // the library links against libc10 only.  See engine/allocator/__init__.py.
@@ -41,8 +43,31 @@ struct Stats {
   uint64_t hits = 0;            // large requests served from the cache
   uint64_t misses = 0;          // large requests that mapped fresh memory
   uint64_t released_bytes = 0;  // unmapped to stay within the limit (or by empty_cache)
-  uint64_t resized = 0;         // large requests served by resizing a cached block of another size
+  uint64_t reshaped = 0;        // large requests with no room served from cached blocks of other sizes
+  uint64_t moved = 0;           // cached ranges moved (mremap) into the range of another request
 };
+
+// A range of a block that lies inside one kernel mapping (mremap moves a range of one mapping only).  Every
+// mapping the allocator makes, or makes by moving a range, gets a number of its own: two adjacent pieces of the
+// same number are still in one mapping (nothing between them was moved or unmapped, or they would not be
+// adjacent), so they merge back into one piece when their blocks do.
+struct Piece {
+  size_t length;
+  uint64_t mapping;
+};
+
+// A large block: `size` bytes from `ptr`, in consecutive pieces, so that a block made of moved blocks can be
+// moved again piece by piece.
+struct Block {
+  void* ptr = nullptr;
+  size_t size = 0;
+  std::vector<Piece> pieces;
+
+  char* end() const { return static_cast<char*>(ptr) + size; }
+};
+
+// A request is not gathered from more pieces than this: a fresh mapping is cheaper than that many moves.
+constexpr size_t kMaxPieces = 64;
 
 class CachingAllocator final : public c10::Allocator {
  public:
@@ -67,31 +92,30 @@ class CachingAllocator final : public c10::Allocator {
 
   void Free(void* p) {
     if (p == nullptr) return;
-    size_t size = 0;  // stays 0 for a small block (not in live_)
+    Block block;  // stays empty for a small block (not in live_)
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = live_.find(p);
       if (it != live_.end()) {
-        size = it->second;
+        block = std::move(it->second);
         live_.erase(it);
-        stats_.live_bytes -= size;
-        if (stats_.live_bytes + stats_.cached_bytes + size <= limit_) {
-          free_[size].push_back(p);
-          stats_.cached_bytes += size;
+        stats_.live_bytes -= block.size;
+        if (stats_.live_bytes + stats_.cached_bytes + block.size <= limit_) {
+          Cache(std::move(block));
           return;
         }
-        stats_.released_bytes += size;
+        stats_.released_bytes += block.size;
       }
     }
-    if (size == 0) {
+    if (block.size == 0) {
       std::free(p);
     } else {
-      munmap(p, size);
+      munmap(block.ptr, block.size);
     }
   }
 
   void SetLimit(uint64_t limit) {
-    std::vector<std::pair<void*, size_t>> released;
+    std::vector<Block> released;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       limit_ = limit;
@@ -118,7 +142,7 @@ class CachingAllocator final : public c10::Allocator {
   }
 
   void EmptyCache() {
-    std::vector<std::pair<void*, size_t>> released;
+    std::vector<Block> released;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       TrimTo(0, &released);
@@ -157,56 +181,133 @@ class CachingAllocator final : public c10::Allocator {
 
   void* AllocateLarge(size_t n) {
     const size_t size = (n + page_ - 1) / page_ * page_;
-    std::vector<std::pair<void*, size_t>> released;
-    std::pair<void*, size_t> reused{nullptr, 0};
-    bool huge = false;
+    std::vector<Block> gathered;  // cached blocks to move into the new block's range
+    std::vector<Block> released;
+    bool advise = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = free_.find(size);
-      if (it != free_.end() && !it->second.empty()) {
-        void* p = it->second.back();
-        it->second.pop_back();
-        if (it->second.empty()) free_.erase(it);
-        stats_.cached_bytes -= size;
-        Track(p, size);
+      if (it != free_.end()) {
         stats_.hits += 1;
-        if (poison_) std::memset(p, 0xFF, size);
-        return p;
+        return HandOut(Uncache(it));
       }
-      huge = huge_pages_;
+      auto fit = free_.lower_bound(size);
+      if (fit != free_.end()) {  // the head of the smallest cached block large enough; its tail stays cached
+        stats_.reshaped += 1;
+        Block block = Uncache(fit);
+        Cache(Cut(&block, size));
+        return HandOut(std::move(block));
+      }
+      advise = huge_pages_ && size >= kHugeBytes;
       if (stats_.live_bytes + stats_.cached_bytes + size > limit_ && stats_.cached_bytes > 0) {
-        reused = TakeForResize(size);
+        // no room for fresh memory: cached blocks, moved together, serve it; their pages fault nothing in
+        stats_.reshaped += 1;
+        gathered = Gather(size);
       } else {
         stats_.misses += 1;
       }
-      // room under the limit for the new block: cached blocks go first
+      // room under the limit for what the cache did not give: cached blocks go first
       TrimTo(limit_ > size ? limit_ - size : 0, &released);
       stats_.live_bytes += size;  // reserved now so that concurrent requests see it
       Peak();
     }
     Unmap(released);
-    const bool advise = huge && size >= kHugeBytes;
-    void* p = reused.first != nullptr ? Resize(reused, size) : Map(size, advise);
-    // A block the limit made us unmap faults back in on its next use: with transparent huge pages that is one
-    // fault per 2 MiB instead of 512 (resnet18's steps at a whole-step budget: 1.11x plain's time -> 1.04x).
-    // RSS still follows the block: only whole, aligned 2 MiB ranges of it become huge pages, once touched.
-    if (p != MAP_FAILED && advise) madvise(p, size, MADV_HUGEPAGE);
+    void* p = Map(size, advise);
     if (p == MAP_FAILED) {
+      const int error = errno;
+      Unmap(gathered);
       std::lock_guard<std::mutex> lock(mutex_);
       stats_.live_bytes -= size;
       TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU caching allocator: can't map ", size, " bytes: ",
-                       std::strerror(errno));
+                       std::strerror(error));
     }
+    Block block{p, size, {}};
+    uint64_t numbers = 0;  // the last of the mapping numbers this block's pieces take
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      mappings_ += 1 + CountPieces(gathered);  // one for the fresh mapping, one for every range moved into it
+      numbers = mappings_;
+    }
+    const size_t moved = MoveInto(gathered, numbers, &block);
+    // A block the limit made us unmap faults back in on its next use: with transparent huge pages that is one
+    // fault per 2 MiB instead of 512 (resnet18's steps at a whole-step budget: 1.11x plain's time -> 1.04x).
+    // RSS still follows the block: only whole, aligned 2 MiB ranges of it become huge pages, once touched.
+    if (advise) madvise(p, size, MADV_HUGEPAGE);
     if (poison_) std::memset(p, 0xFF, size);
     std::lock_guard<std::mutex> lock(mutex_);
-    live_[p] = size;
+    stats_.moved += moved;
+    live_[p] = std::move(block);
     return p;
   }
 
-  void Track(void* p, size_t size) {
-    live_[p] = size;
-    stats_.live_bytes += size;
+  // `block`, off the free lists, handed out (under the mutex)
+  void* HandOut(Block block) {
+    void* p = block.ptr;
+    stats_.live_bytes += block.size;
     Peak();
+    if (poison_) std::memset(p, 0xFF, block.size);
+    live_[p] = std::move(block);
+    return p;
+  }
+
+  // `block` on the free lists, merged with the cached blocks right before and after it (under the mutex): so
+  // the pieces a cut made join again, and the cache holds few large blocks rather than many small ones.
+  void Cache(Block block) {
+    stats_.cached_bytes += block.size;
+    auto after = free_at_.find(block.end());
+    if (after != free_at_.end()) block = Join(std::move(block), TakeFree(after->first, after->second));
+    auto before = free_at_.lower_bound(static_cast<char*>(block.ptr));
+    if (before != free_at_.begin()) {
+      --before;
+      if (before->first + before->second == block.ptr) {
+        block = Join(TakeFree(before->first, before->second), std::move(block));
+      }
+    }
+    free_at_[static_cast<char*>(block.ptr)] = block.size;
+    free_[block.size].push_back(std::move(block));
+  }
+
+  // The cached block at `ptr` of `size` bytes, off the free lists (its bytes still counted as cached)
+  Block TakeFree(char* ptr, size_t size) {
+    free_at_.erase(ptr);
+    auto it = free_.find(size);
+    auto& blocks = it->second;
+    for (auto b = blocks.begin(); b != blocks.end(); ++b) {
+      if (b->ptr == ptr) {
+        Block block = std::move(*b);
+        blocks.erase(b);
+        if (blocks.empty()) free_.erase(it);
+        return block;
+      }
+    }
+    TORCH_CHECK(false, "CPU caching allocator: no cached block at ", static_cast<void*>(ptr));
+  }
+
+  // `low` and `high` (which starts where `low` ends) as one block
+  static Block Join(Block low, Block high) {
+    const size_t first = low.pieces.size();
+    low.pieces.insert(low.pieces.end(), high.pieces.begin(), high.pieces.end());
+    if (low.pieces[first - 1].mapping == low.pieces[first].mapping) {  // one piece a cut had split
+      low.pieces[first - 1].length += low.pieces[first].length;
+      low.pieces.erase(low.pieces.begin() + first);
+    }
+    low.size += high.size;
+    return low;
+  }
+
+  Block Uncache(std::map<size_t, std::vector<Block>>::iterator it) {
+    Block block = std::move(it->second.back());
+    it->second.pop_back();
+    if (it->second.empty()) free_.erase(it);
+    free_at_.erase(static_cast<char*>(block.ptr));
+    stats_.cached_bytes -= block.size;
+    return block;
+  }
+
+  static size_t CountPieces(const std::vector<Block>& blocks) {
+    size_t pieces = 0;
+    for (const Block& block : blocks) pieces += block.pieces.size();
+    return pieces;
   }
 
   void Peak() {
@@ -214,20 +315,71 @@ class CachingAllocator final : public c10::Allocator {
     if (held > stats_.peak_bytes) stats_.peak_bytes = held;
   }
 
-  // A cached block to resize into a request of `size` bytes that has no room under the limit (under the
-  // mutex): the smallest one at least as large (shrunk in place, nothing faults), else the largest one (what it
-  // grows by faults).  Unmapping it and mapping afresh would fault and zero every page again: resnet18's steps
-  // at half of a plain step's memory did that to 190 MB a step.
-  std::pair<void*, size_t> TakeForResize(size_t size) {
-    auto it = free_.lower_bound(size);
-    if (it == free_.end()) it = std::prev(free_.end());
-    const std::pair<void*, size_t> block{it->second.back(), it->first};
-    it->second.pop_back();
-    if (it->second.empty()) free_.erase(it);
-    stats_.cached_bytes -= block.second;
-    stats_.resized += 1;
-    if (block.second > size) stats_.released_bytes += block.second - size;  // the tail a shrink unmaps
-    return block;
+  // `block` cut after its first `size` bytes (less than its size): it keeps the head, the tail is returned.
+  // The cut needs no system call: both parts stay in the mappings they were in.
+  static Block Cut(Block* block, size_t size) {
+    Block tail{static_cast<char*>(block->ptr) + size, block->size - size, {}};
+    size_t offset = 0;
+    size_t i = 0;
+    while (offset + block->pieces[i].length <= size) offset += block->pieces[i++].length;
+    // pieces before i lie in the head; piece i starts at or before the cut and ends past it
+    const size_t in_head = size - offset;
+    tail.pieces.push_back({block->pieces[i].length - in_head, block->pieces[i].mapping});
+    tail.pieces.insert(tail.pieces.end(), block->pieces.begin() + i + 1, block->pieces.end());
+    block->pieces.resize(in_head > 0 ? i + 1 : i);
+    if (in_head > 0) block->pieces[i].length = in_head;
+    block->size = size;
+    return tail;
+  }
+
+  // Cached blocks, largest first, that together make up to `size` bytes (under the mutex; every cached block is
+  // smaller than `size`): the last one is cut, its tail stays cached.
+  std::vector<Block> Gather(size_t size) {
+    std::vector<Block> gathered;
+    size_t bytes = 0;
+    size_t pieces = 0;
+    while (bytes < size && !free_.empty()) {
+      auto largest = std::prev(free_.end());
+      if (pieces + largest->second.back().pieces.size() > kMaxPieces) break;
+      Block block = Uncache(largest);
+      if (bytes + block.size > size) Cache(Cut(&block, size - bytes));
+      bytes += block.size;
+      pieces += block.pieces.size();
+      gathered.push_back(std::move(block));
+    }
+    return gathered;
+  }
+
+  // The pieces of `gathered` moved, side by side, to the start of `block` (a fresh mapping): their page tables
+  // move, their pages stay resident.  What they do not cover stays fresh.  Records the block's pieces, numbered
+  // down from `number` (each moved piece is a mapping of its own now), and returns how many moved.  A piece the
+  // kernel refuses to move is unmapped and its place mapped afresh.
+  static size_t MoveInto(const std::vector<Block>& gathered, uint64_t number, Block* block) {
+    char* to = static_cast<char*>(block->ptr);
+    size_t moved = 0;
+    for (const Block& from : gathered) {
+      char* source = static_cast<char*>(from.ptr);
+      for (const Piece& piece : from.pieces) {
+        const size_t length = piece.length;
+        if (mremap(source, length, length, MREMAP_MAYMOVE | MREMAP_FIXED, to) != MAP_FAILED) {
+          moved += 1;
+        } else {
+          munmap(source, length);
+          // MREMAP_FIXED may have unmapped the destination before failing
+          if (mmap(to, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) ==
+              MAP_FAILED) {
+            TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU caching allocator: can't map ", length,
+                             " bytes in place: ", std::strerror(errno));
+          }
+        }
+        block->pieces.push_back({length, number--});
+        source += length;
+        to += length;
+      }
+    }
+    const size_t covered = to - static_cast<char*>(block->ptr);
+    if (covered < block->size) block->pieces.push_back({block->size - covered, number});
+    return moved;
   }
 
   // A fresh mapping of `size` bytes (a multiple of the page); with `aligned`, starting on a 2 MiB boundary, so
@@ -246,32 +398,18 @@ class CachingAllocator final : public c10::Allocator {
     return reinterpret_cast<void*>(begin);
   }
 
-  // `block` (taken by TakeForResize, outside the mutex) resized to `size` bytes; a fresh mapping if the kernel
-  // refuses.
-  static void* Resize(std::pair<void*, size_t> block, size_t size) {
-    void* p = mremap(block.first, block.second, size, MREMAP_MAYMOVE);
-    if (p != MAP_FAILED) return p;
-    munmap(block.first, block.second);
-    return mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  }
-
   // Take cached blocks off the free lists, largest first, until live + cached <= target (under the mutex);
   // the caller unmaps them after releasing it.
-  void TrimTo(uint64_t target, std::vector<std::pair<void*, size_t>>* released) {
+  void TrimTo(uint64_t target, std::vector<Block>* released) {
     while (stats_.cached_bytes > 0 && stats_.live_bytes + stats_.cached_bytes > target) {
-      auto largest = std::prev(free_.end());
-      void* p = largest->second.back();
-      const size_t size = largest->first;
-      largest->second.pop_back();
-      if (largest->second.empty()) free_.erase(largest);
-      stats_.cached_bytes -= size;
-      stats_.released_bytes += size;
-      released->emplace_back(p, size);
+      Block block = Uncache(std::prev(free_.end()));
+      stats_.released_bytes += block.size;
+      released->push_back(std::move(block));
     }
   }
 
-  static void Unmap(const std::vector<std::pair<void*, size_t>>& released) {
-    for (const auto& [p, size] : released) munmap(p, size);
+  static void Unmap(const std::vector<Block>& released) {
+    for (const Block& block : released) munmap(block.ptr, block.size);
   }
 
   const size_t page_;
@@ -280,8 +418,10 @@ class CachingAllocator final : public c10::Allocator {
   bool poison_ = false;
   bool huge_pages_ = true;
   uint64_t limit_ = UINT64_MAX;
-  std::unordered_map<void*, size_t> live_;
-  std::map<size_t, std::vector<void*>> free_;  // by size, so the largest can be released first
+  uint64_t mappings_ = 0;  // mapping numbers handed out
+  std::unordered_map<void*, Block> live_;
+  std::map<size_t, std::vector<Block>> free_;  // cached blocks by size: the best fit, and the largest to release
+  std::map<char*, size_t> free_at_;            // ... by address, to merge neighbours
   Stats stats_;
 };
 
@@ -328,7 +468,7 @@ POET_EXPORT void poet_allocator_empty_cache() { Instance()->EmptyCache(); }
 
 POET_EXPORT void poet_allocator_reset_peak() { Instance()->ResetPeak(); }
 
-// live, cached, peak, hits, misses, released, resized
+// live, cached, peak, hits, misses, released, reshaped, moved
 POET_EXPORT void poet_allocator_stats(uint64_t* out) {
   const Stats s = Instance()->GetStats();
   out[0] = s.live_bytes;
@@ -337,7 +477,8 @@ POET_EXPORT void poet_allocator_stats(uint64_t* out) {
   out[3] = s.hits;
   out[4] = s.misses;
   out[5] = s.released_bytes;
-  out[6] = s.resized;
+  out[6] = s.reshaped;
+  out[7] = s.moved;
 }
 
 }  // extern "C"

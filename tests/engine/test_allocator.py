@@ -113,47 +113,57 @@ def test_blocks_of_2_mib_and_more_ask_for_transparent_huge_pages_unless_switched
     assert flags(**{allocator.HUGE_PAGES: "off"})[:2] == ["False", "False"]
 
 
-RESIZED = """
+RESHAPED = """
 import json, resource
 import torch
 from engine import allocator
 held = allocator.load()
 MiB = 1 << 20
 held.set_limit(held.stats().live_bytes + 12 * MiB)
-def faults(make):  # minor page faults while a tensor is made and written
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    tensor = make()
+figures = {"page": resource.getpagesize()}
+def make(name, mib):  # a tensor made and written, with the page faults that took and the allocator's counts
+    before, stats = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, held.stats()
+    tensor = torch.empty(mib * MiB, dtype=torch.uint8)
     tensor.fill_(1)
-    return tensor, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-first, fresh = faults(lambda: torch.empty(8 * MiB, dtype=torch.uint8))
-address = first.data_ptr()
-del first  # cached: 8 MiB of 12
-start = held.stats()
-shrunk, shrunk_faults = faults(lambda: torch.empty(6 * MiB, dtype=torch.uint8))  # no room beside the cached block
-at_shrink = held.stats()
-same_address = shrunk.data_ptr() == address
-del shrunk
-grown, grown_faults = faults(lambda: torch.empty(10 * MiB, dtype=torch.uint8))
-end = held.stats()
-print(json.dumps({"fresh": fresh, "shrunk": shrunk_faults, "grown": grown_faults, "same_address": same_address,
-                  "resized": end.resized - start.resized, "misses": end.misses - start.misses,
-                  "cached_at_shrink": at_shrink.cached_bytes, "peak_over_limit": end.peak_bytes - held.limit_bytes,
-                  "page": resource.getpagesize()}))
+    after = held.stats()
+    figures[name] = {"faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before,
+                     **{key: getattr(after, key) - getattr(stats, key) for key in ("hits", "misses", "reshaped", "moved")},
+                     "cached_mib": after.cached_bytes / MiB, "over_limit": after.peak_bytes - held.limit_bytes}
+    return tensor
+a = make("fresh", 6)
+spacer = make("spacer", 1)  # in use throughout, so that the two blocks freed below are not neighbours
+c = make("fresh_too", 4)
+a_at, c_at = a.data_ptr(), c.data_ptr()
+figures["neighbours"] = a_at + 6 * MiB == c_at or c_at + 4 * MiB == a_at
+del a, c  # cached: 6 and 4 MiB, with 1 in use
+g = make("gathered", 9)  # no room under the limit, no cached block large enough: 6 MiB and 3 of the 4 moved
+g_at = g.data_ptr()
+del g
+h = make("cut", 5)  # the head of the 9 MiB block
+figures["cut_in_place"] = h.data_ptr() == g_at
+del h  # joins the 4 MiB left of that block again
+k = make("joined", 9)
+figures["joined_in_place"] = k.data_ptr() == g_at
+print(json.dumps(figures))
 """
 
 
-def test_a_request_with_no_room_under_the_limit_resizes_a_cached_block_instead_of_faulting_a_new_one() -> None:
-    done = subprocess.run([sys.executable, "-c", RESIZED], capture_output=True, text=True, cwd=ROOT, timeout=300,
+def test_a_request_with_no_room_under_the_limit_is_made_of_cached_blocks_without_faulting() -> None:
+    done = subprocess.run([sys.executable, "-c", RESHAPED], capture_output=True, text=True, cwd=ROOT, timeout=300,
                           env={**os.environ, allocator.SWITCH: "on", allocator.HUGE_PAGES: "off"})
     assert done.returncode == 0, done.stderr[-2000:]
     figures = json.loads(done.stdout.strip().splitlines()[-1])
     pages = (1 << 20) // figures["page"]
-    assert figures["fresh"] >= 8 * pages  # a fresh block faults in every page
-    assert figures["resized"] == 2 and figures["misses"] == 0
-    assert figures["same_address"] and figures["shrunk"] < pages // 4  # shrunk in place: its pages stay resident
-    assert figures["cached_at_shrink"] == 0  # the cut tail went back to the system
-    assert 4 * pages <= figures["grown"] < 5 * pages  # only the 4 MiB it grew by fault in
-    assert figures["peak_over_limit"] <= 0
+    assert figures["fresh"]["faults"] >= 6 * pages and figures["fresh"]["misses"] == 1  # fresh: every page faults in
+    assert not figures["neighbours"]
+    gathered = figures["gathered"]
+    # two cached blocks moved side by side (the second one cut: its last MiB stays cached), nothing faulted in
+    assert gathered["moved"] == 2 and gathered["reshaped"] == 1 and gathered["misses"] == 0
+    assert gathered["faults"] < pages // 4 and gathered["cached_mib"] == 1
+    # a smaller request takes the head of a cached block in place; freed, it joins the tail again
+    assert figures["cut_in_place"] and figures["cut"]["faults"] < pages // 4 and figures["cut"]["moved"] == 0
+    assert figures["joined_in_place"] and figures["joined"]["hits"] == 1 and figures["joined"]["faults"] < pages // 4
+    assert all(step["over_limit"] <= 0 for step in figures.values() if isinstance(step, dict))
 
 
 TIMED = """
