@@ -43,3 +43,10 @@ def test_a_row_whose_planned_step_time_strays_over_15_percent_misses_the_predict
     text, ok = verdict(ours(0.36), ours(0.30))  # 25% under
     assert not ok and "-25%" in text
     assert not verdict(ours(0.47))[1]  # 18% over
+
+
+def test_the_share_rows_leave_room_for_what_a_process_measures_beside_the_agents_budget() -> None:
+    # a child of ours measured 160 MB where the agent's own check saw 136 MB: 24 MB of libraries' code
+    assert memory.unbudgeted_memory({"memory": 160_000_000, "agent_memory": 136_000_000}) == 24_000_000
+    assert memory.unbudgeted_memory({"memory": 160_000_000, "agent_memory": 170_000_000}) == 0
+    assert memory.unbudgeted_memory({"memory": 160_000_000, "agent_memory": None}) == 0  # no check: nothing known
