@@ -215,8 +215,9 @@ class CachingAllocator final : public c10::Allocator {
     void* p = Map(size, advise);
     if (p == MAP_FAILED) {
       const int error = errno;
-      Unmap(gathered);
+      Unmap(gathered);  // taken off the free lists for this request: given back to the system with it
       std::lock_guard<std::mutex> lock(mutex_);
+      for (const Block& block : gathered) stats_.released_bytes += block.size;
       stats_.live_bytes -= size;
       TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU caching allocator: can't map ", size, " bytes: ",
                        std::strerror(error));
