@@ -305,19 +305,15 @@ def bench_model(name: str, threads: int, workdir: Path, plan_time: float, rounds
               "libraries' code its kernels fault in): the share rows' budgets leave it room", flush=True)
     else:
         print(f"   ours, no paging: no schedule fits {whole / MB:.1f} MB", flush=True)
-    budgets = {**{f"ours, {share} of plain": int(share * plain.budget) - uncounted for share in SHARES},
-               "ours, checkpoint's memory": checkpoint.budget}
-    for label, budget in budgets.items():
-        result = _plan(graph, device, spec, budget)
+    budgets = {**{f"{share} of plain": int(share * plain.budget) - uncounted for share in SHARES},
+               "checkpoint's memory": checkpoint.budget}
+    plans = plans_with_tightest(graph, device, spec, plan_time, whole, budgets)
+    for label in (*budgets, "tightest"):
+        result, missing = plans[label]
         if result is None:
-            print(f"   {label}: no schedule fits {budget / MB:.1f} MB", flush=True)
+            print(f"   ours, {label}: {missing}", flush=True)
             continue
-        ours.append(_row(label, result, folder, graph))
-    tightest, why = _plan_tightest(graph, device, spec, plan_time, whole)
-    if tightest is not None:
-        ours.append(_row("ours, tightest", tightest, folder, graph))
-    else:
-        print(f"   ours, tightest: {why}", flush=True)
+        ours.append(_row(f"ours, {label}", result, folder, graph))
     plain.budget = checkpoint.budget = None
     again = Row("plain again (noise)", "plain")
     rows = [plain, checkpoint, *ours, again]

@@ -7,7 +7,7 @@ PyTorch's time.  Plain PyTorch as users run it keeps freed tensors in glibc's he
 RSS that no longer follows what is live.
 
 This allocator (``caching.cpp``, registered with ``c10::SetCPUAllocator``) keeps both: large blocks freed by
-a step wait on exact-size free lists for the next request of their size, and the blocks in use plus those
+a step wait on free lists, by size, for the next request they can serve, and the blocks in use plus those
 cached never exceed a limit (:meth:`CachingAllocator.set_limit`), past which freed blocks are unmapped
 largest first.  :class:`engine.training.Training` sets the limit to what the schedule plans for the step,
 so whatever the cache holds is inside the step's budget.  Results are bit-identical with it and without.
