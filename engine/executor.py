@@ -158,7 +158,8 @@ class Executor:
         # the limit is the process's: each step puts back its own (another executor may have run in between)
         self._cache_limit = self.allocator.limit_bytes if self.allocator is not None else 0
         # ... and what still landed in the heap goes back once TRIM_SHARE of the budget is free there
-        self._heap = rss.HeapTrimmer(max(1, int(TRIM_SHARE * limit)))
+        self._heap = rss.HeapTrimmer(max(1, int(TRIM_SHARE * limit)),
+                                     self.allocator.heap_freed_bytes if self.allocator is not None else None)
         self._behind: dict[int, int] = {}     # value freed while its write runs -> bytes the write still holds
         self._deadlines: dict[int, int] = {}  # ... -> position before which the write must be done
         self._read_of: dict[int, tuple[int, int]] = {}  # paged-in value -> the read that brought it

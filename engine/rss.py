@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+from collections.abc import Callable
 from pathlib import Path
 
 _STATUS = Path("/proc/self/status")
@@ -74,29 +75,46 @@ class HeapTrimmer:
     (``mallinfo2``, about 1 µs) trims only when freed tensors did land in the heap.  Trimmed pages
     still count as free heap bytes, so the mark moves to the level after each trim (and down with
     reuse).  Does nothing without glibc 2.33+.
+
+    ``mallinfo2`` walks the heap's free lists, so with many small chunks free it costs tens of microseconds,
+    a millisecond or more a step.  Given ``freed_bytes`` (what PyTorch has given back to malloc so far, which
+    the caching allocator counts), the heap is asked only once that has grown by the room left before a trim
+    was due at the last asking: until then the free bytes cannot have reached the mark plus ``threshold``.
     """
 
-    def __init__(self, threshold: int) -> None:
+    def __init__(self, threshold: int, freed_bytes: Callable[[], int] | None = None) -> None:
         self.threshold = threshold
         self.enabled = _LIBC is not None and hasattr(_LIBC, "mallinfo2") and hasattr(_LIBC, "malloc_trim")
         self.trims = 0
+        self.checks = 0  # times the heap was asked (mallinfo2)
+        self._freed_bytes = freed_bytes
         self._mark = self._free_bytes() if self.enabled else 0
+        self._room = threshold  # bytes that may be freed before the heap is asked again
+        self._freed_at_check = freed_bytes() if freed_bytes is not None else 0
 
     def after_free(self) -> None:
         """Call after freeing memory: trims when enough of it went back to the heap."""
         if not self.enabled:
             return
+        if self._freed_bytes is not None:
+            freed = self._freed_bytes()
+            if freed - self._freed_at_check < self._room:
+                return
+            self._freed_at_check = freed
         free = self._free_bytes()
         if free - self._mark >= self.threshold:
             trim_heap()
             self.trims += 1
-            self._mark = self._free_bytes()
+            free = self._mark = self._free_bytes()
         else:
             self._mark = min(self._mark, free)  # chunks handed out again are resident again once freed
+        # reuse only lowers the free bytes: they reach mark + threshold only after this much more is freed
+        self._room = self.threshold - (free - self._mark)
 
-    @staticmethod
-    def _free_bytes() -> int:
+    def _free_bytes(self) -> int:
+        self.checks += 1
         return _LIBC.mallinfo2().fordblks
+
 
 
 def _status_kib(field: str) -> int | None:

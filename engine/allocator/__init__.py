@@ -27,6 +27,10 @@ per 2 MiB instead of 512, unless ``POET_EDGE_HUGE_PAGES=off``; they are mapped t
 of that page to the kernel's deferred split: out of RSS at once, given back to the system when memory runs
 short.  A huge page moved to an address it is not aligned to is split into small pages (resident still).
 
+Small requests go to malloc; the allocator counts the bytes they give back (:meth:`CachingAllocator.heap_freed_bytes`),
+so that the executor asks glibc how much of its heap is free (``mallinfo2``, which walks the free lists: 2-6 ms a
+step on resnet18) only once enough went back for a trim to be due (:class:`engine.rss.HeapTrimmer`).
+
 The library is compiled from its C++ source against the installed PyTorch's headers (``torch.utils.cpp_extension``
 gives their paths) by :func:`build`, which the installer and ``make`` run, and which :func:`load` runs on
 first use where a compiler exists.  Where none does, or ``POET_EDGE_ALLOCATOR=off``, :func:`load` returns
@@ -100,6 +104,11 @@ class CachingAllocator:
         """No limit: cache every freed block (outside a budgeted step)."""
         self._lib.poet_allocator_set_limit(ctypes.c_uint64(2 ** 64 - 1))
 
+    def heap_freed_bytes(self) -> int:
+        """Bytes of small blocks (below the caching threshold) given back to malloc since install: the most that
+        can have become free in glibc's heap through PyTorch."""
+        return int(self._lib.poet_allocator_heap_freed())
+
     def empty_cache(self) -> None:
         """Unmap every cached block."""
         self._lib.poet_allocator_empty_cache()
@@ -154,6 +163,7 @@ def load(*, build_if_missing: bool = True) -> CachingAllocator | None:
     library.poet_allocator_install.argtypes = [ctypes.c_uint64, ctypes.c_uint64]
     library.poet_allocator_set_limit.argtypes = [ctypes.c_uint64]
     library.poet_allocator_limit.restype = ctypes.c_uint64
+    library.poet_allocator_heap_freed.restype = ctypes.c_uint64
     if library.poet_allocator_install(LARGE_BYTES, 2 ** 64 - 1) != 1:
         log.warning("caching allocator not installed: PyTorch kept another CPU allocator of higher priority")
         return None

@@ -19,10 +19,12 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
+#include <malloc.h>
 #include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -108,6 +110,7 @@ class CachingAllocator final : public c10::Allocator {
       }
     }
     if (block.size == 0) {
+      heap_freed_.fetch_add(malloc_usable_size(p), std::memory_order_relaxed);
       std::free(p);
     } else {
       munmap(block.ptr, block.size);
@@ -159,6 +162,10 @@ class CachingAllocator final : public c10::Allocator {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.peak_bytes = stats_.live_bytes + stats_.cached_bytes;
   }
+
+  // Bytes of small blocks given back to malloc since the allocator was installed: what can have left free pages
+  // in glibc's heap (the executor asks glibc how much of its heap is free only once this has grown enough).
+  uint64_t heap_freed() const { return heap_freed_.load(std::memory_order_relaxed); }
 
   uint64_t limit() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -417,6 +424,7 @@ class CachingAllocator final : public c10::Allocator {
   bool huge_pages_ = true;
   uint64_t limit_ = UINT64_MAX;
   uint64_t mappings_ = 0;  // mapping numbers handed out
+  std::atomic<uint64_t> heap_freed_{0};
   std::unordered_map<void*, Block> live_;
   std::map<size_t, std::vector<Block>> free_;  // cached blocks by size: the best fit, and the largest to release
   std::map<char*, size_t> free_at_;            // ... by address, to merge neighbours
@@ -461,6 +469,8 @@ POET_EXPORT void poet_allocator_set_huge_pages(int huge) { Instance()->SetHugePa
 POET_EXPORT void poet_allocator_set_limit(uint64_t limit) { Instance()->SetLimit(limit); }
 
 POET_EXPORT uint64_t poet_allocator_limit() { return Instance()->limit(); }
+
+POET_EXPORT uint64_t poet_allocator_heap_freed() { return Instance()->heap_freed(); }
 
 POET_EXPORT void poet_allocator_empty_cache() { Instance()->EmptyCache(); }
 

@@ -204,3 +204,35 @@ def test_extraction_times_nodes_from_the_cache_and_each_executor_steps_under_its
     assert figures["stored_limit"] == figures["live"] + figures["planned"]
     # another executor built since set a tighter limit; the step put back its own
     assert figures["tight_limit"] < figures["stored_limit"] == figures["limit_after_its_step"]
+
+
+GATED_TRIM = """
+import json
+import torch
+from engine import allocator, rss
+held = allocator.load()
+trimmer = rss.HeapTrimmer(threshold=1 << 20, freed_bytes=held.heap_freed_bytes)
+# 32 KiB tensors come from glibc's heap (below the caching threshold); a small one kept between each pair pins
+# them in the middle of the heap, where free() alone never returns them
+freed, kept = [], []
+for _ in range(400):
+    freed.append(torch.ones(8 << 10))
+    kept.append(torch.ones(150))
+asked = trimmer.checks
+for _ in range(50):  # nothing freed since: the heap is not asked
+    trimmer.after_free()
+quiet = trimmer.checks - asked
+still = rss.current()
+del freed
+trimmer.after_free()
+print(json.dumps({"quiet": quiet, "trims": trimmer.trims, "still": still, "after": rss.current()}))
+"""
+
+
+def test_the_heap_is_asked_for_its_free_bytes_only_once_enough_went_back_to_it() -> None:
+    done = subprocess.run([sys.executable, "-c", GATED_TRIM], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env={**os.environ, allocator.SWITCH: "on"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert figures["quiet"] == 0  # mallinfo2 walks the heap's free lists: not after frees that cannot matter
+    assert figures["trims"] == 1 and figures["after"] < figures["still"] - (8 << 20)  # 12.8 MB freed: trimmed
