@@ -331,12 +331,21 @@ def _keeps_the_fleets_choice_after_a_restart(node: dict, path: Path, metrics: di
     """After personalize, the SuperNode restarts; the server's ``train.keep`` names another candidate than the
     device's own pick: the device keeps that one (its candidates came back from the state directory), says so,
     and lets the candidates go."""
+    import torch
+
+    from agent.federated import run_state
     from agent.personal_model import load
 
     own = kept_name(metrics["kept"])
     assert metrics["select-samples"] > 0 and {f"select-{c}-accuracy" for c in CANDIDATES} <= set(metrics)
     fleet = "global" if own != "global" else "personal"
     keep = RecordDict({"config": ConfigRecord({"fleet-kept": fleet})})
+    # the candidates wait in files of their own, not in the run's state (the SuperNode's memory)
+    state_dir = load_config_of(path).device.state_dir
+    waiting = run_state.candidates_folder(state_dir, 1)
+    assert sorted(p.stem for p in waiting.glob("*.pt")) == sorted(CANDIDATES)
+    saved = torch.load(run_state.state_file(state_dir, 1), weights_only=True)["arrays"]
+    assert saved and not [key for key in saved if key.startswith(client.CANDIDATE)]
     restarted = Device(0, node_config=node, personalization="fedper")
     kept = restarted.ask("train.keep", keep).content["metrics"]
     assert (kept_name(kept["kept"]), kept["kept-by-fleet"], kept_name(kept["own-kept"])) == (fleet, 1, own)
@@ -346,8 +355,9 @@ def _keeps_the_fleets_choice_after_a_restart(node: dict, path: Path, metrics: di
     assert provenance.kept == fleet and provenance.accuracy_kept == metrics[f"{fleet}-accuracy"]
     shared = [k for k in received if not k.startswith("head.")]  # fedper: the head is the device's own
     assert all(bits_equal(weights[k], received[k]) for k in shared) == (fleet == "global")
-    # the candidates are let go, in memory and in the run's file
+    # the candidates are let go, in memory, in the run's file and on disk
     assert not [k for k in restarted.context.state if k.startswith(client.CANDIDATE) or k == client.CHOSEN]
+    assert not waiting.exists()
     with pytest.raises(FederationError, match="has kept already"):
         Device(0, node_config=node, personalization="fedper").ask("train.keep", keep)
 

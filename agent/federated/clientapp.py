@@ -87,7 +87,7 @@ DITTO = "ditto"  # context.state: the ArrayRecord of Ditto's personal model
 POSITION = "position"  # context.state: the ConfigRecord of the next batch's (epoch, index)
 BUDGET = "budget"  # context.state: the ConfigRecord of the device's memory budget in bytes (-1: none)
 CHOSEN = "chosen"  # context.state: the ConfigRecord of the personalize reply's metrics, until train.keep
-CANDIDATE = "candidate."  # context.state: + a candidate's name, the ArrayRecord of its weights, until train.keep
+CANDIDATE = "candidate."  # a simulated device's context.state: + a candidate's name, its weights, until train.keep
 
 app = ClientApp()
 DEFAULTS = RunConfig()  # what a message's config falls back to
@@ -556,12 +556,15 @@ def personalize(msg: Message, context: Context) -> Message:
     metrics.update({"kept": CANDIDATES.index(choice.kept), "kept-accuracy": choice.kept_accuracy,
                     SELECT_SAMPLES: len(holdout_halves(d.data)[0].holdout_y)})
     _keep_model(d, context, choice, candidates[choice.kept], metrics)
-    # every candidate waits on the device for the fleet's choice (train.keep); a device agent's on disk too
+    # every candidate waits on the device for the fleet's choice (train.keep): a device agent's in files of
+    # their own, not in the SuperNode's memory; a simulated device's in its context
     context.state[CHOSEN] = ConfigRecord(dict(metrics))
-    for name, candidate in candidates.items():
-        context.state[CANDIDATE + name] = ArrayRecord(candidate)
     if d.state_dir is not None:
+        run_state.write_candidates(d.state_dir, int(context.run_id), candidates)
         run_state.persist(context, d.state_dir)
+    else:
+        for name, candidate in candidates.items():
+            context.state[CANDIDATE + name] = ArrayRecord(candidate)
     return Message(RecordDict({METRICS: MetricRecord(metrics), DEVICE: _info(d.setup, d.plan)}), reply_to=msg)
 
 
@@ -582,6 +585,13 @@ def _keep_model(d: _Device, context: Context, choice: Choice, weights: dict[str,
          accuracy_local=choice.test.get("local"))
 
 
+def _candidate(d: _Device, context: Context, name: str) -> dict[str, torch.Tensor]:
+    """The weights of candidate ``name``, waiting for the fleet's choice since personalize."""
+    if d.state_dir is not None:
+        return run_state.read_candidate(d.state_dir, int(context.run_id), name, d.task.initial)
+    return context.state[CANDIDATE + name].to_torch_state_dict()
+
+
 @app.train(KEEP)
 def keep_fleet_choice(msg: Message, context: Context) -> Message:
     """Keep the candidate the fleet chose (``fleet-kept``) where it is not the device's own pick; the personalize
@@ -599,12 +609,13 @@ def keep_fleet_choice(msg: Message, context: Context) -> Message:
     if choice.by != "fleet":  # the fleet chose no candidate of this device: its own pick stands
         choice = replace(choice, kept=own)
     if choice.kept != own:
-        _keep_model(d, context, choice, context.state[CANDIDATE + choice.kept].to_torch_state_dict(), metrics)
+        _keep_model(d, context, choice, _candidate(d, context, choice.kept), metrics)
     for name in CANDIDATES:
         context.state.pop(CANDIDATE + name, None)
     del context.state[CHOSEN]
     if d.state_dir is not None:
         run_state.persist(context, d.state_dir)
+        run_state.remove_candidates(d.state_dir, int(context.run_id))
     metrics.update({"kept": CANDIDATES.index(choice.kept), "kept-accuracy": choice.kept_accuracy,
                     "kept-by-fleet": int(choice.by == "fleet"), "own-kept": CANDIDATES.index(own),
                     "startup-seconds": _startup_seconds()})

@@ -7,7 +7,12 @@ the run with its initial personal layers, unseen.  The device agent's ClientApp 
 ``context.state`` to ``STATE_DIR/flower/runs/<run id>.pt`` after each message that changes it, in one file
 written atomically (the layers and the position always agree), and a fresh context restores it first.
 
-The file holds tensors and plain values only and is read with ``weights_only``: no code runs.  A file that
+Between a personalization and the fleet's choice (``train.keep``) the device's candidates (the global model, its
+personalized one, its local-only one) wait in files of their own under ``STATE_DIR/flower/candidates/<run id>/``,
+not in ``context.state``: three more copies of the model in the SuperNode's memory for as long as the fleet takes
+to choose, and in every write of the run's file, is what a device with a large model has no room for.
+
+The files hold tensors and plain values only and are read with ``weights_only``: no code runs.  A file that
 cannot be read, or holds layers of another model, stops the device's part of the run with an error that names
 it and is left where it is: nothing is lost.  The newest :data:`KEEP_RUNS` runs' files are kept.
 """
@@ -15,6 +20,8 @@ it and is left where it is: nothing is lost.  The newest :data:`KEEP_RUNS` runs'
 from __future__ import annotations
 
 import io
+import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +76,48 @@ def persist(context: Context, state_dir: Path) -> Path:
     write_atomically(path, buffer.getvalue())
     _prune(path.parent)
     return path
+
+
+def candidates_folder(state_dir: Path, run_id: int) -> Path:
+    """Where the candidates of run ``run_id``'s personalization wait for the fleet's choice."""
+    return state_dir / "flower" / "candidates" / str(run_id)
+
+
+def write_candidates(state_dir: Path, run_id: int, candidates: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
+    """Write each candidate's weights to a file of its own (atomically, one at a time), and remove the candidates
+    of other runs, whose fleet never chose."""
+    folder = candidates_folder(state_dir, run_id)
+    if folder.parent.is_dir():
+        for stale in folder.parent.iterdir():
+            if stale != folder:
+                shutil.rmtree(stale, ignore_errors=True)
+    for name, weights in candidates.items():
+        buffer = io.BytesIO()
+        torch.save({key: tensor.detach() for key, tensor in weights.items()}, buffer)
+        write_atomically(folder / f"{name}.pt", buffer.getvalue())
+
+
+def read_candidate(state_dir: Path, run_id: int, name: str, model: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Candidate ``name`` of run ``run_id``, checked against ``model`` (the device's full state dict).
+
+    Raises :class:`~agent.errors.FederationError` where its file is missing, cannot be read, or holds another
+    model's layers."""
+    path = candidates_folder(state_dir, run_id) / f"{name}.pt"
+    if not path.exists():
+        raise FederationError(f"the {name} candidate of run {run_id} is not at {path}: it was removed while the "
+                              "fleet chose; the device keeps the model it kept at personalization")
+    try:
+        weights = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - torch.load raises many kinds on a damaged file
+        raise FederationError(f"cannot read the {name} candidate of run {run_id} from {path} ({exc}); the device "
+                              "keeps the model it kept at personalization") from exc
+    _check_layers(path, name, weights, model)
+    return weights
+
+
+def remove_candidates(state_dir: Path, run_id: int) -> None:
+    """Let run ``run_id``'s candidates go (once the fleet chose)."""
+    shutil.rmtree(candidates_folder(state_dir, run_id), ignore_errors=True)
 
 
 def _check_layers(path: Path, key: str, tensors: dict[str, torch.Tensor], model: dict[str, torch.Tensor]) -> None:

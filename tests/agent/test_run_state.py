@@ -39,3 +39,22 @@ def test_only_the_newest_runs_files_are_kept(tmp_path) -> None:
         os.utime(written, (1000 + run_id, 1000 + run_id))  # written in order, a second apart
     kept = sorted(int(p.stem) for p in run_state.state_file(tmp_path, 0).parent.glob("*.pt"))
     assert kept == list(range(2, run_state.KEEP_RUNS + 2))
+
+
+def test_candidates_wait_in_files_of_their_own_and_a_missing_or_foreign_one_is_refused(tmp_path) -> None:
+    model = {"head.weight": torch.randn(10, 4), "body.weight": torch.randn(4, 4)}
+    run_state.write_candidates(tmp_path, 3, {"global": model, "personal": {k: v * 2 for k, v in model.items()}})
+    personal = run_state.read_candidate(tmp_path, 3, "personal", model)
+    assert all(torch.equal(personal[k], model[k] * 2) for k in model)
+    with pytest.raises(FederationError, match="the local candidate of run 3 is not at .*local.pt"):
+        run_state.read_candidate(tmp_path, 3, "local", model)
+    with pytest.raises(FederationError, match="head.weight .*for another model"):
+        run_state.read_candidate(tmp_path, 3, "global", {"head.weight": torch.randn(12, 4)})
+    (run_state.candidates_folder(tmp_path, 3) / "global.pt").write_bytes(b"torn")
+    with pytest.raises(FederationError, match="cannot read the global candidate of run 3"):
+        run_state.read_candidate(tmp_path, 3, "global", model)
+    # a later run's personalization: the candidates of this one, whose fleet never chose, go
+    run_state.write_candidates(tmp_path, 4, {"global": model})
+    assert not run_state.candidates_folder(tmp_path, 3).exists()
+    run_state.remove_candidates(tmp_path, 4)
+    assert not run_state.candidates_folder(tmp_path, 4).exists()
