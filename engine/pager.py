@@ -31,8 +31,9 @@ Every pager of a process -- and the optimizer state's (:mod:`engine.optim.state_
 one paging thread (:func:`paging_thread`): pages of every kind are moved one after another, and the
 process keeps one bounce buffer for all of them.
 
-Nothing here knows torch beyond storages; page format, O_DIRECT and the copy/I-O pipeline (two disk
-threads and a 4 MiB bounce buffer per I/O thread) in :mod:`engine.pagefile`.  Every page goes through
+Nothing here knows torch beyond storages; page format, O_DIRECT and the checksum/I-O pipeline (two disk
+threads per I/O thread, transfers straight from and into aligned memory, a 4 MiB bounce buffer for the rest)
+in :mod:`engine.pagefile`.  Every page goes through
 the pager's :class:`~engine.pagefile.SystemCalls` (the real system unless another is handed in), so a
 test can give it a failing disk or a filesystem that refuses O_DIRECT.
 """

@@ -215,24 +215,30 @@ def measure_runtime_bytes(swap_dir: str | Path) -> int:
 
     Its paging thread (:func:`engine.pager.paging_thread`, which moves activation and optimizer-state pages)
     keeps a bounce buffer and disk threads once it has moved a page.  Measured as the process's RSS growth
-    while a fresh thread moves a page through a whole bounce buffer, less the page's own bytes.  A whole-step
-    plan keeps this much of the budget free at every stage.
+    while a fresh thread moves the largest page that goes through the bounce buffer whole
+    (:data:`engine.pagefile.page.SMALL_PAGE`) and then a page of a whole bounce buffer's size, less the pages
+    read back.  Where tensors lie on block boundaries (the caching allocator's) a large page moves straight from
+    and into its memory, and only the small page fills part of the bounce buffer; elsewhere the large page
+    fills all of it.  A whole-step plan keeps this much of the budget free at every stage.
     """
     from engine import rss
+    from engine.pagefile.page import SMALL_PAGE
     from engine.pagefile.pipeline import CHUNK, SLICES
 
     path = _page_path(_swap_dir(swap_dir))
-    size = SLICES * CHUNK
-    data = _random_storage(size)
+    pages = [_random_storage(SMALL_PAGE - pagefile.data_offset(1)), _random_storage(SLICES * CHUNK)]
+    read_bytes = sum(page.nbytes() for page in pages)
     figures: list[int | None] = []
 
     def round_trip() -> None:
         before = rss.start_window()
-        pagefile.write(path, 0, [data])
-        back = pagefile.read(path, 0, [size])
+        back = []  # held to the end: what is read back is the pages' own memory, not the runtime's
+        for page in pages:
+            pagefile.write(path, 0, [page])
+            back.append(pagefile.read(path, 0, [page.nbytes()]))
         peak = rss.peak_since_start()
         del back
-        figures.append(None if before is None or peak is None else peak - before - size)  # less the page read
+        figures.append(None if before is None or peak is None else peak - before - read_bytes)
 
     try:
         worker = threading.Thread(target=round_trip, name="poet-runtime-probe")

@@ -63,13 +63,14 @@ class PageMemory:
         """The first ``nbytes`` of the memory, where :meth:`buffers` puts the slots of whole blocks."""
         return memoryview(self._map)[:nbytes] if self._map is not None else memoryview(b"")
 
-    def views(self, slot_bytes: Sequence[int]) -> tuple[list[torch.Tensor], memoryview, list[memoryview]]:
+    def views(self, slot_bytes: Sequence[int]) -> tuple[list[torch.Tensor], list[memoryview], list[memoryview]]:
         """What a read fills: the slots' byte tensors (slot order), the whole-block slots as one range (read
         in place) and the other slots in file order (read through the bounce buffer)."""
         buffers = self.buffers(slot_bytes)
         order = file_order(slot_bytes)
         whole = self.head(sum(slot_bytes[slot] for slot in order if slot_bytes[slot] % BLOCK == 0))
-        return buffers, whole, [byte_view(buffers[slot]) for slot in order if slot_bytes[slot] % BLOCK]
+        return buffers, [whole] if len(whole) else [], [byte_view(buffers[slot]) for slot in order
+                                                         if slot_bytes[slot] % BLOCK]
 
     def fits(self, slot_bytes: Sequence[int]) -> bool:
         """Whether a page of these slots can be read here: the same layout size, and nothing of it in use."""
@@ -86,8 +87,9 @@ class DonatedMemory:
     (:func:`schedules.timeline.plan_io` plans which, where the budget holds them in between).
 
     Like kept :class:`PageMemory` it is mapped in already, and the free that gave it unmapped nothing.
-    The storages lie wherever the allocator put them, not at block-aligned offsets of one range, so every
-    slot is read through the bounce buffer: one copy into mapped memory, cheaper than mapping fresh
+    The storages lie wherever the allocator put them, not in one range: the slots of whole blocks that start
+    on a block boundary (the caching allocator's blocks do) are read straight into their storages, one after
+    another; the others through the bounce buffer, one copy into mapped memory, cheaper than mapping fresh
     memory in.  A storage anything else still refers to (a view, a parameter's gradient that is the same
     tensor) is never read into: the read then takes fresh memory.
     """
@@ -105,13 +107,16 @@ class DonatedMemory:
         """Whether anything but this object refers to one of the storages (always, where torch cannot say)."""
         return _USE_COUNT is None or any(_USE_COUNT(s._cdata) > 1 for s in self.storages)
 
-    def views(self, slot_bytes: Sequence[int]) -> tuple[list[torch.Tensor], memoryview, list[memoryview]]:
-        """As :meth:`PageMemory.views`, with every slot in the bounce-buffer part (nothing read in place)."""
+    def views(self, slot_bytes: Sequence[int]) -> tuple[list[torch.Tensor], list[memoryview], list[memoryview]]:
+        """As :meth:`PageMemory.views`: the leading slots (in file order) that lie on whole, aligned blocks are
+        read in place, each into its own storage; the rest through the bounce buffer."""
         by_size: dict[int, list[torch.UntypedStorage]] = {}
         for storage in self.storages:
             by_size.setdefault(storage.nbytes(), []).append(storage)
         buffers = [torch.empty(0, dtype=torch.uint8).set_(by_size[size].pop()) for size in slot_bytes]
-        return buffers, memoryview(b""), [byte_view(buffers[slot]) for slot in file_order(slot_bytes)]
+        stream = [byte_view(buffers[slot]) for slot in file_order(slot_bytes)]
+        lead = in_place_prefix(stream)
+        return buffers, stream[:lead], stream[lead:]
 
 
 # ``torch._C._storage_Use_Count``: the references to a storage (torch's own CUDA-graph trees use it likewise)
@@ -136,6 +141,18 @@ def storage_bytes(storage: torch.UntypedStorage) -> memoryview:
     if storage.nbytes() == 0:
         return memoryview(b"")
     return byte_view(torch.empty(0, dtype=torch.uint8).set_(storage))
+
+
+def in_place_prefix(stream: Sequence[memoryview]) -> int:
+    """How many of the leading views of ``stream`` (a page's slots in file order) a direct transfer can use as
+    they are: whole blocks long and starting on a block boundary (a large block of the caching allocator does;
+    one of glibc's mapped chunks starts 16 bytes in, and takes the bounce buffer)."""
+    lead = 0
+    for view in stream:
+        if len(view) and (len(view) % BLOCK or torch.frombuffer(view, dtype=torch.uint8).data_ptr() % BLOCK):
+            break
+        lead += 1
+    return lead
 
 
 def populate(view: memoryview, system: SystemCalls) -> None:

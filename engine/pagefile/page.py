@@ -29,9 +29,10 @@ from crc32c import crc32c
 from engine.errors import PageCorruptError, PageError
 from engine.pagefile import layout
 from engine.pagefile.layout import aligned, check_header, data_offset, file_order
-from engine.pagefile.memory import DonatedMemory, PageMemory, storage_bytes
+from engine.pagefile.memory import DonatedMemory, PageMemory, in_place_prefix, storage_bytes
 from engine.pagefile.pipeline import (CHUNK, BouncedRead, DirectRefused, Pipeline, Transfer, chunks, gather,
-                                     open_page, read_in_place, run_io, scatter, transfer, write_all)
+                                     open_page, read_in_place, run_io, scatter, transfer, write_all,
+                                     write_in_place)
 from engine.pagefile.system import SYSTEM, SystemCalls
 
 
@@ -87,13 +88,15 @@ def read(path: Path, node: int, slot_bytes: Sequence[int], memory: PageMemory | 
     """
     if memory is None or not memory.fits(slot_bytes):
         memory = PageMemory(slot_bytes)
-    buffers, whole, rest = memory.views(slot_bytes)
+    buffers, in_place, rest = memory.views(slot_bytes)
     read_data = _read_small if layout.page_size(slot_bytes) <= SMALL_PAGE else _read_data
     try:
         try:
-            crc, actual = read_data(system, path, node, slot_bytes, whole, rest, direct=True, mapped=memory.mapped)
+            crc, actual = read_data(system, path, node, slot_bytes, in_place, rest, direct=True,
+                                    mapped=memory.mapped)
         except DirectRefused:
-            crc, actual = read_data(system, path, node, slot_bytes, whole, rest, direct=False, mapped=memory.mapped)
+            crc, actual = read_data(system, path, node, slot_bytes, in_place, rest, direct=False,
+                                    mapped=memory.mapped)
     except FileNotFoundError as exc:
         raise PageCorruptError(f"page {path} for node {node} is missing; the step is aborted") from exc
     except OSError as exc:
@@ -106,17 +109,21 @@ def read(path: Path, node: int, slot_bytes: Sequence[int], memory: PageMemory | 
 
 
 def _write_data(system: SystemCalls, path: Path, node: int, views: Sequence[memoryview], direct: bool) -> None:
-    """Stream the slots, in file order, through the bounce buffer to ``path``, then write the header."""
+    """Write the slots in file order to ``path``: the leading ones of whole, aligned blocks straight from their
+    memory, the rest streamed through the bounce buffer; then the header."""
     bounce = transfer()
     offset = data_offset(len(views))
     stream = [views[slot] for slot in file_order([len(v) for v in views])]
+    lead = in_place_prefix(stream)
+    start = offset + sum(map(len, stream[:lead]))  # where the bytes of the rest begin
+    rest = stream[lead:]
     fd = open_page(system, path, os.O_WRONLY | os.O_CREAT, direct)
-    crc = 0
     try:
+        crc = write_in_place(system, fd, bounce, stream[:lead], offset, direct)
         with Pipeline(bounce, direct) as pipe:
-            for k, (position, length) in enumerate(chunks(offset, sum(map(len, views)))):
+            for k, (position, length) in enumerate(chunks(start, sum(map(len, rest)))):
                 buffer = pipe.take(k)
-                gather(stream, position - offset, buffer[:length])
+                gather(rest, position - start, buffer[:length])
                 crc = crc32c(buffer[:length], crc)
                 buffer[length:aligned(length)] = bytes(aligned(length) - length)  # the last block's padding
                 pipe.submit(k, write_all, system, fd, buffer[:aligned(length)], position)
@@ -128,10 +135,10 @@ def _write_data(system: SystemCalls, path: Path, node: int, views: Sequence[memo
         system.close(fd)
 
 
-def _read_data(system: SystemCalls, path: Path, node: int, slot_bytes: Sequence[int], whole: memoryview,
+def _read_data(system: SystemCalls, path: Path, node: int, slot_bytes: Sequence[int], in_place: Sequence[memoryview],
                rest: Sequence[memoryview], direct: bool, mapped: bool) -> tuple[int, int]:
-    """Read the header, the slots of whole blocks straight into ``whole`` (their memory, back to back) and the
-    ``rest`` (the other slots, in file order) through the bounce buffer; returns (written CRC, CRC of what was
+    """Read the header, the leading slots straight into their memory (``in_place``: whole, aligned blocks) and
+    the ``rest`` (the other slots, in file order) through the bounce buffer; returns (written CRC, CRC of what was
     read).  The header and the first chunks of the rest are queued with the data, not read before it: a page
     of a few MB is a handful of requests, and a round trip each for the header and the rest weighs on it."""
     bounce = transfer()
@@ -142,8 +149,8 @@ def _read_data(system: SystemCalls, path: Path, node: int, slot_bytes: Sequence[
         with Pipeline(bounce, direct) as pipe:
             head_read = bounce.disk.submit(run_io, direct, system.pread, fd, head, 0)
             try:
-                rest_read = BouncedRead(system, pipe, fd, path, rest, offset + len(whole), mapped)
-                actual = read_in_place(system, fd, bounce, path, whole, offset, direct, mapped)
+                rest_read = BouncedRead(system, pipe, fd, path, rest, offset + sum(map(len, in_place)), mapped)
+                actual = read_in_place(system, fd, bounce, path, in_place, offset, direct, mapped)
                 actual = rest_read.finish(actual)
             except PageCorruptError:
                 check_header(head_read.result(), head, path, node, slot_bytes)  # not this page at all, if so
@@ -179,7 +186,7 @@ def _write_small(system: SystemCalls, path: Path, node: int, views: Sequence[mem
         system.close(fd)
 
 
-def _read_small(system: SystemCalls, path: Path, node: int, slot_bytes: Sequence[int], whole: memoryview,
+def _read_small(system: SystemCalls, path: Path, node: int, slot_bytes: Sequence[int], in_place: Sequence[memoryview],
                 rest: Sequence[memoryview], direct: bool, mapped: bool) -> tuple[int, int]:
     """One read of header and data into the bounce buffer, then the slots copied out; (written CRC, CRC read)."""
     offset, total = data_offset(len(slot_bytes)), sum(slot_bytes)
@@ -195,9 +202,7 @@ def _read_small(system: SystemCalls, path: Path, node: int, slot_bytes: Sequence
     if got < offset + total:
         raise PageCorruptError(f"page {path} for node {node} is truncated at byte {got}; the step is aborted")
     data = page[offset:offset + total]
-    if len(whole):
-        whole[:] = data[:len(whole)]
-    scatter(data[len(whole):], list(rest), 0)
+    scatter(data, [*in_place, *rest], 0)  # the slots in file order, as the page holds them
     return crc, crc32c(data)
 
 

@@ -1,12 +1,14 @@
 """The copy/checksum vs disk I/O pipeline: a bounce buffer of four slices and two disk threads per paging thread.
 
-The calling thread copies a chunk of the storages into one slice and checksums it while the disk
-threads write the others (reads: the disk threads read chunks k+1 .. k+3 while this thread checksums
-chunk k and copies it out).  Reads are queued three ahead on two disk threads, so the disk has two
-requests at once and never waits for a thread to wake up and ask for the next chunk.  The slots of
-whole blocks are read straight into their memory (:func:`read_in_place`), with no bounce copy.  The
-slices are :data:`CHUNK` bytes: 4 x 1 MiB of RAM per paging thread, which the memory budget has to
-leave room for.  Figures in docs/benchmarks.md.
+The slots of whole blocks that start on a block boundary are written from and read into their own memory
+(:func:`write_in_place`, :func:`read_in_place`): this thread checksums chunk k while the disk threads move
+chunks k+1 .. k+3, with no copy.  Reads and writes are queued three ahead on two disk threads, so the disk
+has two requests at once and never waits for a thread to wake up and ask for the next chunk.  The other
+bytes (a BatchNorm's statistics, a small page, memory not on a block boundary) go through the bounce
+buffer: this thread copies a chunk into one slice and checksums it while the disk threads write the others
+(reads: copies it out of its slice).  The slices are :data:`CHUNK` bytes: 4 x 1 MiB per paging thread,
+mapped in only as far as a page ever fills them, which the memory budget has to leave room for
+(:func:`engine.profile.measure_runtime_bytes`).  Figures in docs/benchmarks.md.
 
 Every disk call goes through the :class:`~engine.pagefile.system.SystemCalls` it is given; under
 O_DIRECT an ``EINVAL`` from it becomes :class:`DirectRefused`, on which the caller retries buffered.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import errno
 import mmap
 import threading
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -127,16 +130,26 @@ def open_page(system: SystemCalls, path: Path, flags: int, direct: bool) -> int:
     return run_io(direct, system.open, path, flags, direct)
 
 
-def read_in_place(system: SystemCalls, fd: int, transfer: Transfer, path: Path, into: memoryview, position: int,
-                  direct: bool, mapped: bool) -> int:
-    """Read ``len(into)`` bytes (whole blocks) from ``position`` straight into ``into`` (block-aligned memory),
-    in chunks queued :data:`READ_AHEAD` ahead on the disk threads: while they read, this thread maps in the
-    memory of the chunks it queues next (unless it is ``mapped`` already) and checksums those read.  Returns
-    the CRC of what was read.
+def _pieces(views: Sequence[memoryview], position: int) -> list[tuple[memoryview, int]]:
+    """The views cut in chunks of at most :data:`CHUNK` bytes, with the file position of each: the views lie
+    back to back in the file from ``position``."""
+    pieces = []
+    for view in views:
+        pieces += [(view[start:start + CHUNK], position + start) for start in range(0, len(view), CHUNK)]
+        position += len(view)
+    return pieces
+
+
+def read_in_place(system: SystemCalls, fd: int, transfer: Transfer, path: Path, into: Sequence[memoryview],
+                  position: int, direct: bool, mapped: bool) -> int:
+    """Read the bytes of the views ``into`` (whole blocks each, on block boundaries), back to back in the file
+    from ``position``, straight into them, in chunks queued :data:`READ_AHEAD` ahead on the disk threads: while
+    they read, this thread maps in the memory of the chunks it queues next (unless it is ``mapped`` already)
+    and checksums those read.  Returns the CRC of what was read.
 
     Against the bounce buffer this saves a copy of every byte, and mapping the fresh memory beside the reads
     instead of before them takes it off the page-in's critical path."""
-    pieces = [(into[start:start + CHUNK], position + start) for start in range(0, len(into), CHUNK)]
+    pieces = _pieces(into, position)
     pending: dict[int, Future] = {}
 
     def read(k: int) -> None:
@@ -156,6 +169,29 @@ def read_in_place(system: SystemCalls, fd: int, transfer: Transfer, path: Path, 
             crc = crc32c(piece, crc)  # beside the reads queued after it
     finally:
         for future in pending.values():  # after an error: no read may outlive the file descriptor
+            future.exception()
+    return crc
+
+
+def write_in_place(system: SystemCalls, fd: int, transfer: Transfer, views: Sequence[memoryview],
+                   position: int, direct: bool) -> int:
+    """Write the views (whole blocks each, on block boundaries) back to back from ``position``, straight from
+    their memory: this thread checksums each chunk and queues its write, at most :data:`READ_AHEAD` writes
+    ahead of it on the disk threads.  Returns the CRC of the bytes.  Against the bounce buffer this saves
+    a copy of every byte (and the copy's hold on the interpreter).  Every write is done when it returns: the
+    caller's storages may be freed then."""
+    pending: deque[Future] = deque()
+    crc = 0
+    try:
+        for piece, at in _pieces(views, position):
+            crc = crc32c(piece, crc)
+            pending.append(transfer.disk.submit(run_io, direct, write_all, system, fd, piece, at))
+            if len(pending) > READ_AHEAD:
+                pending.popleft().result()
+        while pending:
+            pending.popleft().result()
+    finally:
+        for future in pending:  # after an error: no write may outlive the file descriptor
             future.exception()
     return crc
 

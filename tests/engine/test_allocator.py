@@ -236,3 +236,29 @@ def test_the_heap_is_asked_for_its_free_bytes_only_once_enough_went_back_to_it()
     figures = json.loads(done.stdout.strip().splitlines()[-1])
     assert figures["quiet"] == 0  # mallinfo2 walks the heap's free lists: not after frees that cannot matter
     assert figures["trims"] == 1 and figures["after"] < figures["still"] - (8 << 20)  # 12.8 MB freed: trimmed
+
+
+RUNTIME = """
+import json, sys
+from engine import allocator, profile
+on = allocator.load() is not None
+print(json.dumps({"on": on, "runtime": profile.measure_runtime_bytes(sys.argv[1])}))
+"""
+
+
+def test_the_runtime_a_plan_leaves_room_for_holds_a_small_page_in_the_bounce_buffer_not_a_large_one(tmp_path) -> None:
+    from engine.pagefile.pipeline import CHUNK, SLICES
+
+    def measured(switch: str) -> dict:
+        done = subprocess.run([sys.executable, "-c", RUNTIME, str(tmp_path / switch)], capture_output=True, text=True,
+                              cwd=ROOT, timeout=300, env={**os.environ, allocator.SWITCH: switch})
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    on, off = measured("on"), measured("off")
+    assert on["on"] and not off["on"]
+    # without the caching allocator glibc's chunks are off block boundaries: a large page fills all of the bounce
+    # buffer; with it a large page moves straight from and into its blocks, and only a small page (1 MiB) fills
+    # part of it: about 3 MiB less of the budget kept for the runtime
+    assert off["runtime"] >= SLICES * CHUNK
+    assert off["runtime"] - on["runtime"] >= 2.5 * CHUNK

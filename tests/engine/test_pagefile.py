@@ -427,3 +427,62 @@ def test_a_freed_values_storage_still_referred_to_is_never_read_into(tmp_path):
     assert torch.equal(alias, before)  # left intact: the read took fresh memory
     del alias
     assert memory.fits(sizes)
+
+
+class _RecordingWrites(OperatingSystem):
+    """The real disk, noting each write: (where in memory it comes from, bytes, file position)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[tuple[int, int, int]] = []
+
+    def pwrite(self, fd, data, position):
+        self.writes.append((torch.frombuffer(data, dtype=torch.uint8).data_ptr(), len(data), position))
+        return super().pwrite(fd, data, position)
+
+
+def _aligned_storages(*sizes: int) -> list[torch.UntypedStorage]:
+    """Random bytes in storages that start on a page boundary, as the caching allocator's large blocks do."""
+    out = []
+    for n in sizes:
+        tensor = torch.frombuffer(mmap.mmap(-1, n), dtype=torch.uint8) if n else torch.empty(0, dtype=torch.uint8)
+        tensor.copy_(torch.randint(0, 256, (n,), dtype=torch.uint8))
+        out.append(tensor.untyped_storage())
+    return out
+
+
+def test_slots_of_whole_blocks_on_block_boundaries_are_written_straight_from_their_memory(tmp_path):
+    if not _direct_io_works(tmp_path):
+        pytest.skip("this filesystem refuses O_DIRECT: pages go through the buffered path")
+    sizes = (5 * CHUNK, 3 * 4096 + 10, 3 * 4096, 512)  # a BatchNorm's statistics beside two activations
+    slots = _aligned_storages(*sizes)
+    path = tmp_path / "p.page"
+    disk = _RecordingWrites()
+    assert pagefile.write(path, 4, slots, system=disk) == sum(sizes)
+    straight = [length for address, length, _ in disk.writes if _lands_in(address, slots)]
+    assert sum(straight) == 5 * CHUNK + 3 * 4096  # the whole-block slots: no copy into the bounce buffer
+    assert max(straight) <= CHUNK  # in chunks, checksummed while the ones before them are written
+    assert _same(pagefile.read(path, 4, list(sizes)), slots)
+    # memory off a block boundary (glibc's chunks start 16 bytes in) goes through the bounce buffer instead
+    unaligned = _storages(*sizes)
+    disk = _RecordingWrites()
+    pagefile.write(path, 4, unaligned, system=disk)
+    off = [s for s in unaligned if s.nbytes() % 4096 == 0 and s.data_ptr() % 4096]
+    assert not [length for address, length, _ in disk.writes if _lands_in(address, off)]
+    assert _same(pagefile.read(path, 4, list(sizes)), unaligned)
+
+
+def test_a_freed_values_storages_on_block_boundaries_are_read_into_in_place(tmp_path):
+    if not _direct_io_works(tmp_path):
+        pytest.skip("this filesystem refuses O_DIRECT: pages go through the buffered path")
+    sizes = (5 * 4096, 3 * 4096 + 10, 2 * CHUNK, 0)
+    page = _storages(*sizes)
+    pagefile.write(tmp_path / "a.page", 1, page)
+    donated = _aligned_storages(*reversed(sizes))
+    memory = pagefile.DonatedMemory(donated)
+    del donated
+    disk = _RecordingDisk()
+    got = pagefile.read(tmp_path / "a.page", 1, list(sizes), memory, system=disk)
+    assert _same(got, page)
+    # the whole-block slots straight into their own storages, the other one through the bounce buffer
+    assert sum(_runs_into(disk.reads, got)) == 5 * 4096 + 2 * CHUNK
