@@ -70,10 +70,8 @@ def persist(context: Context, state_dir: Path) -> Path:
             arrays[key] = record.to_torch_state_dict()
         elif isinstance(record, ConfigRecord):
             configs[key] = dict(record)
-    buffer = io.BytesIO()
-    torch.save({"arrays": arrays, "configs": configs}, buffer)
     path = state_file(state_dir, int(context.run_id))
-    write_atomically(path, buffer.getvalue())
+    _save(path, {"arrays": arrays, "configs": configs})
     _prune(path.parent)
     return path
 
@@ -92,9 +90,7 @@ def write_candidates(state_dir: Path, run_id: int, candidates: Mapping[str, Mapp
             if stale != folder:
                 shutil.rmtree(stale, ignore_errors=True)
     for name, weights in candidates.items():
-        buffer = io.BytesIO()
-        torch.save({key: tensor.detach() for key, tensor in weights.items()}, buffer)
-        write_atomically(folder / f"{name}.pt", buffer.getvalue())
+        _save(folder / f"{name}.pt", {key: tensor.detach() for key, tensor in weights.items()})
 
 
 def read_candidate(state_dir: Path, run_id: int, name: str, model: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -118,6 +114,13 @@ def read_candidate(state_dir: Path, run_id: int, name: str, model: dict[str, tor
 def remove_candidates(state_dir: Path, run_id: int) -> None:
     """Let run ``run_id``'s candidates go (once the fleet chose)."""
     shutil.rmtree(candidates_folder(state_dir, run_id), ignore_errors=True)
+
+
+def _save(path: Path, saved: dict[str, Any]) -> None:
+    """``torch.save`` of ``saved`` to ``path``, atomically."""
+    buffer = io.BytesIO()
+    torch.save(saved, buffer)
+    write_atomically(path, buffer.getvalue())
 
 
 def _check_layers(path: Path, key: str, tensors: dict[str, torch.Tensor], model: dict[str, torch.Tensor]) -> None:
