@@ -52,8 +52,9 @@ class Prepared:
     schedule: Schedule
     schedule_from: str
     profiled: bool
-    # what cutting the model (its first run in this process) left in the process's own memory: it counts in
-    # every step (engine.training.Training's first_run_bytes), as the profile reserved it
+    # what the model's first run in this process (the cut's, or the profile's where this process profiled) left
+    # in the process's own memory: it counts in every step (engine.training.Training's first_run_bytes), as the
+    # profile reserved it
     first_run_bytes: int = 0
     # the pretrained weights the model started from (agent.weights.fingerprint), None for seeded weights
     weights_sha256: str | None = None
@@ -168,9 +169,13 @@ def prepare(config: AgentConfig, say: Callable[[str], None] = log.info,
     profiled = graph is None
     if profiled:
         say(f"profiling {workload.name} on this device (first run of this workload)")
-        graph, device = _profile(config, workload, directory)
+        graph, device, residue = _profile(config, workload, directory)
         workload = build_workload(config)  # profiling ran steps: start again from the initial weights
         segments, first_run_bytes = _cut(config, workload, graph)
+        # the profile ran the model first: what that left (kernels, the libraries' caches and pools) is already
+        # in this process when the cut reads its baseline, so the cut sees little of it, yet a fresh worker's cut
+        # sees all of it.  Count it here too, or this window's steps measure less than the next window's.
+        first_run_bytes = max(first_run_bytes, residue)
     spec = training_spec(config)
     if not profiled and spec.update_kind not in device.update_costs:  # another optimizer than profiled
         say(f"timing the update of {config.training.optimizer} on this device (the profile has not timed it)")
@@ -221,7 +226,9 @@ def _with_update_cost(config: AgentConfig, device: DeviceProfile, graph: Trainin
     return device
 
 
-def _profile(config: AgentConfig, workload: Workload, directory: Path) -> tuple[TrainingGraph, DeviceProfile]:
+def _profile(config: AgentConfig, workload: Workload, directory: Path) -> tuple[TrainingGraph, DeviceProfile, int]:
+    """Profile ``workload`` on this device and save its graph and device profile in ``directory``; also what the
+    model's first run left in the process's own memory (the profile's residue, which its plans reserve)."""
     from engine.profile import profile_workload
     from engine.training import OptimizerSettings
 
@@ -235,4 +242,4 @@ def _profile(config: AgentConfig, workload: Workload, directory: Path) -> tuple[
     directory.mkdir(parents=True, exist_ok=True)
     profile.graph.save(directory / "graph.json")
     profile.device.save(directory / "device.json")
-    return profile.graph, profile.device
+    return profile.graph, profile.device, int(profile.compute.get("residue_bytes", 0))

@@ -808,7 +808,7 @@ def profile_workload(
     graph = replace(graph, runtime_bytes=graph.runtime_bytes + measure_runtime_bytes(swap_dir) + residue)
     sources = _sources(swap, overlap, power, repeats, extract_s)
     device = replace(device, sources={k: v for k, v in sources.items() if k in _DEVICE_FIELDS})
-    stats = {"extract_s": extract_s, "flops_per_s": flops_per_s}
+    stats = {"extract_s": extract_s, "flops_per_s": flops_per_s, "residue_bytes": float(residue)}
     return Profile(graph, device, swap, overlap, power, stats, sources), segments
 
 
