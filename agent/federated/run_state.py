@@ -83,14 +83,14 @@ def candidates_folder(state_dir: Path, run_id: int) -> Path:
 
 def write_candidates(state_dir: Path, run_id: int, candidates: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
     """Write each candidate's weights to a file of its own (atomically, one at a time), and remove the candidates
-    of other runs, whose fleet never chose."""
+    of runs older than the newest :data:`KEEP_RUNS`, whose fleet never chose (a run personalizing beside this
+    one on the same SuperNode keeps its own)."""
     folder = candidates_folder(state_dir, run_id)
-    if folder.parent.is_dir():
-        for stale in folder.parent.iterdir():
-            if stale != folder:
-                shutil.rmtree(stale, ignore_errors=True)
     for name, weights in candidates.items():
         _save(folder / f"{name}.pt", {key: tensor.detach() for key, tensor in weights.items()})
+    others = sorted((f for f in folder.parent.iterdir() if f != folder), key=lambda f: f.stat().st_mtime, reverse=True)
+    for stale in others[KEEP_RUNS - 1:]:
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def read_candidate(state_dir: Path, run_id: int, name: str, model: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -107,7 +107,7 @@ def read_candidate(state_dir: Path, run_id: int, name: str, model: dict[str, tor
     except Exception as exc:  # noqa: BLE001 - torch.load raises many kinds on a damaged file
         raise FederationError(f"cannot read the {name} candidate of run {run_id} from {path} ({exc}); the device "
                               "keeps the model it kept at personalization") from exc
-    _check_layers(path, name, weights, model)
+    _check_layers(path, name, weights, model, "the device keeps the model it kept at personalization")
     return weights
 
 
@@ -123,15 +123,15 @@ def _save(path: Path, saved: dict[str, Any]) -> None:
     write_atomically(path, buffer.getvalue())
 
 
-def _check_layers(path: Path, key: str, tensors: dict[str, torch.Tensor], model: dict[str, torch.Tensor]) -> None:
+def _check_layers(path: Path, key: str, tensors: dict[str, torch.Tensor], model: dict[str, torch.Tensor],
+                  remedy: str = "move the file away to take part with fresh personal layers") -> None:
     for name, tensor in tensors.items():
         own = model.get(name)
         if own is None or own.shape != tensor.shape or own.dtype != tensor.dtype:
             found = "not in it" if own is None else f"{tuple(own.shape)} {own.dtype}"
             raise FederationError(
                 f"{path} holds {key} layer {name} ({tuple(tensor.shape)} {tensor.dtype}) for another model (the "
-                f"device's: {found}): the agent's model changed during the run; move the file away to take part "
-                "with fresh personal layers")
+                f"device's: {found}): the agent's model changed during the run; {remedy}")
 
 
 def _prune(folder: Path) -> None:

@@ -53,8 +53,13 @@ def test_candidates_wait_in_files_of_their_own_and_a_missing_or_foreign_one_is_r
     (run_state.candidates_folder(tmp_path, 3) / "global.pt").write_bytes(b"torn")
     with pytest.raises(FederationError, match="cannot read the global candidate of run 3"):
         run_state.read_candidate(tmp_path, 3, "global", model)
-    # a later run's personalization: the candidates of this one, whose fleet never chose, go
-    run_state.write_candidates(tmp_path, 4, {"global": model})
-    assert not run_state.candidates_folder(tmp_path, 3).exists()
+    # a run personalizing beside this one keeps this one's candidates; once KEEP_RUNS newer runs have
+    # personalized, this one's, whose fleet never chose, go
+    later = range(4, 4 + run_state.KEEP_RUNS)
+    for run in later:
+        os.utime(run_state.candidates_folder(tmp_path, run - 1), (run, run))  # each run older than the next
+        run_state.write_candidates(tmp_path, run, {"global": model})
+        assert run_state.candidates_folder(tmp_path, 3).exists() == (run < later[-1]), run
+    assert all(run_state.candidates_folder(tmp_path, run).exists() for run in later)
     run_state.remove_candidates(tmp_path, 4)
     assert not run_state.candidates_folder(tmp_path, 4).exists()
