@@ -88,7 +88,8 @@ def write_candidates(state_dir: Path, run_id: int, candidates: Mapping[str, Mapp
     folder = candidates_folder(state_dir, run_id)
     for name, weights in candidates.items():
         _save(folder / f"{name}.pt", {key: tensor.detach() for key, tensor in weights.items()})
-    others = sorted((f for f in folder.parent.iterdir() if f != folder), key=lambda f: f.stat().st_mtime, reverse=True)
+    runs = folder.parent.iterdir() if folder.parent.is_dir() else ()  # none where there were no candidates
+    others = sorted((f for f in runs if f != folder), key=lambda f: f.stat().st_mtime, reverse=True)
     for stale in others[KEEP_RUNS - 1:]:
         shutil.rmtree(stale, ignore_errors=True)
 
