@@ -194,9 +194,11 @@ def _cut(config: AgentConfig, workload: Workload, graph: TrainingGraph) -> tuple
     process imports PyTorch's compiler machinery, as plain training's does)."""
     from engine import allocator, rss
     from engine.extract import segments_matching
+    from engine.optim.rules import warm_up
     from engine.training import OptimizerSettings
 
-    OptimizerSettings.from_config(config.training).build([torch.zeros(1, requires_grad=True)])
+    # its updates' kernels too: their code, faulted in by a step, would count in a fresh process's steps alone
+    warm_up(OptimizerSettings.from_config(config.training).build([torch.zeros(1 << 16, requires_grad=True)]))
     allocator.release_cache()  # blocks cached before would serve what the first run keeps, unseen
     loaded = rss.settled_anonymous()
     segments = segments_matching(workload, graph, config.workload.max_nodes)

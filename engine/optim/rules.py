@@ -84,6 +84,22 @@ def rule_for(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> UpdateR
     raise OptimizerError(f"{type(optimizer).__name__} cannot be fused into the backward pass: use SGD, Adam or AdamW")
 
 
+def warm_up(optimizer: torch.optim.Optimizer) -> None:
+    """Run the update rule of ``optimizer``'s first group twice on its first parameter (a scratch one).
+
+    A first update and a later one run different kernels (SGD's momentum is the first gradient's clone, then a
+    multiply-add), and a process faults in each kernel's code on its first use: code pages that a step running
+    them first would count as its own memory, in a fresh process only."""
+    param = optimizer.param_groups[0]["params"][0].detach()
+    rule = rule_for(optimizer, optimizer.param_groups[0])
+    state: dict[str, Any] = {}
+    tensors: list[torch.Tensor | None] = [None] * len(rule.state_names)
+    grad = torch.full_like(param, 1e-3)
+    for _ in range(2):
+        rule.begin(state, param)
+        tensors = list(rule.update(state, param, grad, tensors))
+
+
 def optimizer_name(optimizer: torch.optim.Optimizer) -> str:
     """``sgd``, ``adam`` or ``adamw``: the name a :class:`~schedules.step_memory.TrainingSpec` gives it."""
     if isinstance(optimizer, torch.optim.AdamW):

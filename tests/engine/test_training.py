@@ -8,6 +8,9 @@ parameters, buffers and optimizer state must then be equal bit for bit.
 from __future__ import annotations
 
 import copy
+import json
+import subprocess
+import sys
 from functools import partial
 from pathlib import Path
 from typing import Callable
@@ -329,3 +332,40 @@ def test_a_federated_round_trains_with_the_configured_optimizer_under_the_same_c
     with pytest.raises(ScheduleRefusedError, match="planned for other training"):
         task.adopt(DevicePlan("rpi4", None, Task(task.workload, tmp_path / "s2", graph=task.graph,
                                                  segments=task.segments).plan("rpi4", None).schedule))
+
+
+UPDATES_IN_A_FRESH_PROCESS = """
+import json, sys
+import torch
+from engine.optim.rules import rule_for, warm_up
+from engine.training import OptimizerSettings
+
+def file_backed_kib():
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("RssFile"))
+
+settings = OptimizerSettings(sys.argv[1], learning_rate=0.01, momentum=0.9)
+if sys.argv[2] == "warm":
+    warm_up(settings.build([torch.zeros(1 << 16, requires_grad=True)]))
+param, grad = torch.randn(1 << 18, requires_grad=True), torch.randn(1 << 18)
+optimizer = settings.build([param])
+rule, state = rule_for(optimizer, optimizer.param_groups[0]), {}
+tensors, grown = [None] * len(rule.state_names), []
+for _ in range(2):
+    before = file_backed_kib()
+    rule.begin(state, param.detach())
+    tensors = list(rule.update(state, param.detach(), grad, tensors))
+    grown.append(file_backed_kib() - before)
+print(json.dumps(grown))
+"""
+
+
+def test_warming_up_an_optimizer_faults_in_its_first_and_later_updates_code_before_a_step_would() -> None:
+    """What a fresh worker's steps would otherwise count and the worker that profiled never does: the code of
+    the first update's kernels and of a later update's (SGD's momentum is a clone, then a multiply-add)."""
+    def grown(mode: str) -> list[int]:
+        done = subprocess.run([sys.executable, "-c", UPDATES_IN_A_FRESH_PROCESS, "sgd", mode], check=True,
+                              capture_output=True, text=True, cwd=Path(__file__).parents[2], timeout=120)
+        return json.loads(done.stdout.splitlines()[-1])
+
+    assert sum(grown("cold")) >= 256  # kiB: the measurement sees the code a cold process faults in ...
+    assert grown("warm") == [0, 0]  # ... and after the warm-up neither update faults in any
