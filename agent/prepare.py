@@ -244,4 +244,4 @@ def _profile(config: AgentConfig, workload: Workload, directory: Path) -> tuple[
     directory.mkdir(parents=True, exist_ok=True)
     profile.graph.save(directory / "graph.json")
     profile.device.save(directory / "device.json")
-    return profile.graph, profile.device, int(profile.compute.get("residue_bytes", 0))
+    return profile.graph, profile.device, int(profile.compute["residue_bytes"])
