@@ -18,10 +18,11 @@ baseline at label skew 1 (docs/benchmarks.md, "A steadier choice").
 Twenty samples cannot tell apart a device whose models differ by a few points, and one device in 18 whose
 selection half favoured the global model by two samples while its test half favoured training alone by 20-25
 points cost a seed's mean 4 points at label skew 1.  So a fleet chooses together: each device reports its
-selection half's accuracies, the server pools them (:func:`fleet_choice`: the baseline unless another candidate
-is ahead on the devices' selection halves with 95% confidence) and sends the fleet's choice back, and every
-device keeps that candidate (:func:`choose` with ``fleet``).  The device's own rule is what it keeps until the fleet's choice arrives, and
-where it never does (the server gone, the device offline).
+selection half's accuracies and losses, the server pools them (:func:`fleet_choice`: the baseline unless another
+candidate is ahead on the devices' selection halves with 95% confidence, in accuracy or in a lower loss at no
+less accuracy) and sends the fleet's choice back, and every device keeps that candidate (:func:`choose` with
+``fleet``).  The device's own rule is what it keeps until the fleet's choice arrives, and where it never does
+(the server gone, the device offline).
 
 Pure and torch-free: the device's ClientApp (:mod:`agent.federated.clientapp`) chooses with it, the ServerApp
 (:mod:`server.federated.serverapp`) pools with it, and ``poet-edge simulate``'s report applies the same rules
@@ -93,10 +94,13 @@ def fleet_choice(devices: Iterable[tuple[Mapping[str, float], int]],
     Only candidates every device has count.  The fleet keeps its **baseline** (the local-only model, else the
     global one) unless another candidate is better on the devices' selection halves with 95% confidence: a
     one-sided Student's t test on the per-device differences, each device weighing the same, as each does in
-    the fleet's mean accuracy (the figure an operator holds against training alone).  Of the candidates that
-    pass, the one with the largest mean difference is kept (equal ones by the lower pooled loss in
-    ``losses``, given in the same device order, then :data:`CANDIDATES` order).  A fleet of one device has no
-    spread to test: it switches as :func:`choose` does, on :data:`SWITCH_SAMPLES` more samples."""
+    the fleet's mean accuracy (the figure an operator holds against training alone).  A candidate also passes
+    where the same test finds its selection loss (``losses``, given in the same device order) lower than the
+    baseline's and its mean accuracy is not below the baseline's: twenty samples' accuracy cannot see a lead
+    of a few points that every device's loss shows.  Of the candidates that pass, the one with the largest
+    mean difference in accuracy is kept (equal ones by the lower pooled loss, then :data:`CANDIDATES` order).
+    A fleet of one device has no spread to test: it switches as :func:`choose` does, on
+    :data:`SWITCH_SAMPLES` more samples."""
     devices = [(dict(accuracies), int(samples)) for accuracies, samples in devices]
     losses = [dict(loss) for loss in losses]
     common = [c for c in CANDIDATES if devices and all(c in acc and acc[c] >= 0 for acc, _ in devices)]
@@ -104,7 +108,8 @@ def fleet_choice(devices: Iterable[tuple[Mapping[str, float], int]],
         return None
     baseline = "local" if "local" in common else "global" if "global" in common else common[0]
     ahead = {c: [acc[c] - acc[baseline] for acc, _ in devices] for c in common if c != baseline}
-    better = [c for c, differences in ahead.items() if _confidently_positive(differences, devices[0][1])]
+    better = [c for c, differences in ahead.items()
+              if _confidently_positive(differences, devices[0][1]) or _surer(c, baseline, ahead[c], losses)]
     if not better:
         return baseline
     pooled_loss = {c: sum(loss.get(c, 0.0) for loss in losses) for c in better}
@@ -115,6 +120,20 @@ def fleet_choice(devices: Iterable[tuple[Mapping[str, float], int]],
 # two Cornish-Fisher corrections (within 0.001 of the exact value).
 _T95 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812)
 _Z95 = 1.6449
+
+
+def _surer(candidate: str, baseline: str, ahead: Sequence[float], losses: Sequence[Mapping[str, float]]) -> bool:
+    """Whether ``candidate`` has a lower selection loss than ``baseline`` with 95% confidence on a fleet (two
+    devices or more, every one reporting both) while not behind it on their accuracies (``ahead``: per device).
+
+    The loss is the finer measure: on 20 samples accuracy moves in steps of 5 points, while the loss sees every
+    sample's confidence, so a candidate right as often and surer (or righter and surer) shows it on fewer
+    devices."""
+    if len(ahead) < 2 or len(losses) != len(ahead) or sum(ahead) < 0:
+        return False
+    if not all(candidate in loss and baseline in loss for loss in losses):
+        return False
+    return _confidently_positive([loss[baseline] - loss[candidate] for loss in losses], 0)
 
 
 def _t95(degrees: int) -> float:

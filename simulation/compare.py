@@ -153,7 +153,7 @@ class Comparison:
             if wins:
                 fleet = {c.kept for c in self.choices(strategy).values() if c.by == "fleet"}
                 who = (f"the fleet keeps {fleet.pop()}, its baseline unless another is ahead on its devices' "
-                       "selection halves with 95% confidence"
+                       "selection halves with 95% confidence (in accuracy, or in loss at no less accuracy)"
                        if fleet else "each device keeps the best on half its held-out data")
                 out.write(f"{strategy}: {who}, "
                           f"{f.get(f'{strategy} kept', float('nan')):.1f}% on the other half; kept "

@@ -300,7 +300,8 @@ def personalize(grid: Grid, arrays: ArrayRecord, config: RunConfig, recorder: Re
 
 def pooled_choice(rows: Iterable[RoundRow]) -> str | None:
     """The candidate the fleet keeps (:func:`common.keep_best.fleet_choice`: the baseline unless another is ahead
-    on the devices' selection halves with 95% confidence), from their personalize rows."""
+    on the devices' selection halves with 95% confidence, in accuracy or in loss at no less accuracy), from their
+    personalize rows."""
     rows = list(rows)
     return fleet_choice([({c: float(r.metrics[select_accuracy(c)]) for c in CANDIDATES
                            if select_accuracy(c) in r.metrics}, int(r.metrics[SELECT_SAMPLES])) for r in rows],

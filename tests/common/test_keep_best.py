@@ -79,6 +79,27 @@ def test_the_fleet_keeps_its_baseline_unless_another_is_ahead_on_the_devices_sel
     assert fleet(0.10) == "personal" and fleet(0.05) == "local"
 
 
+def test_the_fleet_also_switches_where_every_devices_loss_is_confidently_lower_at_no_less_accuracy() -> None:
+    # a simulated fleet whose cameras all lie on their side (seed 0): the personalized model is right more
+    # often on 3 of 6 devices and surer on all 6; accuracy alone (t = 1.4) keeps training alone
+    accuracy = [(0.65, 0.85), (0.80, 0.80), (0.85, 0.80), (1.0, 1.0), (0.75, 0.80), (0.45, 0.85)]
+    loss = [(1.458, 0.514), (0.880, 0.284), (0.494, 0.328), (0.072, 0.006), (1.104, 0.662), (2.136, 0.456)]
+    devices = [({"global": 0.0, "personal": p, "local": a}, 20) for a, p in accuracy]
+    losses = [{"global": 9.0, "personal": p, "local": a} for a, p in loss]
+    assert fleet_choice(devices) == "local"
+    assert fleet_choice(devices, losses) == "personal"
+    # surer but behind on accuracy: never kept on its loss
+    behind = [({"global": 0.0, "personal": a - 0.05, "local": a}, 20) for a, _ in accuracy]
+    assert fleet_choice(behind, losses) == "local"
+    # surer on some devices only: not confident
+    mixed = [{"global": 9.0, "personal": p if i % 2 else a + 0.5, "local": a} for i, (a, p) in enumerate(loss)]
+    assert fleet_choice(devices, mixed) == "local"
+    # a loss every device does not report, or a fleet of one, decides nothing
+    assert fleet_choice(devices, losses[:5]) == "local"
+    assert fleet_choice(devices[5:], losses[5:]) == "personal"  # one device: two samples ahead (+8 of 20)
+    assert fleet_choice(devices[1:2], losses[1:2]) == "local"  # level, surer: a device alone needs samples
+
+
 def test_the_fleet_pools_only_candidates_every_device_has_and_keeps_the_furthest_ahead() -> None:
     # the second device has no local-only model (or an unknown one): the global model is the baseline
     assert fleet_choice([({"global": 0.5, "personal": 0.6, "local": 1.0}, 20),
