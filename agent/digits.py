@@ -131,14 +131,15 @@ def rotate(x: torch.Tensor, degrees: float | torch.Tensor) -> torch.Tensor:
     return F.grid_sample(x, grid, align_corners=False)
 
 
-def device_angle(partition: int, partitions: int, viewpoints: float = 360.0) -> float:
+def device_angle(partition: int, partitions: int, viewpoints: float = 360.0, centre: float = 0.0) -> float:
     """Device ``partition``'s viewpoint: evenly around the circle (``viewpoints`` 360), else evenly over
-    ``viewpoints`` degrees centred on upright (90: from -45 to +45)."""
+    ``viewpoints`` degrees centred on ``centre`` (90 about upright: from -45 to +45; 30 about 90: from 75 to
+    105, a fleet whose cameras all lie on their side, a view the upright vendor data never showed)."""
     if viewpoints >= 360:
         return 360.0 * partition / partitions
     if partitions == 1:
-        return 0.0
-    return viewpoints * (partition / (partitions - 1) - 0.5) + 0.0  # + 0.0: never -0.0
+        return centre + 0.0
+    return centre + viewpoints * (partition / (partitions - 1) - 0.5) + 0.0  # + 0.0: never -0.0
 
 
 def device_dataset(partition: int, partitions: int, *, data: FleetData = FleetData(), angle: float | None = None,
@@ -163,7 +164,7 @@ def device_dataset(partition: int, partitions: int, *, data: FleetData = FleetDa
         held = pool.held[partition]
     else:
         held = _held_out(pool, labels, data.holdout, np.random.default_rng([seed, partition]))
-    degrees = device_angle(partition, partitions, data.viewpoints) if angle is None else angle
+    degrees = device_angle(partition, partitions, data.viewpoints, data.viewpoint_centre) if angle is None else angle
     return LocalDataset(train_x=rotate(pool.train_x[rows], degrees), train_y=labels,
                         holdout_x=rotate(pool.test_x[held], degrees), holdout_y=pool.test_y[held],
                         batch_size=batch_size, seed=seed + partition,

@@ -65,6 +65,7 @@ class RunConfig:
     label_alpha: float = 0.0  # Dirichlet label skew (0: the natural mix)
     quantity_skew: float = 0.0  # spread of the devices' sample counts: sigma of a log-normal (0: all equal)
     viewpoints: float = 360.0  # the devices' angles spread over this many degrees
+    viewpoint_centre: float = 0.0  # ... about this angle (0: upright, the vendor's view); below 360 only
     graph_file: str = ""  # the digits graph profiled once for the fleet (empty: each process extracts)
     tuning_graph_file: str = ""  # ... and with only the parts biases-norms fine-tunes trainable
     initial_weights: str = ""  # a weights file every virtual device starts from (a pretrained model); empty: seeded
@@ -134,6 +135,9 @@ class RunConfig:
             (self.quantity_skew < 0, "quantity-skew must be 0 (equal shares) or positive"),
             (self.quantity_skew > 0 and self.samples == 0, "quantity-skew needs samples (the mean per device)"),
             (not 0 <= self.viewpoints <= 360, "viewpoints must be in [0, 360] degrees"),
+            (not -180 <= self.viewpoint_centre <= 180, "viewpoint-centre must be in [-180, 180] degrees"),
+            (self.viewpoint_centre != 0 and self.viewpoints >= 360,
+             "viewpoint-centre needs viewpoints under 360 (all the way round has no centre)"),
             (bool(self.partition_by) and not self.dataset, "partition-by needs a dataset (the digits have no ids)"),
             (bool(self.partition_by) and bool(self.samples or self.label_alpha or self.quantity_skew),
              "partition-by keeps each natural id's own data: leave samples, label-alpha and quantity-skew at 0"),

@@ -72,6 +72,9 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--viewpoints", type=float, metavar="DEGREES",
                    help=f"the devices' camera angles spread over this many degrees (default "
                         f"{DEFAULT_DATA.viewpoints:g} for the digits, 0 for a --dataset; 360: all the way round)")
+    p.add_argument("--viewpoint-centre", type=float, default=0.0, metavar="DEGREES",
+                   help="the angle the devices' viewpoints spread about (default 0: upright, as the vendor's "
+                        "pretraining digits; 90: every camera on its side, a shift the whole fleet shares)")
     p.add_argument("--fraction", type=float, default=1.0,
                    help="share of the devices sampled (by the seed) to train and evaluate each round (default 1)")
     p.add_argument("--min-devices", type=positive_int, default=2, help="the fewest a round samples (default 2)")
@@ -180,7 +183,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     datas = [FleetData(n, _or(args.label_alpha, 0.0 if natural else DEFAULT_DATA.label_alpha),
                        _or(args.viewpoints, 0.0 if args.dataset else DEFAULT_DATA.viewpoints),
                        quantity_skew=args.quantity_skew, dataset=args.dataset, label_column=args.label_column,
-                       partition_by=args.partition_by)
+                       partition_by=args.partition_by, viewpoint_centre=args.viewpoint_centre)
              for n in _or(args.samples, (0,) if args.partition_by else (DEFAULT_DATA.samples,))]
     settings = SimulationSettings(args.devices, args.classes or DEFAULT_CLASSES, args.rounds, args.local_steps,
                                   args.finetune_steps, args.lr, args.personalization[0], datas[0], args.seed,

@@ -31,7 +31,7 @@ STDLIB_TEXT = "python-stdlib"  # the dataset naming the standard library's text 
 @dataclass(frozen=True)
 class FleetData:
     """How a fleet's images are spread over its devices (the run config's ``dataset``, ``label-column``,
-    ``partition-by``, ``samples``, ``label-alpha``, ``quantity-skew`` and ``viewpoints``).
+    ``partition-by``, ``samples``, ``label-alpha``, ``quantity-skew``, ``viewpoints`` and ``viewpoint-centre``).
 
     The images are the shipped digits, or a data set saved by Hugging Face ``datasets`` (``dataset``;
     :mod:`agent.image_sets`).  With ``partition_by`` each device is one natural id's images (a writer's),
@@ -51,12 +51,13 @@ class FleetData:
 
     samples: int = 0  # training digits per device (their mean with quantity_skew); 0: a whole partition
     label_alpha: float = 0.0  # Dirichlet concentration of the label mix; 0: every device the natural mix
-    viewpoints: float = 360.0  # the devices' angles spread evenly over this many degrees (centred on upright)
+    viewpoints: float = 360.0  # the devices' angles spread evenly over this many degrees (about the centre)
     holdout: int = 40  # held-out digits per device
     quantity_skew: float = 0.0  # sigma of the log-normal the devices' sample counts follow; 0: all ``samples``
     dataset: str = ""  # a saved data set's directory; empty: the shipped digits
     label_column: str = ""  # its label column; empty: its one ClassLabel column
     partition_by: str = ""  # a column of natural ids, one device each; empty: partition the training pool
+    viewpoint_centre: float = 0.0  # the angle the devices' viewpoints centre on (0: upright, as the vendor sees)
 
     def check(self, partitions: int, batch_size: int) -> None:
         """Raise :class:`~agent.errors.FederationError` naming every setting that cannot make this fleet's data:
@@ -87,7 +88,7 @@ class FleetData:
         return {name: getattr(self, name) for name in self._RUN_CONFIG_FIELDS}
 
     _RUN_CONFIG_FIELDS = ("dataset", "label_column", "partition_by", "samples", "label_alpha", "viewpoints",
-                          "quantity_skew")
+                          "quantity_skew", "viewpoint_centre")
 
     def sample_counts(self, partitions: int, seed: int, batch_size: int) -> list[int]:
         """Training digits per device: ``samples`` each, or with ``quantity_skew`` a seeded log-normal draw

@@ -37,6 +37,12 @@ def test_viewpoints_spread_the_devices_angles_evenly() -> None:
     assert [device_angle(i, 4) for i in range(4)] == [0.0, 90.0, 180.0, 270.0]
     turned = device_dataset(0, 5, data=FleetData(viewpoints=90))
     assert turned.source.name.endswith("@-45deg")
+    # a fleet-wide shift: the same spread about another centre, the images turned by it
+    assert [device_angle(i, 3, 30, centre=90) for i in range(3)] == [75.0, 90.0, 105.0]
+    assert device_angle(0, 1, 30, centre=90) == 90.0
+    sideways = device_dataset(0, 5, data=FleetData(viewpoints=90, viewpoint_centre=90))
+    assert sideways.source.name.endswith("@45deg")
+    assert torch.allclose(sideways.train_x, rotate(turned.train_x, 90), atol=1e-5)
 
 
 def test_rotation_by_a_quarter_turn_is_a_quarter_turn_and_a_full_turn_changes_nothing() -> None:

@@ -43,6 +43,11 @@ def test_every_problem_of_a_run_config_is_named_at_once() -> None:
                 "quantity-skew needs samples"):
         assert key in text, key
     assert "initial-version must be latest, none or a version number" in text
+    with pytest.raises(RunConfigError) as caught:
+        RunConfig.from_mapping({"viewpoint-centre": 200.0})
+    assert "viewpoint-centre must be in [-180, 180] degrees" in str(caught.value)
+    assert "has no centre" in str(caught.value)  # the default viewpoints, 360, are all the way round
+    RunConfig.from_mapping({"viewpoint-centre": 90.0, "viewpoints": 30.0}).check()
 
 
 def test_a_whole_number_stands_for_text_where_flower_parses_an_override_as_one() -> None:

@@ -52,7 +52,7 @@ def test_strategies_are_held_against_local_only_global_and_centralized_on_the_sa
     assert f["centralized"] == pytest.approx(100 * sum(seed["centralized"].values()) / 3)
     assert fedavg["settings"]["data"] == {"samples": 16, "label_alpha": 1.0, "viewpoints": 90.0, "holdout": 40,
                                           "quantity_skew": 0.0, "dataset": "", "label_column": "",
-                                          "partition_by": ""}
+                                          "partition_by": "", "viewpoint_centre": 0.0}
     for run in (fedavg, fedbn):
         assert [d["device_class"] for d in run["devices"]] == ["large", "medium", "small"]
         assert all(d["energy_j"] > 0 for d in run["devices"])
