@@ -129,7 +129,7 @@ def _surer(candidate: str, baseline: str, ahead: Sequence[float], losses: Sequen
     The loss is the finer measure: on 20 samples accuracy moves in steps of 5 points, while the loss sees every
     sample's confidence, so a candidate right as often and surer (or righter and surer) shows it on fewer
     devices."""
-    if len(ahead) < 2 or len(losses) != len(ahead) or sum(ahead) < 0:
+    if len(ahead) < 2 or len(losses) != len(ahead) or round(sum(ahead), 9) < 0:  # level in floats is level
         return False
     if not all(candidate in loss and baseline in loss for loss in losses):
         return False

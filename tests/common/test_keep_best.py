@@ -91,6 +91,10 @@ def test_the_fleet_also_switches_where_every_devices_loss_is_confidently_lower_a
     # surer but behind on accuracy: never kept on its loss
     behind = [({"global": 0.0, "personal": a - 0.05, "local": a}, 20) for a, _ in accuracy]
     assert fleet_choice(behind, losses) == "local"
+    # level on accuracy, as floats sum it (0.85 - 0.8 and 0.7 - 0.75 do not cancel exactly): surer passes
+    level = [({"global": 0.0, "personal": p, "local": a}, 20) for a, p in [(0.8, 0.85), (0.75, 0.7)] * 3]
+    assert sum(p["personal"] - p["local"] for p, _ in level) < 0
+    assert fleet_choice(level, losses) == "personal"
     # surer on some devices only: not confident
     mixed = [{"global": 9.0, "personal": p if i % 2 else a + 0.5, "local": a} for i, (a, p) in enumerate(loss)]
     assert fleet_choice(devices, mixed) == "local"
