@@ -252,6 +252,46 @@ def measure_runtime_bytes(swap_dir: str | Path) -> int:
     return max(0, figures[0] or 0) if figures else 0
 
 
+def measure_executor_bytes(model: torch.nn.Module, segments: Any, graph: TrainingGraph, example: tuple[Any, Any],
+                           swap_dir: str | Path, device: DeviceProfile | str | None = None, steps: int = 2) -> int:
+    """The memory an executor's step holds beyond what a plan counts for it: the executor's own objects in the
+    heap while it runs (its instruction loop's, autograd's graph beside the values), the library code its
+    first step faults in, the allocator's rounding.
+
+    Measured as the agent measures a step -- peak RSS above the process before the executor is built, heap
+    given back first -- over ``steps`` store-all steps of ``graph`` (its nodes' bytes and workspaces from
+    extraction), less what the plan predicts for them (values and workspace) and the parameter gradients the
+    steps allocate.  A whole-step plan keeps this much of its budget free at every stage (part of
+    ``runtime_bytes``).  ``device`` prices a graph without energies (the plan needs them, not the figure).
+    0 where peak RSS cannot be read (not Linux).
+    """
+    from engine.executor import Executor
+    from schedules.plan import plan
+
+    schedule = plan(graph, device, method="store-all").schedule
+    gradients = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    model.zero_grad(set_to_none=True)
+    allocator.release_cache()  # blocks cached before are not this executor's
+    rss.trim_heap()
+    before = rss.current()
+    peak: int | None = None
+    try:
+        with Executor(model, segments, graph, schedule, swap_dir, measure_rss=False) as executor:
+            for _ in range(steps):
+                model.zero_grad(set_to_none=True)
+                if rss.start_window() is None:
+                    return 0
+                executor.step(*example)
+                top = rss.peak_since_start()
+                peak = top if peak is None or (top is not None and top > peak) else peak
+    finally:
+        model.zero_grad(set_to_none=True)
+        allocator.release_cache()
+    if before is None or peak is None:
+        return 0
+    return max(0, peak - before - schedule.predicted_peak_bytes - gradients)
+
+
 def _random_storage(size: int) -> torch.UntypedStorage:
     # Random bytes, not zeros: no filesystem or device may shortcut the transfer.
     return torch.randint(0, 256, (size,), dtype=torch.uint8).untyped_storage()
@@ -805,10 +845,12 @@ def profile_workload(
     if node_j is not None:
         graph = graph.with_nodes(replace(n, compute_j=j) for n, j in zip(graph.nodes, node_j))
     graph = price_graph(graph, device)  # measured node energies stay; the rest priced from this profile
-    graph = replace(graph, runtime_bytes=graph.runtime_bytes + measure_runtime_bytes(swap_dir) + residue)
+    executor = measure_executor_bytes(model, segments, graph, example, swap_dir, device)
+    graph = replace(graph, runtime_bytes=graph.runtime_bytes + measure_runtime_bytes(swap_dir) + residue + executor)
     sources = _sources(swap, overlap, power, repeats, extract_s)
     device = replace(device, sources={k: v for k, v in sources.items() if k in _DEVICE_FIELDS})
-    stats = {"extract_s": extract_s, "flops_per_s": flops_per_s, "residue_bytes": float(residue)}
+    stats = {"extract_s": extract_s, "flops_per_s": flops_per_s, "residue_bytes": float(residue),
+             "executor_bytes": float(executor)}
     return Profile(graph, device, swap, overlap, power, stats, sources), segments
 
 

@@ -170,8 +170,10 @@ def test_memory_the_model_makes_in_its_forward_counts_in_the_steps(tmp_path: Pat
     first, window = _window(path), _window(path)  # the first window profiles; the next prepares from it
     assert first["profiled"] and not window["profiled"]
     caching = factory == "Caching"
-    # the profile saw the cache the model's first run left and keeps room for it in every plan ...
-    assert (window["runtime_bytes"] >= 15 << 20) == caching, window
+    # the profile saw the cache the model's first run left, and what an executor's step holds beside its values
+    # (its copy of the model's buffers, Copying's 16 MB table among them, to undo a step that fails), and
+    # keeps room for them in every plan ...
+    assert (window["runtime_bytes"] >= 15 << 20) == (factory != "plain_body"), window
     # ... and it counts in the steps of every window, as a copy made in the forward counts as the step's own:
     # in a later window the cut built it, in the first the profile did before the cut
     for seen in (first, window):

@@ -240,3 +240,47 @@ def test_progress_display_draws_on_a_terminal_and_prints_lines_elsewhere():
             progress("swap path", done, 3)
     assert plain.getvalue().count("\n") == 2 and "swap path done" in plain.getvalue()
     assert "Traceback" not in terminal.getvalue()
+
+
+BLOB = 8 * MIB
+
+
+class _KeepsABlob(torch.autograd.Function):
+    """Doubles its input, and keeps bytes no tensor owns from its forward to its backward (as a library's
+    context object may): memory no node's value counts."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        ctx.blob = bytes(range(256)) * (BLOB // 256)  # every page written: resident
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad * 2
+
+
+class _Blob(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _KeepsABlob.apply(x)
+
+
+def _wide_after(blob: bool) -> Workload:
+    """Small values before the blob, 16 MB of them after: a store-all step peaks with the blob still kept."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), *([_Blob()] if blob else [nn.Identity()]), nn.Linear(64, 8192),
+                          nn.ReLU(), nn.Linear(8192, 10)).train()
+    return Workload("wide", model, torch.randn(256, 64), torch.randint(0, 10, (256,)), cross_entropy)
+
+
+def test_what_a_step_keeps_outside_every_value_is_measured_as_the_executors_own_memory(tmp_path):
+    from engine.profile import measure_executor_bytes
+
+    measured = {}
+    for blob in (True, False):
+        work = _wide_after(blob)
+        graph, segments = extract(work.model, work.example, work.loss_fn)
+        measured[blob] = measure_executor_bytes(work.model, segments, graph, work.example, tmp_path, "rpi4")
+    # held from the forward to the backward, in no value's bytes (less the part the plan takes for its node's
+    # workspace at the stage that computes it)
+    assert measured[True] >= BLOB / 2
+    assert measured[False] < BLOB / 4  # the executor's own objects and code: small beside it
