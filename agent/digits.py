@@ -39,15 +39,31 @@ CLASSES = 10
 SIDE = 8  # pixels per side
 BATCH_SIZE = 16
 DIGITS = ImageShape(1, SIDE, CLASSES)
+RESIDUAL_BLOCKS, RESIDUAL_NAME = 8, "digits-resnet"  # :func:`residual_digits_workload`
+
+
+class ResidualBlock(nn.Module):
+    """Two 3x3 convolutions with BatchNorm and a skip connection, at the same width and resolution."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.conv1, self.norm1 = nn.Conv2d(width, width, 3, padding=1, bias=False), nn.BatchNorm2d(width)
+        self.conv2, self.norm2 = nn.Conv2d(width, width, 3, padding=1, bias=False), nn.BatchNorm2d(width)
+        self.relu1, self.relu2 = nn.ReLU(), nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.relu2(x + self.norm2(self.conv2(self.relu1(self.norm1(self.conv1(x))))))
 
 
 class SmallCNN(nn.Module):
     """Two 3x3 convolutions with BatchNorm, a hidden layer, and a linear ``head`` over the classes.
 
     Sized to the images: an image wider than 16 pixels is halved after the first convolution until it is
-    not, so the hidden layer stays small (the digits' 8x8 take no extra pooling)."""
+    not, so the hidden layer stays small (the digits' 8x8 take no extra pooling).  ``blocks`` residual blocks
+    between the two convolutions make it deeper at the same resolution: a step then holds mostly activations,
+    as a larger model's does (the demo's model)."""
 
-    def __init__(self, shape: ImageShape = DIGITS, width: int = 16) -> None:
+    def __init__(self, shape: ImageShape = DIGITS, width: int = 16, blocks: int = 0) -> None:
         super().__init__()
         side, shrink = shape.side, []
         while side > 16:
@@ -55,6 +71,7 @@ class SmallCNN(nn.Module):
             side //= 2
         self.body = nn.Sequential(
             nn.Conv2d(shape.channels, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(), *shrink,
+            *(ResidualBlock(width) for _ in range(blocks)),
             nn.Conv2d(width, 2 * width, 3, padding=1), nn.BatchNorm2d(2 * width), nn.ReLU(),
             nn.MaxPool2d(2), nn.Flatten(),                                          # B x 2w * (side/2)^2
             nn.Linear(2 * width * (side // 2) ** 2, 64), nn.ReLU(),                 # B x 64
@@ -66,12 +83,13 @@ class SmallCNN(nn.Module):
 
 
 def digits_workload(seed: int = 0, batch_size: int = BATCH_SIZE, tuning: str = "",
-                    shape: ImageShape = DIGITS, name: str = "digits-cnn") -> Workload:
-    """:class:`SmallCNN` for ``shape`` (the digits') at its seeded initial weights, with an example batch of
-    the training shape; with ``tuning`` (the name of a strategy that tunes part of the model:
-    :attr:`agent.personalization.Strategy.partial_tuning`) only what it fine-tunes is trainable."""
+                    shape: ImageShape = DIGITS, name: str = "digits-cnn", blocks: int = 0) -> Workload:
+    """:class:`SmallCNN` for ``shape`` (the digits') with ``blocks`` residual blocks at its seeded initial
+    weights, with an example batch of the training shape; with ``tuning`` (the name of a strategy that tunes
+    part of the model: :attr:`agent.personalization.Strategy.partial_tuning`) only what it fine-tunes is
+    trainable."""
     torch.manual_seed(seed)
-    model = SmallCNN(shape).train()
+    model = SmallCNN(shape, blocks=blocks).train()
     if tuning:
         from agent.personalization import strategy
 
@@ -80,6 +98,13 @@ def digits_workload(seed: int = 0, batch_size: int = BATCH_SIZE, tuning: str = "
     inputs = torch.rand(batch_size, shape.channels, shape.side, shape.side, generator=generator)
     targets = torch.randint(0, shape.classes, (batch_size,), generator=generator)
     return Workload(name, model, inputs, targets, cross_entropy)
+
+
+def residual_digits_workload(seed: int = 0, batch_size: int = BATCH_SIZE, tuning: str = "") -> Workload:
+    """The digits' :class:`SmallCNN` with :data:`RESIDUAL_BLOCKS` residual blocks (``agent.digits:
+    residual_digits_workload``, model ``digits-resnet``): the demo's, whose plain step is mostly activations,
+    so that a budget a third of it still holds the weights, gradients and the runtime's own memory."""
+    return digits_workload(seed, batch_size, tuning, name=RESIDUAL_NAME, blocks=RESIDUAL_BLOCKS)
 
 
 def fleet_workload(data: FleetData, seed: int = 0, batch_size: int = BATCH_SIZE, tuning: str = "",

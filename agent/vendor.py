@@ -13,8 +13,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 from agent.federated.virtual import STDLIB_TEXT, FleetData
+
+if TYPE_CHECKING:
+    from engine.workload import Workload
 
 VENDOR_PROFILE = "jetson-orin-nano"  # the vendor trains without a device's memory limit
 
@@ -35,9 +39,11 @@ class VendorModel:
 
 
 def pretrain(devices: int, data: FleetData, seed: int, steps: int, lr: float, out: Path,
-             graph_file: Path | None = None) -> VendorModel:
+             graph_file: Path | None = None, model: Callable[[int], Workload] | None = None) -> VendorModel:
     """Train the fleet's model from its seeded weights ``steps`` steps on the vendor's images and write it to
-    ``out`` (``.safetensors``); planned from ``graph_file`` (a profile of the model), else from one made now."""
+    ``out`` (``.safetensors``); planned from ``graph_file`` (a profile of the model), else from one made now.
+    ``model(seed)`` builds the fleet's model where it is not :func:`agent.digits.fleet_workload`'s for ``data``
+    (the demo's deeper digits model)."""
     from safetensors.torch import save_file
 
     from agent.digits import fleet_workload, vendor_dataset
@@ -46,7 +52,7 @@ def pretrain(devices: int, data: FleetData, seed: int, steps: int, lr: float, ou
 
     images = vendor_dataset(devices, data=data, seed=seed)
     # the whole model, not adapters: what the devices' adapters are then added to
-    task = Task(fleet_workload(data, seed, adapters=False),
+    task = Task(model(seed) if model is not None else fleet_workload(data, seed, adapters=False),
                 graph=TrainingGraph.load(graph_file) if graph_file else None)
     plan = task.plan(VENDOR_PROFILE, None)
     outcome = task.train(task.initial, images, plan, steps=max(steps, 1), lr=lr, check_memory=False)

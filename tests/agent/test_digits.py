@@ -128,3 +128,32 @@ def test_a_vendor_pretrains_on_digits_no_device_holds_nor_any_turned_copy_of_the
 def test_no_vendor_data_is_left_where_every_device_keeps_its_whole_partition() -> None:
     with pytest.raises(DataError, match="hold all but 0 of the .* training images"):
         vendor_dataset(4, data=FleetData())
+
+
+def test_residual_blocks_deepen_the_digits_model_at_its_resolution_and_leave_the_cnn_as_it_was() -> None:
+    from agent.digits import RESIDUAL_BLOCKS, SmallCNN, residual_digits_workload
+
+    cnn = SmallCNN()
+    assert [type(m).__name__ for m in cnn.body] == ["Conv2d", "BatchNorm2d", "ReLU", "Conv2d", "BatchNorm2d", "ReLU",
+                                                    "MaxPool2d", "Flatten", "Linear", "ReLU"]
+    work = residual_digits_workload(0, 4)
+    blocks = [m for m in work.model.body if type(m).__name__ == "ResidualBlock"]
+    assert work.name == "digits-resnet" and len(blocks) == RESIDUAL_BLOCKS
+    x = torch.rand(4, 16, 8, 8)
+    assert blocks[0](x).shape == x.shape  # same width and resolution: the step's activations grow with depth
+    assert work.model(work.inputs).shape == (4, 10)
+
+
+def test_the_vendor_pretrains_the_model_it_is_given_and_its_weights_fit_that_model_alone(tmp_path) -> None:
+    from agent.digits import digits_workload, residual_digits_workload
+    from agent.errors import WeightsError
+    from agent.vendor import pretrain
+    from agent.weights import load_weights
+
+    vendor = pretrain(3, FleetData(samples=64), 0, 3, 0.05, tmp_path / "vendor.safetensors",
+                      model=residual_digits_workload)
+    deep = residual_digits_workload(0)
+    load_weights(deep.model, vendor.path)
+    assert not torch.equal(deep.model.body[3].conv1.weight, residual_digits_workload(0).model.body[3].conv1.weight)
+    with pytest.raises(WeightsError):
+        load_weights(digits_workload(0).model, vendor.path)
