@@ -46,8 +46,8 @@ def run_config(**changes) -> dict:
     return {**config, **changes}
 
 
-@pytest.mark.slow  # two runs on Flower's simulation engine (about 2 minutes): tests/simulation's first test runs the
-# engine in the default run, which keeps under 20 minutes on 2 cores
+@pytest.mark.slow  # two runs on Flower's simulation engine (about 2 minutes), out of the default run to keep it short;
+# tests/simulation's first test runs the engine there
 def test_a_round_trip_in_the_simulation_engine_stores_a_row_per_device_per_round(tmp_path) -> None:
     url = f"sqlite:///{tmp_path / 'server.db'}"
     data_dir = tmp_path / "server"

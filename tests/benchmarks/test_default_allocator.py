@@ -15,8 +15,8 @@ def test_plain_is_timed_with_the_default_allocator_even_from_a_process_that_lowe
     assert 0 < step.seconds < 60
 
 
-@pytest.mark.slow  # two GPT-2 steps in processes of their own (about 20 s); the yardstick's allocator is checked in the
-# default run by the test above, which keeps under 20 minutes on 2 cores
+@pytest.mark.slow  # two GPT-2 steps in processes of their own (about 20 s), out of the default run to keep it short;
+# the test above checks the yardstick's allocator there
 def test_the_memory_plain_holds_with_the_default_allocator_grows_with_the_batch():
     small = plain_step("gpt2", (2, 32), threads=1, steps=2)
     large = plain_step("gpt2", (8, 128), threads=1, steps=2)

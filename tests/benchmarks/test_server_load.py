@@ -10,7 +10,7 @@ import pytest
 from benchmarks.server_load import main
 
 
-@pytest.mark.slow  # a benchmark run against a real server (about 30 s): the default run keeps under 20 minutes
+@pytest.mark.slow  # a benchmark run against a real server (about 30 s), out of the default run to keep it short
 def test_a_quick_sqlite_run_prints_figures_with_zero_errors(capsys) -> None:
     assert main(["--quick", "--backends", "sqlite", "--knee-max", "40"]) == 0  # the main window only
     out = capsys.readouterr().out

@@ -447,8 +447,8 @@ def test_a_unit_whose_backward_needs_no_output_of_its_own_has_no_edge_to_its_bac
     assert graph.runtime_bytes == 2 * 256 * 4  # the BatchNorm's statistics, kept past a free for its backward
 
 
-@pytest.mark.slow  # plans two cuts of a model to their floors (about 25 s); the refined cut itself runs in the default run
-# (tests/engine/test_executor_exact.py), which keeps under 20 minutes on 2 cores
+@pytest.mark.slow  # plans two cuts of a model to their floors (about 25 s), out of the default run to keep it short;
+# the refined cut itself runs there (tests/engine/test_executor_exact.py)
 def test_extract_refines_by_default_bringing_the_floor_to_the_operator_bound(tmp_path):
     from schedules.budgets import memory_lower_bound, store_all_peak
     from schedules.plan import plan

@@ -143,7 +143,7 @@ def test_a_simulated_device_over_its_budget_is_reported_as_over() -> None:
            "resolve) on 3 of 4 devices (over: over)" in out.getvalue()
 
 
-@pytest.mark.slow  # a whole simulation (over a minute): the default run keeps under 20 minutes on 2 cores
+@pytest.mark.slow  # a whole simulation (over a minute), out of the default run to keep it short
 def test_a_failed_device_is_named_and_the_runs_logs_are_kept(tmp_path, capsys) -> None:
     code = main(["simulate", "--devices", "2", "--rounds", "1", "--local-steps", "2", "--finetune-steps", "0",
                  "--classes", "rpi4:0.05,jetson-orin-nano:1", "--database", f"sqlite:///{tmp_path / 'server.db'}"])
