@@ -153,8 +153,9 @@ class Executor:
         # Large blocks freed by a step are kept for reuse instead (engine.allocator) as long as all it holds stays
         # within what the step plans to hold: no fault to map them again, and RSS still within the plan
         # (extraction times nodes from that cache too).  The runtime's own memory (the pager's buffers, what the
-        # model's first run left) is not the allocator's to fill.
-        self.allocator = allocator.for_step(max(0, schedule.predicted_peak_bytes - graph.runtime_bytes))
+        # model's first run left) is not the allocator's to fill, nor what malloc holds for small parameters.
+        self.allocator = allocator.for_step(max(0, schedule.predicted_peak_bytes - graph.runtime_bytes
+                                                - planned_in_heap(graph, schedule)))
         # the limit is the process's: each step puts back its own (another executor may have run in between)
         self._cache_limit = self.allocator.limit_bytes if self.allocator is not None else 0
         # ... and what still landed in the heap goes back once TRIM_SHARE of the budget is free there
@@ -367,6 +368,23 @@ TRIM_SHARE = 0.02
 """Free heap bytes, as a share of the budget, that make the executor trim the heap (:class:`engine.rss.HeapTrimmer`)."""
 
 _ACTIVITY = {"compute": Activity.COMPUTE, "page_in": Activity.PAGE_IN, "page_out": Activity.PAGE_OUT}
+
+
+def planned_in_heap(graph: TrainingGraph, schedule: Schedule) -> int:
+    """What a whole-step plan counts for tensors below the caching allocator's threshold
+    (:data:`engine.allocator.LARGE_BYTES`), which malloc's heap holds, not the allocator: the gradients of
+    small parameters and, where kept in RAM, their optimizer state.
+
+    Left in the allocator's limit, these bytes would let its cache keep blocks resident beyond the plan while
+    the heap holds them too: a kernel that asks for a block and never writes it (a BatchNorm backward on CPU
+    makes its input gradient twice and writes one) can take a cached, resident block while the block it writes
+    faults in afresh, and the digits model's steps read up to 0.7 MB above their plan in some processes.
+    """
+    if schedule.step is None:
+        return 0
+    on_flash, state_tensors = set(schedule.step.state_on_flash), schedule.step.training.state_tensors
+    return sum(p.bytes * (1 + (0 if i in on_flash else state_tensors))
+               for i, p in enumerate(graph.parameters) if p.bytes < allocator.LARGE_BYTES)
 
 
 def _check(segments: Segments, graph: TrainingGraph, schedule: Schedule):

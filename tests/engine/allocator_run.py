@@ -4,7 +4,8 @@
 batches are seeded, the step runs through :class:`engine.training.Training` with its memory check on (a step
 over budget plus tolerance ends the run with exit code 3), and the output holds a hash of the parameters,
 buffers and optimizer state after the steps, the largest step memory the check saw, the budget, and the
-allocator's figures over the steps (``null`` where it is off: ``POET_EDGE_ALLOCATOR=off``).
+allocator's figures over the steps and its limit (``null`` where it is off: ``POET_EDGE_ALLOCATOR=off``),
+and what the plan counts for small parameters' gradients and state (malloc's, not the allocator's).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def _digest(training) -> str:
 def main(argv: list[str] | None = None) -> int:
     from engine import allocator
     from engine.errors import MemoryBoundError
+    from engine.executor import planned_in_heap
     from engine.extract import extract
     from engine.training import DEFAULT_TOLERANCE_BYTES, OptimizerSettings, Training
     from engine.workload import Workload
@@ -104,8 +106,13 @@ def main(argv: list[str] | None = None) -> int:
         steps = asdict(held.stats())
         for count in ("hits", "misses", "released_bytes"):
             steps[count] -= getattr(before, count)
+    small = sum(p.nbytes for p in model.parameters() if p.requires_grad and p.nbytes < allocator.LARGE_BYTES)
     print(json.dumps({"digest": _digest(training), "peak_bytes": peak, "budget_bytes": schedule.memory_budget,
-                      "tolerance_bytes": DEFAULT_TOLERANCE_BYTES, "allocator": steps}))
+                      "tolerance_bytes": DEFAULT_TOLERANCE_BYTES, "allocator": steps,
+                      "limit_bytes": held.limit_bytes if held is not None else None,
+                      "live_at_start": before.live_bytes if before is not None else None,
+                      "runtime_bytes": graph.runtime_bytes, "heap_bytes": planned_in_heap(graph, schedule),
+                      "small_parameter_bytes": small}))
     training.close()
     return code
 
