@@ -51,8 +51,9 @@ from demo.flower_fleet import make_tls
 from common.keep_best import kept_name
 from common.programs import free_port
 
-# The digits model with eight residual blocks (agent.digits.residual_digits_workload), at a batch whose
-# activations dominate the step, so that budgets well below a plain step's mean recomputing and paging.
+# The digits model with eight residual blocks of 24 channels (agent.digits.residual_digits_workload), at a
+# batch whose activations dominate the step, so that budgets well below a plain step's mean recomputing and
+# paging.
 MODEL, INPUT = "agent.digits:residual_digits_workload", "192x1x8x8"
 # Each device's digits: 256 of them, seen from its own angle (-45, 0 and +45 degrees); the vendor pretrains on
 # the others, upright.
@@ -71,12 +72,12 @@ class DeviceSpec:
 
 
 # Whole-step budgets (what a step may use beyond the loaded model): a plain step of this workload takes about
-# 39 MB (about 6 MB of it the runtime's own, which each device measures: what the model's first run leaves in
-# the process, the executor's own objects and the pager's buffers) and none fits below about 12 MB.  The Pi 4
+# 56 MB (about 6 MB of it the runtime's own, which each device measures: what the model's first run leaves in
+# the process, the executor's own objects and the pager's buffers) and none fits below about 16 MB.  The Pi 4
 # trains under a third of a plain step's memory, the Pi 5 at about half, and the Jetson has room for all.  The
 # Pi 5, unplugged mid-window, resumes from its checkpoint in a fresh worker, whose steps measure up to about
 # 0.45 MB more than a worker that did not resume (reading the checkpoint is part of it; docs/benchmarks.md).
-DEVICES = (DeviceSpec("pi4-kitchen", "rpi4", "12.5MB"), DeviceSpec("pi5-garage", "rpi5", "20MB"),
+DEVICES = (DeviceSpec("pi4-kitchen", "rpi4", "17.5MB"), DeviceSpec("pi5-garage", "rpi5", "28MB"),
            DeviceSpec("jetson-lab", "jetson-orin-nano", "64MB"))
 UNPLUGGED = "pi5-garage"  # the device unplugged mid-window
 
@@ -118,6 +119,7 @@ class Outcome:
     vendor: dict[str, Any] = field(default_factory=dict)  # the pretrained model: file, version, accuracy
     personal_models: dict[str, str] = field(default_factory=dict)  # device -> provenance path
     pictures: list[Path] = field(default_factory=list)
+    plain_bytes: dict[str, int | None] = field(default_factory=dict)  # device -> a plain step's whole memory
 
 
 class FleetDemo:
@@ -312,18 +314,20 @@ class FleetDemo:
     def summary(self) -> None:
         self.chapter("Summary")
         rows = {r["device"]: r for r in self.outcome.rounds}
-        self.say(f"{'device':<12} {'budget':>9} {'peak':>9} {'plain':>9} {'/plain':>7} {'energy':>8} {'steps':>6} "
-                 f"{'global':>7} {'alone':>7} {'personal':>8} {'kept':>16} {'gain':>6}")
+        self.say(f"{'device':<12} {'budget':>9} {'peak':>9} {'plain':>9} {'/plain':>7} {'peak/':>6} {'energy':>8} "
+                 f"{'steps':>6} {'global':>7} {'alone':>7} {'personal':>8} {'kept':>16} {'gain':>6}")
         for device in self.devices:
             window, row = self.outcome.window.get(device.spec.name, {}), rows.get(device.spec.name, {})
-            plain, budget = self._plain_bytes(device), window.get('memory_budget_bytes')
+            plain, budget, peak = self._plain_bytes(device), window.get('memory_budget_bytes'), window.get('peak_bytes')
+            self.outcome.plain_bytes[device.spec.name] = plain
             self.say(f"{device.spec.name:<12} {_mb(budget):>9} "
-                     f"{_mb(window.get('peak_bytes')):>9} {_mb(plain):>9} {_share(budget, plain):>7} "
+                     f"{_mb(peak):>9} {_mb(plain):>9} {_share(budget, plain):>7} {_share(peak, plain):>6} "
                      f"{window.get('energy_j') or 0:>7.1f}J "
                      f"{window.get('steps_done', 0):>6} {_pct(row.get('global-accuracy')):>7} "
                      f"{_pct(row.get('local-accuracy')):>7} {_pct(row.get('personal-accuracy')):>8} "
                      f"{_kept(row):>16} {_gain(row):>6}")
-        self.say("(accuracies on the half of each device's held-out digits that chose nothing; gain: the kept "
+        self.say("(/plain and peak/: the budget and the step's measured peak as shares of a plain step's memory; "
+                 "accuracies on the half of each device's held-out digits that chose nothing; gain: the kept "
                  "model over the better of the global model and the device training alone, in points)")
         self.say(f"\nfinished in {time.monotonic() - self.started:.0f} s; everything is in {self.root}/ "
                  f"(server.log, each device's agent.log and state/); dashboard {self.url} while it runs")

@@ -63,6 +63,9 @@ def test_the_demo_trains_unplugs_resumes_federates_and_leaves_models_and_no_proc
         assert schedule.schedule_id == outcome.schedules[spec.name]
         window = outcome.window[spec.name]
         assert window["steps_done"] >= 30 and 0 < window["peak_bytes"] <= window["bound_bytes"]
+    # the smallest device trains under a third of a plain step's memory, and its steps measured there
+    smallest, plain = outcome.window[DEVICES[0].name], outcome.plain_bytes[DEVICES[0].name]
+    assert smallest["memory_budget_bytes"] < plain / 3 and smallest["peak_bytes"] < plain / 3
     unplug = outcome.unplug
     assert unplug["device"] == UNPLUGGED and unplug["steps_at_stop"] >= unplug["steps_seen"]
     assert unplug["steps_after_resume"] > unplug["steps_at_stop"]  # went on from the checkpointed steps

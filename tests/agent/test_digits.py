@@ -131,7 +131,7 @@ def test_no_vendor_data_is_left_where_every_device_keeps_its_whole_partition() -
 
 
 def test_residual_blocks_deepen_the_digits_model_at_its_resolution_and_leave_the_cnn_as_it_was() -> None:
-    from agent.digits import RESIDUAL_BLOCKS, SmallCNN, residual_digits_workload
+    from agent.digits import RESIDUAL_BLOCKS, RESIDUAL_WIDTH, SmallCNN, residual_digits_workload
 
     cnn = SmallCNN()
     assert [type(m).__name__ for m in cnn.body] == ["Conv2d", "BatchNorm2d", "ReLU", "Conv2d", "BatchNorm2d", "ReLU",
@@ -139,7 +139,8 @@ def test_residual_blocks_deepen_the_digits_model_at_its_resolution_and_leave_the
     work = residual_digits_workload(0, 4)
     blocks = [m for m in work.model.body if type(m).__name__ == "ResidualBlock"]
     assert work.name == "digits-resnet" and len(blocks) == RESIDUAL_BLOCKS
-    x = torch.rand(4, 16, 8, 8)
+    x = torch.rand(4, RESIDUAL_WIDTH, 8, 8)
+    assert blocks[0].conv1.in_channels == RESIDUAL_WIDTH > cnn.body[0].out_channels
     assert blocks[0](x).shape == x.shape  # same width and resolution: the step's activations grow with depth
     assert work.model(work.inputs).shape == (4, 10)
 
