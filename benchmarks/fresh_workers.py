@@ -10,8 +10,9 @@ with the memory check on.  A step's memory is the agent's own figure: the worker
 with the model loaded, plus what the model's first run left.  It depends a little on the process (where the
 caching allocator's blocks lie, what oneDNN caches), so one worker cannot say that a budget holds.
 
-Prints per worker its first step's memory and the range of the later ones against the budget, then how many
-workers had a step over the budget and over the budget plus the agent's tolerance.
+Prints per worker, as it ends, its first step's memory, the range of the later ones and how far over the budget
+it went; then the plan's parts and how many workers had a step over the budget and over the budget plus the
+agent's tolerance.
 """
 
 from __future__ import annotations
@@ -67,11 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run(tmp: Path, args: argparse.Namespace) -> list[Worker]:
-    tmp.mkdir(parents=True, exist_ok=True)
-    device = FakeDevice(tmp / "root")
-    data = write_device_data(tmp / "digits.npz", 0, 3)
-    config_path = write_config(tmp, device, data, args.model, args.input, training_memory_budget=args.budget,
+def run(folder: Path, args: argparse.Namespace) -> list[Worker]:
+    folder.mkdir(parents=True, exist_ok=True)
+    device = FakeDevice(folder / "root")
+    data = write_device_data(folder / "digits.npz", 0, 3)
+    config_path = write_config(folder, device, data, args.model, args.input, training_memory_budget=args.budget,
                                training_steps_per_window=args.steps, training_checkpoint_every=args.steps)
     config = load_config(config_path)
     print(f"== {args.model} {args.input} at {parse_bytes(args.budget) / 1e6:.2f} MB: profiling and planning once ...",
@@ -83,10 +84,11 @@ def run(tmp: Path, args: argparse.Namespace) -> list[Worker]:
     for number in range(1, args.workers + 1):
         if not args.resume:
             shutil.rmtree(config.device.state_dir / "checkpoints", ignore_errors=True)
-        workers.append(_worker(config_path))
-        w = workers[-1]
-        print(f"   worker {number}: first step {w.memory[0] / 1e6:.2f} MB, later "
-              f"{min(w.memory[1:], default=0) / 1e6:.2f}-{max(w.memory[1:], default=0) / 1e6:.2f} MB",
+        w = _worker(config_path)
+        workers.append(w)
+        later = w.memory[1:] or w.memory
+        print(f"   worker {number}: first step {w.memory[0] / 1e6:.2f} MB, later {min(later) / 1e6:.2f}-"
+              f"{max(later) / 1e6:.2f} MB" + (f", {w.over / 1e6:.2f} MB over the budget" if w.over else ""),
               flush=True)
     return workers
 
@@ -110,11 +112,6 @@ def report(workers: list[Worker], args: argparse.Namespace) -> None:
     peaks = [max(w.memory) for w in workers]
     print()
     print("the plan: " + ", ".join(f"{name} {value / 1e6:.2f} MB" for name, value in workers[0].planned.items()))
-    print(f"{'worker':>6} {'first step':>11} {'later steps':>15} {'budget':>9} {'over':>8}")
-    for number, w in enumerate(workers, 1):
-        later = w.memory[1:] or w.memory
-        print(f"{number:>6} {w.memory[0] / 1e6:>8.2f} MB {min(later) / 1e6:>6.2f}-{max(later) / 1e6:.2f} MB "
-              f"{w.budget / 1e6:>6.2f} MB {w.over / 1e6:>5.2f} MB")
     over = sum(1 for w in workers if w.over)
     print(f"{len(workers)} fresh workers x {args.steps} steps: largest step {min(peaks) / 1e6:.2f}-"
           f"{max(peaks) / 1e6:.2f} MB against a budget of {budget / 1e6:.2f} MB; {over} of {len(workers)} had a "
