@@ -97,19 +97,22 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
     rss.trim_heap()
     baseline = rss.current()
     step, optimizer_state, seen = _method(args, work, settings)
-    times, over, digest = [], 0, ""
+    times, over, digest = [], [], ""
     rss.start_window()  # what setting up left resident is in every reading below
     for k, batch in enumerate(batches):
         started = time.perf_counter()
-        over += step(batch)
+        went_over = step(batch)
         times.append(time.perf_counter() - started)
+        if went_over:  # which step, the agent's figure and how long it took: enough to tell a cold start from a leak
+            over.append({"step": k, "memory": seen[-1] if seen else None, "seconds": times[-1]})
         if k + 1 == HASH_AFTER:
             digest = _digest(work.model, optimizer_state())
     from engine import allocator
 
     return {"memory": rss.peak_since_start() - baseline, "seconds": statistics.median(times[WARMUP:] or times),
             "digest": digest,
-            "over": over, "agent_memory": max(seen, default=None), "threads": torch.get_num_threads(),
+            "over": len(over), "over_steps": over, "agent_memory": max(seen, default=None),
+            "threads": torch.get_num_threads(),
             "caching_allocator": allocator.installed() is not None,
             MMAP_VARIABLE: os.environ.get(MMAP_VARIABLE)}
 
@@ -254,6 +257,7 @@ class Row:
     seconds: list[float] = field(default_factory=list)
     digests: list[str] = field(default_factory=list)
     over: int = 0  # steps the memory check stopped, over every round
+    over_steps: list[dict[str, Any]] = field(default_factory=list)  # each: round, step, the agent's figure, seconds
     budget: int | None = None
     paged_state: int = 0
     predicted_s: float | None = None  # the planner's step time for the schedule (rows of ours)
@@ -325,6 +329,7 @@ def bench_model(name: str, threads: int, workdir: Path, plan_time: float, rounds
             row.seconds.append(float(figures["seconds"]))
             row.digests.append(figures["digest"])
             row.over += int(figures["over"])
+            row.over_steps.extend({"round": k + 1, **step} for step in figures.get("over_steps", []))
         for row in rows:
             row.ratios.append(row.seconds[-1] / plain.seconds[-1])
         print(f"   round {k + 1}: plain {plain.seconds[-1]:.3f} s, noise {again.ratios[-1]:.3f}", flush=True)
@@ -472,6 +477,8 @@ def report(results: list[dict[str, Any]]) -> bool:
             print(f"  {r.label:<27} {budget:>8} {r.peak / MB:8.1f} {r.peak / plain.peak:7.2f} "
                   f"{statistics.median(r.seconds):7.3f} {r.ratio:7.2f} {f'({low:.2f}-{high:.2f})':>13} {planned:>8} "
                   f"{error:>7} {flash:>9} {r.over:>5} {'same' if same else 'DIFF':>5}")
+        for line in over_lines(ours):
+            print(f"  {line}")
         print(f"  the machine's noise (plain again against plain): {machine_noise:.1%}")
         checks = _targets(plain, checkpoint, ours)
         if machine_noise >= NOISE_LIMIT:
@@ -482,6 +489,19 @@ def report(results: list[dict[str, Any]]) -> bool:
             print(f"  {'met ' if ok else 'MISSED'}  {text}")
         met = met and all(ok for _, ok in checks)
     return met
+
+
+def over_lines(rows: list[Row]) -> list[str]:
+    """One line for each step the agent's memory check stopped: the row, its round and step, the agent's figure
+    against the row's budget, and the step's time."""
+    lines = []
+    for r in rows:
+        for o in r.over_steps:
+            seen = f"{o['memory'] / MB:.1f} MB" if o.get("memory") is not None else "an unknown figure"
+            budget = f"{r.budget / MB:.1f} MB" if r.budget else "its budget"
+            lines.append(f"over: {r.label}, round {o['round']}, step {o['step'] + 1}: the agent's check read {seen} "
+                         f"against {budget} plus tolerance, in {o['seconds']:.3f} s")
+    return lines
 
 
 def _targets(plain: Row, checkpoint: Row, ours: list[Row]) -> list[tuple[str, bool]]:

@@ -50,3 +50,14 @@ def test_the_share_rows_leave_room_for_what_a_process_measures_beside_the_agents
     assert memory.unbudgeted_memory({"memory": 160_000_000, "agent_memory": 136_000_000}) == 24_000_000
     assert memory.unbudgeted_memory({"memory": 160_000_000, "agent_memory": 170_000_000}) == 0
     assert memory.unbudgeted_memory({"memory": 160_000_000, "agent_memory": None}) == 0  # no check: nothing known
+
+
+def test_each_step_over_its_budget_is_named_with_its_round_step_and_figure() -> None:
+    row = memory.Row("ours, 0.5 of plain", "ours:s.json", budget=141_700_000, over=1,
+                     over_steps=[{"round": 1, "step": 3, "memory": 152_300_000, "seconds": 1.45}])
+    quiet = memory.Row("ours, no paging", "ours:t.json", budget=227_800_000)
+    lines = memory.over_lines([quiet, row])
+    assert lines == ["over: ours, 0.5 of plain, round 1, step 4: the agent's check read 152.3 MB against 141.7 MB "
+                     "plus tolerance, in 1.450 s"]
+    restored = memory.Row(**memory.asdict(row))  # as report() reads a row back from the JSON figures
+    assert memory.over_lines([restored]) == lines
