@@ -240,9 +240,10 @@ def measure_runtime_bytes(swap_dir: str | Path) -> int:
         del back
         figures.append(None if before is None or peak is None else peak - before - read_bytes)
 
-    # what an earlier transfer left cached would take the pages read back without growing the process, and
-    # the bounce buffer's pages would then go uncounted
+    # what an earlier transfer left cached, or free but resident in malloc's heap, would take the pages read
+    # back and the bounce buffer without growing the process, and they would then go uncounted
     allocator.release_cache()
+    rss.trim_heap()
     try:
         worker = threading.Thread(target=round_trip, name="poet-runtime-probe")
         worker.start()
