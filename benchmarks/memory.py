@@ -100,11 +100,13 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
     times, over, digest = [], [], ""
     rss.start_window()  # what setting up left resident is in every reading below
     for k, batch in enumerate(batches):
+        figures_before = len(seen)
         started = time.perf_counter()
         went_over = step(batch)
         times.append(time.perf_counter() - started)
         if went_over:  # which step, the agent's figure and how long it took: enough to tell a cold start from a leak
-            over.append({"step": k, "memory": seen[-1] if seen else None, "seconds": times[-1]})
+            figure = seen[-1] if len(seen) > figures_before else None  # this step's own, never an earlier one's
+            over.append({"step": k, "memory": figure, "seconds": times[-1]})
         if k + 1 == HASH_AFTER:
             digest = _digest(work.model, optimizer_state())
     from engine import allocator
